@@ -1,0 +1,69 @@
+"""The instruction-semantics library: every tensorized instruction unit-tvm knows, by name.
+
+    from unit_tvm import intrinsics
+    intrinsics.all()                    # every registered Intrinsic
+    intrinsics.get("x86.vpdpbusd")      # one, by name
+    intrinsics.for_target(target)       # those the target can execute, best first
+
+Adding an instruction: write its semantics and emit rule in a module here and list it in
+_MODULES (see README.md in this folder).
+"""
+
+from . import arm, cuda, x86
+from .base import Intrinsic, derive_desc, derive_impl, placeholders
+
+_MODULES = (x86, arm, cuda)
+_REGISTRY = {}
+
+
+def register(intrin):
+    """Add an Intrinsic to the registry (its name must be new)."""
+    if intrin.name in _REGISTRY:
+        raise ValueError(f"intrinsic {intrin.name!r} is already registered")
+    _REGISTRY[intrin.name] = intrin
+    return intrin
+
+
+for _module in _MODULES:
+    for _intrin in _module.INTRINSICS:
+        register(_intrin)
+
+
+def all():  # noqa: A001 - the public API name is `all`
+    """Every registered Intrinsic, in registration order (fastest of a family first)."""
+    return list(_REGISTRY.values())
+
+
+def names():
+    """Names of every registered Intrinsic."""
+    return list(_REGISTRY)
+
+
+def get(name):
+    """The Intrinsic called `name`; KeyError listing the known names otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"no intrinsic named {name!r}; known: {', '.join(_REGISTRY)}") from None
+
+
+def for_target(target=None):
+    """The Intrinsics `target` (default: this host) can execute, in registration order."""
+    return [i for i in _REGISTRY.values() if i.supported(target)]
+
+
+def require(name, target=None):
+    """get(name), raising ValueError naming the missing feature when `target` cannot run it."""
+    from unit_tvm.target import as_target
+
+    intrin = get(name)
+    missing = intrin.missing_features(target)
+    if missing:
+        raise ValueError(
+            f"{name} cannot run on target {as_target(target)}: missing {', '.join(missing)}"
+        )
+    return intrin
+
+
+__all__ = ["Intrinsic", "all", "names", "get", "for_target", "require", "register",
+           "derive_desc", "derive_impl", "placeholders"]

@@ -1,0 +1,293 @@
+"""The Intrinsic type: an instruction described once, by its semantics as a te.compute.
+
+Everything tensorize needs is derived from that compute (UNIT §III-A, Fig. 4):
+- the loop kinds (data-parallel or reduction) and extents, the operand dtypes,
+- the TensorIntrin *description*, built from the compute's expression tree by `derive_desc`,
+- the buffers of the TensorIntrin *implementation*.
+The only hand-written part per instruction is `emit`: given the implementation's buffers, it
+writes the statement that loads/broadcasts the operands and calls the LLVM/CUDA intrinsic.
+"""
+
+import functools
+
+import tvm
+import tvm_ffi
+from tvm import te, tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
+
+_TENSOR_LOAD = "te.tensor_load"
+
+
+def _full_region(buf):
+    return buf[tuple(slice(0, s) for s in buf.shape)]
+
+
+def te_expr_to_tir(expr, tensor_buffers, var_map):
+    """Rewrite a te expression into TIR: tensor reads become buffer loads, iter vars are renamed.
+
+    tensor_buffers maps a te.Tensor's op name to a tirx.Buffer; var_map is a list of
+    (te var, tir expr) pairs.
+    """
+
+    def on_call(call, mutator):
+        if call.op.name == _TENSOR_LOAD:
+            buf = tensor_buffers[call.args[0].op.name]
+            return tirx.BufferLoad(buf, [mutator.mutate(x) for x in list(call.args)[1:]])
+        return mutator.default_mutate(call)
+
+    def on_var(var, _mutator):
+        for old, new in var_map:
+            if var.same_as(old):
+                return new
+        return var
+
+    return tvm_ffi.structural_mutate(expr, [(tvm.ir.expr.Call, on_call), (tirx.Var, on_var)])
+
+
+def buffer_loads(expr):
+    """All buffer loads in a TIR expression, in visit order."""
+    loads = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.expr.TensorLoad, loads.append)])
+    return loads
+
+
+def _declare_args(tensors, scopes, offset_factor, strided):
+    """Declare one function argument buffer per te tensor (in order); returns name -> Buffer."""
+    bufs = {}
+    for t in tensors:
+        name = t.op.name
+        strides = None
+        if name in strided:
+            strides = [T.int32() for _ in t.shape[:-1]] + [1] if len(t.shape) > 1 else None
+        bufs[name] = T.arg(
+            name,
+            T.buffer(
+                [int(s) for s in t.shape],
+                t.dtype,
+                offset_factor=offset_factor,
+                scope=scopes.get(name, "global"),
+                strides=strides,
+            ),
+        )
+    return bufs
+
+
+def derive_desc(output, *, scopes=None, offset_factor=1):
+    """Build the TensorIntrin description PrimFunc from a te.compute `output`.
+
+    A reduction compute `d[i] = sum_k f(...)` becomes the accumulate-in-place form
+    `d[i] = d[i] + f(...)` (what tensorize matches after decompose_reduction); a plain compute
+    becomes `d[i] = f(...)`. Buffers get offset_factor so that any sub-region can bind to them.
+    """
+    scopes = scopes or {}
+    op = output.op
+    body = op.body[0]
+    is_reduce = isinstance(body, tirx.Reduce)
+    axes = list(op.axis) + (list(op.reduce_axis) if is_reduce else [])
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name(op.name + "_desc")
+            bufs = _declare_args(list(op.input_tensors) + [output], scopes, offset_factor, ())
+            out = bufs[op.name]
+            inputs = [bufs[t.op.name] for t in op.input_tensors]
+            with T.sblock("root"):
+                T.reads(([_full_region(out)] if is_reduce else []) + [_full_region(b) for b in inputs])
+                T.writes([_full_region(out)])
+                loops = [T.serial(0, int(ax.dom.extent)) for ax in axes]
+                loop_vars = [frame.__enter__() for frame in loops]
+                with T.sblock(op.name):
+                    block_vars = [
+                        (T.axis.reduce if ax.iter_type == ax.CommReduce else T.axis.spatial)(
+                            int(ax.dom.extent), lv
+                        )
+                        for ax, lv in zip(axes, loop_vars)
+                    ]
+                    var_map = [(ax.var, bv) for ax, bv in zip(axes, block_vars)]
+                    src = body.source[0] if is_reduce else body
+                    value = te_expr_to_tir(src, bufs, var_map)
+                    index = block_vars[: len(op.axis)]
+                    if is_reduce:
+                        value = tirx.BufferLoad(out, index) + value
+                    T.reads(buffer_loads(value))
+                    T.writes([tirx.BufferLoad(out, index)])
+                    T.buffer_store(out, value, index)
+                for frame in reversed(loops):
+                    frame.__exit__(None, None, None)
+    return ib.get()
+
+
+def derive_impl(output, emit, *, scopes=None, offset_factor=1, strided=()):
+    """Build the TensorIntrin implementation PrimFunc: the desc's buffers around `emit(bufs)`.
+
+    `emit` receives a dict operand name -> tirx.Buffer and must add the implementation
+    statements with the IRBuilder (T.buffer_store / T.evaluate). Operands named in `strided`
+    get symbolic row strides (e.g. wmma fragments loaded from a larger tile).
+    """
+    scopes = scopes or {}
+    op = output.op
+    is_reduce = isinstance(op.body[0], tirx.Reduce)
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name(op.name + "_impl")
+            bufs = _declare_args(list(op.input_tensors) + [output], scopes, offset_factor, strided)
+            out = bufs[op.name]
+            inputs = [bufs[t.op.name] for t in op.input_tensors]
+            with T.sblock("root"):
+                T.reads(([_full_region(out)] if is_reduce else []) + [_full_region(b) for b in inputs])
+                T.writes([_full_region(out)])
+                emit(bufs)
+    return ib.get()
+
+
+class Intrinsic:
+    """One tensorized instruction: semantics (te.compute) + how to emit it + where it runs.
+
+    Parameters
+    ----------
+    name: the instruction, e.g. "x86.vpdpbusd".
+    arch: "x86_64", "aarch64" or "cuda" — the target family that can execute it.
+    requires: alternatives of feature sets; the target must have every feature of at least one
+        alternative (LLVM feature names, or "tensorcore" for CUDA).
+    semantics: () -> output te.Tensor, a te.compute over te.placeholder inputs.
+    emit: the hand-written operand-preparation rule, see derive_impl.
+    scopes / offset_factor / strided: buffer properties of desc and impl (CUDA fragments).
+    operand_ranges: operand name -> (lo, hi) where the instruction is exact only on that range.
+    doc: one paragraph describing the instruction.
+    """
+
+    def __init__(self, name, *, arch, requires, semantics, emit, doc, scopes=None,
+                 offset_factor=1, strided=(), operand_ranges=None, helpers=None):
+        self.name = name
+        self.arch = arch
+        self.requires = tuple(tuple(alt) for alt in requires)
+        self._semantics = semantics
+        self._emit = emit
+        self.doc = doc
+        self.scopes = dict(scopes or {})
+        self.offset_factor = offset_factor
+        self.strided = tuple(strided)
+        self.operand_ranges = dict(operand_ranges or {})
+        # Extra TensorIntrins an instruction needs around its core (e.g. wmma fragment load/store),
+        # name -> (desc, impl) factories; registered together with the main one.
+        self._helpers = dict(helpers or {})
+
+    # -- semantics and what is read off it -------------------------------------------------
+    @functools.cached_property
+    def output(self):
+        """The semantics' output te.Tensor (its op is the te.compute)."""
+        return self._semantics()
+
+    @property
+    def inputs(self):
+        """The semantics' input te.Tensors, in operand order."""
+        return list(self.output.op.input_tensors)
+
+    @property
+    def operands(self):
+        """Operand names: inputs then the accumulator/output."""
+        return [t.op.name for t in self.inputs] + [self.output.op.name]
+
+    @property
+    def input_dtypes(self):
+        return tuple(str(t.dtype) for t in self.inputs)
+
+    @property
+    def output_dtype(self):
+        return str(self.output.dtype)
+
+    @property
+    def loops(self):
+        """[(name, extent, 'S' | 'R')] in the compute's order: data-parallel then reduction."""
+        op = self.output.op
+        out = [(ax.var.name, int(ax.dom.extent), "S") for ax in op.axis]
+        out += [(ax.var.name, int(ax.dom.extent), "R") for ax in op.reduce_axis]
+        return out
+
+    @property
+    def lanes(self):
+        """Number of output elements one instruction produces."""
+        n = 1
+        for _, ext, kind in self.loops:
+            n *= ext if kind == "S" else 1
+        return n
+
+    @property
+    def reduction_width(self):
+        """Number of products summed into each output element."""
+        n = 1
+        for _, ext, kind in self.loops:
+            n *= ext if kind == "R" else 1
+        return n
+
+    @property
+    def ops_per_instruction(self):
+        """Arithmetic operations (multiply + add counted as 2) one instruction performs."""
+        return 2 * self.lanes * self.reduction_width
+
+    # -- TensorIntrin -------------------------------------------------------------------------
+    @functools.cached_property
+    def desc(self):
+        """The TensorIntrin description, derived from the semantics."""
+        return derive_desc(self.output, scopes=self.scopes, offset_factor=self.offset_factor)
+
+    @functools.cached_property
+    def impl(self):
+        """The TensorIntrin implementation: derived buffers around the hand-written emit rule."""
+        return derive_impl(self.output, self._emit, scopes=self.scopes,
+                           offset_factor=self.offset_factor, strided=self.strided)
+
+    @property
+    def tensor_intrin(self):
+        """Name under which the TensorIntrin is registered with TVM (registered on first use)."""
+        return _register(self)
+
+    def helper(self, name):
+        """Registered TensorIntrin name of one of this instruction's helpers (e.g. 'load_a')."""
+        _register(self)
+        if name not in self._helpers:
+            raise KeyError(f"{self.name} has no helper {name!r}; it has {sorted(self._helpers)}")
+        return f"unit_tvm.{self.name}.{name}"
+
+    # -- targets ------------------------------------------------------------------------------
+    def missing_features(self, target):
+        """Features the target lacks for this instruction ([] when supported).
+
+        Names the smallest missing set among the alternatives, or the architecture mismatch.
+        """
+        from unit_tvm import target as _target
+
+        target = _target.as_target(target)
+        arch = _target.arch(target)
+        if arch != self.arch:
+            return [f"arch {self.arch} (target is {arch})"]
+        have = _target.features(target)
+        missing = [sorted(set(alt) - have) for alt in self.requires]
+        return min(missing, key=len) if missing else []
+
+    def supported(self, target=None):
+        """True when `target` (default: this host) can execute this instruction."""
+        return not self.missing_features(target)
+
+    def __repr__(self):
+        loops = " x ".join(f"{e}{k}" for _, e, k in self.loops)
+        dtypes = ",".join(self.input_dtypes)
+        return f"Intrinsic({self.name}: {dtypes} -> {self.output_dtype}, {loops})"
+
+
+_REGISTERED = set()
+
+
+def _register(intrin):
+    name = f"unit_tvm.{intrin.name}"
+    if name not in _REGISTERED:
+        tvm.s_tir.TensorIntrin.register(name, intrin.desc, intrin.impl, override=True)
+        for helper, (desc_fn, impl_fn) in intrin._helpers.items():
+            tvm.s_tir.TensorIntrin.register(f"{name}.{helper}", desc_fn(), impl_fn(), override=True)
+        _REGISTERED.add(name)
+    return name
+
+
+def placeholders(**specs):
+    """Convenience for semantics: placeholders(a=((4,), 'uint8'), ...) -> tuple of te tensors."""
+    return tuple(te.placeholder(shape, dtype, name=n) for n, (shape, dtype) in specs.items())

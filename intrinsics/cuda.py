@@ -1,0 +1,114 @@
+"""NVIDIA Tensor Core wmma instructions (16x16x16), accumulate-in-place form (UNIT Fig. 4c).
+
+Besides the mma itself, a fragment must be loaded, zero-filled and stored; those three
+operand-preparation steps are registered as helper TensorIntrins of each instruction
+(`intrin.helper('load_a' | 'load_b' | 'fill' | 'store')`).
+"""
+
+from tvm import te, tirx
+from tvm.script.ir_builder import tirx as T
+
+from .base import Intrinsic, derive_desc, derive_impl, placeholders
+
+M = N = K = 16
+_FRAG_SCOPES = {"a": "wmma.matrix_a", "b": "wmma.matrix_b", "d": "wmma.accumulator"}
+
+
+def _mma_semantics(in_dtype, acc_dtype):
+    def semantics():
+        a, b = placeholders(a=((M, K), in_dtype), b=((K, N), in_dtype))
+        k = te.reduce_axis((0, K), name="k")
+        return te.compute(
+            (M, N),
+            lambda i, j: te.sum(a[i, k].astype(acc_dtype) * b[k, j].astype(acc_dtype), axis=k),
+            name="d",
+        )
+
+    return semantics
+
+
+def fragment_index(buf, rows, cols):
+    """Index of the rows x cols fragment that `buf` (a view into a fragment array) starts at."""
+    stride = buf.strides[0]
+    return (buf.elem_offset // stride // rows) * (stride // cols) + buf.elem_offset % stride // cols
+
+
+def _mma_emit(bufs):
+    a, b, d = bufs["a"], bufs["b"], bufs["d"]
+    T.evaluate(
+        tirx.tvm_mma_sync(
+            d.data, fragment_index(d, M, N), a.data, fragment_index(a, M, K),
+            b.data, fragment_index(b, K, N), d.data, fragment_index(d, M, N),
+        )
+    )
+
+
+def _copy(name, dtype, src_scope, dst_scope):
+    """A 16x16 copy compute between two scopes: the semantics of a fragment load/store."""
+    src = te.placeholder((M, N), dtype, name="src")
+    dst = te.compute((M, N), lambda i, j: src[i, j], name="dst")
+    return dst, {"src": src_scope, "dst": dst_scope}
+
+
+def _helpers(in_dtype, acc_dtype):
+    def load(operand):
+        out, scopes = _copy("load", in_dtype, "shared", _FRAG_SCOPES[operand])
+
+        def emit(bufs):
+            src, dst = bufs["src"], bufs["dst"]
+            T.evaluate(tirx.tvm_load_matrix_sync(
+                dst.data, M, N, K, fragment_index(dst, M, N),
+                src.access_ptr("r", ptr_type=in_dtype), src.strides[0], "row_major"))
+
+        return (lambda: derive_desc(out, scopes=scopes, offset_factor=16),
+                lambda: derive_impl(out, emit, scopes=scopes, offset_factor=16,
+                                    strided=("src", "dst")))
+
+    def fill():
+        out = te.compute((M, N), lambda i, j: tirx.const(0, acc_dtype), name="dst")
+        scopes = {"dst": "wmma.accumulator"}
+
+        def emit(bufs):
+            dst = bufs["dst"]
+            T.evaluate(tirx.tvm_fill_fragment(dst.data, M, N, K, fragment_index(dst, M, N),
+                                              tirx.const(0, acc_dtype)))
+
+        return (lambda: derive_desc(out, scopes=scopes, offset_factor=16),
+                lambda: derive_impl(out, emit, scopes=scopes, offset_factor=16, strided=("dst",)))
+
+    def store():
+        out, scopes = _copy("store", acc_dtype, "wmma.accumulator", "global")
+
+        def emit(bufs):
+            src, dst = bufs["src"], bufs["dst"]
+            T.evaluate(tirx.tvm_store_matrix_sync(
+                src.data, M, N, K, fragment_index(src, M, N),
+                dst.access_ptr("w", ptr_type=acc_dtype), dst.strides[0], "row_major"))
+
+        return (lambda: derive_desc(out, scopes=scopes, offset_factor=16),
+                lambda: derive_impl(out, emit, scopes=scopes, offset_factor=16,
+                                    strided=("src", "dst")))
+
+    return {"load_a": load("a"), "load_b": load("b"), "fill": fill(), "store": store()}
+
+
+def _wmma(name, in_dtype, acc_dtype, requires, doc):
+    return Intrinsic(
+        name, arch="cuda", requires=requires,
+        semantics=_mma_semantics(in_dtype, acc_dtype), emit=_mma_emit,
+        scopes=_FRAG_SCOPES, offset_factor=16, strided=("a", "b", "d"),
+        helpers=_helpers(in_dtype, acc_dtype), doc=doc,
+    )
+
+
+WMMA_F16F32 = _wmma(
+    "cuda.wmma.f16f32", "float16", "float32", [("tensorcore",)],
+    "Tensor Core wmma.mma.sync m16n16k16: fp16 A (row major) x fp16 B (row major) accumulated "
+    "in place into an fp32 fragment (sm_70+).",
+)
+WMMA_S8S32 = _wmma(
+    "cuda.wmma.s8s32", "int8", "int32", [("tensorcore-int8",)],
+    "Tensor Core wmma.mma.sync m16n16k16: s8 x s8 accumulated in place into s32 (sm_72+).",
+)
+
+INTRINSICS = [WMMA_F16F32, WMMA_S8S32]

@@ -1,0 +1,1 @@
+"""Strategies that organise the loops around a tensorized core (cpu, gpu)."""

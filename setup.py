@@ -1,0 +1,35 @@
+"""unit-tvm: UNIT (Unifying Tensorized Instruction Compilation) on Apache TVM 0.27."""
+
+from setuptools import setup
+
+# intrinsics/ and schedules/ live at the top level (the two extension points) and install
+# as unit_tvm.intrinsics and unit_tvm.schedules.
+PACKAGE_DIR = {
+    "unit_tvm": "unit_tvm",
+    "unit_tvm.intrinsics": "intrinsics",
+    "unit_tvm.schedules": "schedules",
+}
+
+setup(
+    name="unit-tvm",
+    version="0.1.0",
+    description="Tensorized instruction compilation (VNNI, BF16, ARM DOT/I8MM, Tensor Core) for TVM",
+    python_requires=">=3.10",
+    packages=list(PACKAGE_DIR) + ["unit_tvm.tuner"],
+    package_dir=PACKAGE_DIR,
+    package_data={"unit_tvm.intrinsics": ["README.md"]},
+    install_requires=[
+        "apache-tvm==0.27.0.post1",
+        # 0.1.15.x segfaults in Schedule.tensorize; 0.1.13.x is refused by apache-tvm.
+        "apache-tvm-ffi==0.1.14.post1",
+        "numpy>=1.26,<3",
+        "ml_dtypes>=0.5",
+        "xgboost==3.2.0",
+        "tqdm>=4.66",
+    ],
+    extras_require={
+        "test": ["pytest==9.2.0"],
+        "bench": ["torch==2.13.0", "matplotlib>=3.8", "onnx", "onnxruntime"],
+    },
+    entry_points={"console_scripts": ["unit-tvm=unit_tvm.cli:main"]},
+)

@@ -1,0 +1,152 @@
+"""Kernels made of one instruction, generated from its semantics for any registered Intrinsic.
+
+- `instruction_kernel`: n independent copies of the instruction's semantics, tensorized so that
+  each copy is exactly one instruction. Used to check an instruction against numpy.
+- `peak_kernel`: a register-blocked loop of `accumulators` independent accumulators that reuse
+  one loaded operand, the shape of a GEMM micro-kernel, used to measure the instruction's peak.
+"""
+
+import tvm
+import tvm_ffi
+from tvm import s_tir, te, tirx
+
+_TENSOR_LOAD = "te.tensor_load"
+
+
+def _rebuild(intrin, shapes, index_of, out_shape, out_index, name):
+    """Re-express the semantics over bigger tensors.
+
+    shapes: operand name -> new shape; index_of(name, new spatial vars, old indices) -> new
+    indices; out_index(new spatial vars) -> the semantics' own spatial vars (a slice of them).
+    Returns (input placeholders in operand order, output tensor).
+    """
+    sem = intrin.output
+    red = sem.op.body[0]
+    old_inputs = intrin.inputs
+    new_inputs = [te.placeholder(shapes[t.op.name], t.dtype, name=t.op.name) for t in old_inputs]
+    by_name = {t.op.name: t for t in new_inputs}
+    extra_axes = []
+    if isinstance(red, tirx.Reduce):
+        extra_axes = [ax for ax in red.axis]
+
+    def body(*vs):
+        inner = out_index(vs)
+        var_map = [(ax.var, v) for ax, v in zip(sem.op.axis, inner)]
+
+        def on_call(call, m):
+            if call.op.name == _TENSOR_LOAD:
+                t = call.args[0]
+                idx = [m.mutate(x) for x in list(call.args)[1:]]
+                return by_name[t.op.name](*index_of(t.op.name, vs, idx))
+            return m.default_mutate(call)
+
+        def on_var(v, _m):
+            for old, new in var_map:
+                if v.same_as(old):
+                    return new
+            return v
+
+        src = red.source[0] if isinstance(red, tirx.Reduce) else red
+        src = tvm_ffi.structural_mutate(src, [(tvm.ir.expr.Call, on_call), (tirx.Var, on_var)])
+        return te.sum(src, axis=extra_axes) if extra_axes else src
+
+    out = te.compute(out_shape, body, name=name)
+    return new_inputs, out
+
+
+def instruction_kernel(intrin, n):
+    """(prim_func, inputs, output): n independent instances of `intrin`, each one instruction."""
+    shapes = {t.op.name: (n, *[int(s) for s in t.shape]) for t in intrin.inputs}
+    out_shape = (n, *[int(s) for s in intrin.output.shape])
+    ins, out = _rebuild(
+        intrin, shapes,
+        index_of=lambda name, vs, idx: (vs[0], *idx),
+        out_shape=out_shape, out_index=lambda vs: vs[1:], name=intrin.output.op.name,
+    )
+    sch = s_tir.Schedule(te.create_prim_func(ins + [out]))
+    block = sch.get_sblock(out.op.name)
+    loops = sch.get_loops(block)
+    # the init block goes above the instruction's loops, so the tensorized loop has one child
+    sch.decompose_reduction(block, loops[1])
+    sch.tensorize(sch.get_loops(block)[1], intrin.tensor_intrin)
+    return sch.mod["main"], ins, out
+
+
+def broadcast_operand(intrin):
+    """Name of the operand read by no data-parallel loop of the instruction (None if none)."""
+    spatial = {ax.var.name for ax in intrin.output.op.axis}
+    for t in intrin.inputs:
+        used = set()
+
+        def visit(call, t=t, used=used):
+            if call.op.name == _TENSOR_LOAD and call.args[0].op.name == t.op.name:
+                for idx in list(call.args)[1:]:
+                    tvm_ffi.structural_walk(idx, [(tirx.Var, lambda v: used.add(v.name))])
+
+        tvm_ffi.structural_walk(intrin.output.op.body[0], [(tvm.ir.expr.Call, visit)])
+        if not used & spatial:
+            return t.op.name
+    return None
+
+
+def peak_kernel(intrin, threads, accumulators=12, steps=64, reps=256):
+    """A prim_func that issues threads * reps * steps * accumulators independent instructions.
+
+    Each of `threads` parallel chunks keeps `accumulators` results in registers; per step it
+    loads the shared operand once and the broadcast operand once per accumulator (a GEMM
+    micro-kernel: 1 vector load + `accumulators` instructions with broadcast memory operands).
+    All data stays in L1, so the kernel measures the instruction's throughput.
+    """
+    bname = broadcast_operand(intrin)
+    if bname is None:
+        raise ValueError(f"{intrin.name} has no broadcast operand; no peak kernel for it yet")
+    shapes = {}
+    for t in intrin.inputs:
+        own = [int(s) for s in t.shape]
+        shapes[t.op.name] = (threads, steps, accumulators, *own) if t.op.name == bname else (
+            threads, steps, *own)
+    out_shape = (threads, accumulators, *[int(s) for s in intrin.output.shape])
+    rep = te.reduce_axis((0, reps), name="rep")
+    step = te.reduce_axis((0, steps), name="step")
+
+    def index_of(name, vs, idx):
+        return (vs[0], step, vs[1], *idx) if name == bname else (vs[0], step, *idx)
+
+    ins, out = _rebuild(intrin, shapes, index_of, out_shape, lambda vs: vs[2:], "peak")
+    # Wrap with the extra reduction over (rep, step): rebuild the compute with those axes.
+    red = out.op.body[0]
+    out = te.compute(
+        out_shape,
+        lambda *vs: te.sum(
+            _substitute(red.source[0], list(out.op.axis), vs),
+            axis=[rep, step] + list(red.axis),
+        ),
+        name="peak",
+    )
+    sch = s_tir.Schedule(te.create_prim_func(ins + [out]))
+    block = sch.get_sblock("peak")
+    loops = sch.get_loops(block)
+    n_sp = len(out_shape)
+    p, u, inner_sp = loops[0], loops[1], loops[2:n_sp]
+    rep_l, step_l, inner_red = loops[n_sp], loops[n_sp + 1], loops[n_sp + 2:]
+    sch.reorder(p, rep_l, step_l, u, *inner_sp, *inner_red)
+    acc = sch.cache_write(block, 0, "global")  # a small global temp is an alloca LLVM keeps in registers
+    sch.reverse_compute_at(acc, p)
+    sch.parallel(p)
+    sch.unroll(u)
+    sch.decompose_reduction(block, rep_l)
+    sch.tensorize(inner_sp[0], intrin.tensor_intrin)
+    ops = threads * reps * steps * accumulators * intrin.ops_per_instruction
+    return sch.mod["main"], ins, out, ops
+
+
+def _substitute(expr, old_axes, new_vars):
+    mapping = [(ax.var, v) for ax, v in zip(old_axes, new_vars)]
+
+    def on_var(v, _m):
+        for old, new in mapping:
+            if v.same_as(old):
+                return new
+        return v
+
+    return tvm_ffi.structural_mutate(expr, [(tirx.Var, on_var)])

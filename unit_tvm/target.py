@@ -1,0 +1,109 @@
+"""Targets: the host CPU as a TVM Target, and the ISA features of any target."""
+
+import functools
+
+import tvm
+from tvm.target import codegen
+
+# /proc/cpuinfo flag -> LLVM feature name, for the features our instructions need. LLVM's own
+# host detection names a CPU model (e.g. "rocketlake" on a VM that reports model 167) whose
+# feature list can miss what the VM really exposes (avxvnni, avx512bf16), so we add those.
+_CPUINFO_TO_LLVM = {
+    "avx2": "avx2",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512vl": "avx512vl",
+    "avx512dq": "avx512dq",
+    "avx512_vnni": "avx512vnni",
+    "avx_vnni": "avxvnni",
+    "avx512_bf16": "avx512bf16",
+    "avx512_fp16": "avx512fp16",
+    "amx_tile": "amx-tile",
+    "amx_int8": "amx-int8",
+    "amx_bf16": "amx-bf16",
+}
+
+
+def _cpuinfo_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.lru_cache(maxsize=None)
+def host(num_cores=None):
+    """Return a tvm.target.Target (dict form) for this CPU: LLVM's host CPU plus /proc/cpuinfo features.
+
+    num_cores defaults to the number of CPUs this process may run on.
+    """
+    import os
+
+    cpu = codegen.llvm_get_system_cpu()
+    if num_cores is None:
+        num_cores = len(os.sched_getaffinity(0))
+    base = tvm.target.Target({"kind": "llvm", "mcpu": cpu})
+    have = set(codegen.llvm_get_cpu_features(base))
+    extra = sorted(
+        "+" + llvm
+        for flag, llvm in _CPUINFO_TO_LLVM.items()
+        if flag in _cpuinfo_flags() and llvm not in have
+    )
+    spec = {"kind": "llvm", "mcpu": cpu, "num-cores": int(num_cores)}
+    if extra:
+        spec["mattr"] = extra
+    return tvm.target.Target(spec)
+
+
+def as_target(target):
+    """Coerce None (this host), a dict or a Target into a tvm.target.Target."""
+    if target is None:
+        return host()
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, dict):
+        return tvm.target.Target(target)
+    raise TypeError(
+        f"target must be None, a dict or a tvm.target.Target, got {type(target).__name__} "
+        f"({target!r}); TVM 0.27 rejects string targets, use e.g. "
+        "{'kind': 'llvm', 'mcpu': 'znver4'}"
+    )
+
+
+def arch(target):
+    """'x86_64', 'aarch64', 'cuda' or another triple prefix for a target."""
+    target = as_target(target)
+    if target.kind.name == "cuda":
+        return "cuda"
+    if target.kind.name != "llvm":
+        return target.kind.name
+    triple = str(target.attrs.get("mtriple", "")) or codegen.llvm_get_system_triple()
+    return triple.split("-")[0]
+
+
+def features(target):
+    """The set of ISA features a target enables (LLVM names; CUDA: {'sm_XY', 'tensorcore'})."""
+    target = as_target(target)
+    if target.kind.name == "cuda":
+        sm = str(target.attrs.get("arch", "sm_50"))
+        out = {sm}
+        if int(sm.split("_")[1][:2]) >= 70:
+            out.add("tensorcore")
+        if int(sm.split("_")[1][:2]) >= 72:
+            out.add("tensorcore-int8")
+        return out
+    if target.kind.name != "llvm":
+        return set()
+    return set(codegen.llvm_get_cpu_features(target))
+
+
+def is_host(target):
+    """True when kernels built for `target` can run on this machine."""
+    target = as_target(target)
+    if target.kind.name != "llvm" or arch(target) != arch(host()):
+        return False
+    return features(target) <= features(host()) | {"64bit"}

@@ -1,0 +1,1 @@
+"""Tuner: search over a strategy's knobs with a cost model and a tuning database."""
