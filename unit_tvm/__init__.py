@@ -8,7 +8,27 @@ from ._pins import TVM_FFI_VERSION, TVM_VERSION, DependencyError, check_versions
 
 check_versions()
 
-from . import intrinsics, target  # noqa: E402  (after the version check, which guards tvm's import)
+
+def _default_thread_count():
+    """TVM's runtime halves hardware_concurrency() on x86 (it assumes SMT siblings), which leaves
+    half the cores idle on VMs whose vCPUs are real cores. Use every CPU this process may run on
+    unless the user chose (TVM_NUM_THREADS / OMP_NUM_THREADS)."""
+    import os
+
+    if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["TVM_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
+
+
+_default_thread_count()
+
+# after the version check, which guards tvm's import
+from . import intrinsics, target  # noqa: E402
+from .build import FallbackWarning, build  # noqa: E402
+from .inspector import explain, inspect  # noqa: E402
+from .mapping import LoopMatch, Mapping, OperandAccess  # noqa: E402
+from .rewriter import rewrite  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["intrinsics", "target", "DependencyError", "TVM_VERSION", "TVM_FFI_VERSION"]
+__all__ = ["intrinsics", "target", "inspect", "explain", "rewrite", "build", "Mapping",
+           "LoopMatch", "OperandAccess", "FallbackWarning", "DependencyError", "TVM_VERSION",
+           "TVM_FFI_VERSION"]

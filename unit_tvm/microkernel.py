@@ -89,31 +89,30 @@ def broadcast_operand(intrin):
     return None
 
 
-def peak_kernel(intrin, threads, accumulators=12, steps=64, reps=256):
-    """A prim_func that issues threads * reps * steps * accumulators independent instructions.
+def peak_kernel(intrin, threads, rows=6, cols=4, steps=64, reps=1024):
+    """A prim_func that issues threads * reps * steps * rows * cols independent instructions.
 
-    Each of `threads` parallel chunks keeps `accumulators` results in registers; per step it
-    loads the shared operand once and the broadcast operand once per accumulator (a GEMM
-    micro-kernel: 1 vector load + `accumulators` instructions with broadcast memory operands).
-    All data stays in L1, so the kernel measures the instruction's throughput.
+    Each of `threads` parallel chunks keeps a rows x cols block of accumulators in registers;
+    per step it loads `cols` vectors of the shared operand and broadcasts `rows` values of the
+    broadcast operand (the register block of a GEMM micro-kernel). All data stays in L1, so the
+    kernel measures the instruction's throughput. Returns (func, inputs, output, ops).
     """
     bname = broadcast_operand(intrin)
     if bname is None:
         raise ValueError(f"{intrin.name} has no broadcast operand; no peak kernel for it yet")
     shapes = {}
     for t in intrin.inputs:
-        own = [int(s) for s in t.shape]
-        shapes[t.op.name] = (threads, steps, accumulators, *own) if t.op.name == bname else (
-            threads, steps, *own)
-    out_shape = (threads, accumulators, *[int(s) for s in intrin.output.shape])
+        own = [int(x) for x in t.shape]
+        block = rows if t.op.name == bname else cols
+        shapes[t.op.name] = (threads, steps, block, *own)
+    out_shape = (threads, rows, cols, *[int(x) for x in intrin.output.shape])
     rep = te.reduce_axis((0, reps), name="rep")
     step = te.reduce_axis((0, steps), name="step")
 
     def index_of(name, vs, idx):
-        return (vs[0], step, vs[1], *idx) if name == bname else (vs[0], step, *idx)
+        return (vs[0], step, vs[1] if name == bname else vs[2], *idx)
 
-    ins, out = _rebuild(intrin, shapes, index_of, out_shape, lambda vs: vs[2:], "peak")
-    # Wrap with the extra reduction over (rep, step): rebuild the compute with those axes.
+    ins, out = _rebuild(intrin, shapes, index_of, out_shape, lambda vs: vs[3:], "peak")
     red = out.op.body[0]
     out = te.compute(
         out_shape,
@@ -127,16 +126,18 @@ def peak_kernel(intrin, threads, accumulators=12, steps=64, reps=256):
     block = sch.get_sblock("peak")
     loops = sch.get_loops(block)
     n_sp = len(out_shape)
-    p, u, inner_sp = loops[0], loops[1], loops[2:n_sp]
+    p, r_loop, c_loop, inner_sp = loops[0], loops[1], loops[2], loops[3:n_sp]
     rep_l, step_l, inner_red = loops[n_sp], loops[n_sp + 1], loops[n_sp + 2:]
-    sch.reorder(p, rep_l, step_l, u, *inner_sp, *inner_red)
-    acc = sch.cache_write(block, 0, "global")  # a small global temp is an alloca LLVM keeps in registers
+    sch.reorder(p, rep_l, step_l, r_loop, c_loop, *inner_sp, *inner_red)
+    # a small function-local buffer is an alloca that LLVM keeps in registers
+    acc = sch.cache_write(block, 0, "global")
     sch.reverse_compute_at(acc, p)
     sch.parallel(p)
-    sch.unroll(u)
+    sch.unroll(r_loop)
+    sch.unroll(c_loop)
     sch.decompose_reduction(block, rep_l)
     sch.tensorize(inner_sp[0], intrin.tensor_intrin)
-    ops = threads * reps * steps * accumulators * intrin.ops_per_instruction
+    ops = threads * reps * steps * rows * cols * intrin.ops_per_instruction
     return sch.mod["main"], ins, out, ops
 
 
@@ -150,3 +151,41 @@ def _substitute(expr, old_axes, new_vars):
         return v
 
     return tvm_ffi.structural_mutate(expr, [(tirx.Var, on_var)])
+
+
+def wmma_kernel(intrin, n):
+    """(prim_func, inputs, output): n independent 16x16x16 Tensor Core tiles, one warp each.
+
+    Operands go global -> shared -> wmma fragment through the instruction's helper intrinsics
+    (load_a / load_b / fill / store); the mma itself through its main TensorIntrin.
+    """
+    shapes = {t.op.name: (n, *[int(s) for s in t.shape]) for t in intrin.inputs}
+    out_shape = (n, *[int(s) for s in intrin.output.shape])
+    ins, out = _rebuild(
+        intrin, shapes, index_of=lambda name, vs, idx: (vs[0], *idx),
+        out_shape=out_shape, out_index=lambda vs: vs[1:], name=intrin.output.op.name,
+    )
+    sch = s_tir.Schedule(te.create_prim_func(ins + [out]))
+    block = sch.get_sblock(out.op.name)
+    frags = []
+    for i, scope in enumerate(("wmma.matrix_a", "wmma.matrix_b")):
+        shared = sch.cache_read(block, i, "shared")
+        frag = sch.cache_read(block, i, scope)
+        frags.append((shared, frag))
+    acc = sch.cache_write(block, 0, "wmma.accumulator")
+    tile = sch.get_loops(block)[0]
+    sch.bind(tile, "blockIdx.x")
+    sch.reverse_compute_at(acc, tile)
+    for shared, frag in frags:
+        sch.compute_at(frag, tile)
+        sch.compute_at(shared, tile)
+        fused = sch.fuse(*sch.get_loops(shared)[1:])
+        _, tx = sch.split(fused, [None, 32])
+        sch.bind(tx, "threadIdx.x")
+    init = sch.decompose_reduction(block, sch.get_loops(block)[1])
+    sch.tensorize(sch.get_loops(init)[1], intrin.helper("fill"))
+    sch.tensorize(sch.get_loops(block)[1], intrin.tensor_intrin)
+    for (_, frag), helper in zip(frags, ("load_a", "load_b")):
+        sch.tensorize(sch.get_loops(frag)[1], intrin.helper(helper))
+    sch.tensorize(sch.get_loops(acc)[1], intrin.helper("store"))
+    return sch.mod["main"], ins, out

@@ -1,0 +1,152 @@
+"""CPU strategy around a tensorized core (UNIT §III-C, Fig. 7).
+
+After the Rewriter has split the mapped loops so that the innermost ones are the instruction,
+the remaining data-parallel loops are organised by two breakpoints:
+- loops above the first breakpoint are fused and parallelised;
+- loops below the second breakpoint are moved under the innermost reduction loop and unrolled,
+  so their instructions use independent accumulators held in registers;
+- the rest run serially.
+A breakpoint is a loop level plus a tiling factor: `CpuConfig.unroll` gives, per outer data-parallel
+loop, the factor kept below the second breakpoint; `CpuConfig.parallel` how many leading loops are
+fused into the parallel loop.
+"""
+
+from dataclasses import dataclass, field
+
+# x86-64 AVX-512 has 32 vector registers; the instruction needs one for the shared operand and
+# one or two for broadcasts, so at most ~28 accumulators stay in registers.
+VECTOR_REGISTERS = 32
+OPERAND_REGISTERS = 4
+MAX_PARALLEL_EXTENT = 3000  # the paper's first-breakpoint bound
+MAX_UNROLL = 8  # the paper's second-breakpoint bound per loop
+
+
+@dataclass(frozen=True)
+class CpuConfig:
+    """Knobs of the CPU strategy.
+
+    unroll: tuple of (outer data-parallel loop position, factor) placed below the reduction and
+        unrolled; their product is the number of accumulators.
+    parallel: number of leading outer data-parallel loops fused into the parallel loop.
+    reduce_split: optional (reduction loop position, factor): the reduction outer loop is split and
+        its outer part hoisted above the unrolled tile... kept for cache blocking of long K.
+    """
+
+    unroll: tuple = field(default=())
+    parallel: int = 1
+    reduce_split: tuple = ()
+
+    def accumulators(self):
+        n = 1
+        for _, f in self.unroll:
+            n *= f
+        return n
+
+    def key(self):
+        return {"unroll": [list(u) for u in self.unroll], "parallel": self.parallel,
+                "reduce_split": list(self.reduce_split)}
+
+    @staticmethod
+    def from_key(d):
+        return CpuConfig(unroll=tuple(tuple(u) for u in d.get("unroll", ())),
+                         parallel=int(d.get("parallel", 1)),
+                         reduce_split=tuple(d.get("reduce_split", ())))
+
+
+def _divisors(n, limit):
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def default_config(outer_extents, threads, acc_budget=VECTOR_REGISTERS - OPERAND_REGISTERS):
+    """The default breakpoint pair for outer data-parallel loop extents (outermost first).
+
+    Second breakpoint: unroll the two innermost outer loops by divisors f1, f2 of their extents
+    (<= MAX_UNROLL each, f1*f2 accumulators <= acc_budget) maximising f1*f2 / (f1+f2), the
+    instructions issued per operand load of a register block. First breakpoint: fuse leading
+    loops while the fused extent stays <= MAX_PARALLEL_EXTENT, at least one chunk per thread.
+    """
+    n = len(outer_extents)
+    best, unroll = (0.0, 0), ()
+    inner = list(range(max(0, n - 2), n))
+    f1s = _divisors(outer_extents[inner[0]], MAX_UNROLL) if inner else [1]
+    f2s = _divisors(outer_extents[inner[1]], MAX_UNROLL) if len(inner) > 1 else [1]
+    for f1 in f1s:
+        for f2 in f2s:
+            if f1 * f2 > acc_budget:
+                continue
+            score = (f1 * f2 / (f1 + f2), f1 * f2)
+            if score > best:
+                best = score
+                unroll = tuple((p, f) for p, f in zip(inner, (f1, f2)) if f > 1)
+    remaining = list(outer_extents)
+    for p, f in unroll:
+        remaining[p] //= f
+    parallel, fused = 0, 1
+    for ext in remaining:
+        if parallel and fused * ext > MAX_PARALLEL_EXTENT and fused >= threads:
+            break
+        fused *= ext
+        parallel += 1
+    return CpuConfig(unroll=unroll, parallel=max(parallel, 1))
+
+
+def config_space(outer_extents, threads, acc_budget=VECTOR_REGISTERS - OPERAND_REGISTERS):
+    """Every sensible breakpoint pair: unroll choices on up to two inner loops x parallel depth."""
+    n = len(outer_extents)
+    positions = list(range(n))
+    out = set()
+    for p1 in positions:
+        for f1 in _divisors(outer_extents[p1], MAX_UNROLL):
+            for p2 in [None] + [p for p in positions if p > p1]:
+                f2s = [1] if p2 is None else _divisors(outer_extents[p2], MAX_UNROLL)
+                for f2 in f2s:
+                    if f1 * f2 > acc_budget:
+                        continue
+                    unroll = tuple(u for u in ((p1, f1), (p2, f2)) if u[0] is not None and u[1] > 1)
+                    rem = list(outer_extents)
+                    for p, f in unroll:
+                        rem[p] //= f
+                    fused = 1
+                    for par in range(1, n + 1):
+                        fused *= rem[par - 1]
+                        if fused >= threads or par == n:
+                            out.add(CpuConfig(unroll=unroll, parallel=par))
+                        if fused > MAX_PARALLEL_EXTENT * 4:
+                            break
+    return sorted(out, key=lambda c: (c.parallel, c.unroll))
+
+
+def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config):
+    """Organise loops around the instruction loops per `config`; returns (init, update) info.
+
+    outer_spatial: loop RVs of the data-parallel loops left after splitting off the instruction
+    (outermost first); reduce_loops: the reduction loops left; intrin_loops: the instruction's
+    loops in its own order. Returns the loop RV at which to tensorize and the accumulator block.
+    """
+    unroll_of = dict(config.unroll)
+    outer, inner = [], []
+    for pos, loop in enumerate(outer_spatial):
+        f = unroll_of.get(pos, 1)
+        if f > 1:
+            o, i = sch.split(loop, [None, f])
+            outer.append(o)
+            inner.append(i)
+        else:
+            outer.append(loop)
+    sch.reorder(*outer, *reduce_loops, *inner, *intrin_loops)
+    n_par = min(config.parallel, len(outer))
+    if n_par >= 1 and outer:
+        par = sch.fuse(*outer[:n_par]) if n_par > 1 else outer[0]
+        outer = [par] + outer[n_par:]
+    # accumulators in a small function-local buffer (an alloca LLVM keeps in registers)
+    acc_block = None
+    if outer:
+        acc_block = sch.cache_write(block, 0, "global")
+        sch.reverse_compute_at(acc_block, outer[-1])
+    if outer and config.parallel >= 1:
+        sch.parallel(outer[0])
+    for loop in inner:
+        sch.unroll(loop)
+    first = reduce_loops[0] if reduce_loops else (inner[0] if inner else intrin_loops[0])
+    init = sch.decompose_reduction(block, first) if reduce_loops or inner else None
+    return init, acc_block

@@ -1,0 +1,28 @@
+"""Shared fixtures: host target, ISA skips that print their reason, seeded RNG."""
+
+import numpy as np
+import pytest
+
+import unit_tvm
+from unit_tvm import intrinsics
+from unit_tvm.target import host
+
+
+@pytest.fixture(scope="session")
+def host_target():
+    return host()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def require_host(name):
+    """Skip (with the missing feature in the reason) when this host cannot execute `name`."""
+    missing = intrinsics.get(name).missing_features(host())
+    if missing:
+        pytest.skip(f"{name} needs {', '.join(missing)}, which this CPU lacks")
+
+
+HOST_X86 = ["x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps"]

@@ -1,0 +1,156 @@
+"""The instruction library: registry, derived descriptions, and every host instruction executed."""
+
+import numpy as np
+import pytest
+import tvm
+
+from unit_tvm import intrinsics, measure, microkernel
+from unit_tvm.target import host
+
+from .conftest import HOST_X86, require_host
+
+NAMES = ["x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps", "arm.sdot",
+         "arm.udot", "arm.smmla", "cuda.wmma.f16f32", "cuda.wmma.s8s32"]
+
+
+def test_all_nine_registered():
+    assert intrinsics.names() == NAMES
+    assert [i.name for i in intrinsics.all()] == NAMES
+
+
+def test_get_unknown_lists_known_names():
+    with pytest.raises(KeyError) as err:
+        intrinsics.get("nope")
+    assert "nope" in str(err.value) and "x86.vpdpbusd" in str(err.value) and "arm.smmla" in str(err.value)
+
+
+def test_require_names_missing_feature():
+    no_vnni = {"kind": "llvm", "mcpu": "skylake-avx512"}
+    assert intrinsics.get("x86.vpmaddubsw").supported(no_vnni)
+    with pytest.raises(ValueError, match="avx512vnni"):
+        intrinsics.require("x86.vpdpbusd", no_vnni)
+    assert intrinsics.get("x86.vdpbf16ps").missing_features(no_vnni) == ["avx512bf16"]
+    aarch64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod"]}
+    assert intrinsics.get("arm.sdot").supported(aarch64)
+    assert intrinsics.get("arm.smmla").missing_features(aarch64) == ["i8mm"]
+    assert "arch x86_64" in intrinsics.get("x86.vpdpbusd").missing_features(aarch64)[0]
+
+
+def test_loop_kinds_and_shapes_read_off_semantics():
+    v = intrinsics.get("x86.vpdpbusd")
+    assert [(e, k) for _, e, k in v.loops] == [(16, "S"), (4, "R")]
+    assert (v.lanes, v.reduction_width, v.input_dtypes, v.output_dtype) == (16, 4, ("uint8", "int8"), "int32")
+    m = intrinsics.get("arm.smmla")
+    assert [(e, k) for _, e, k in m.loops] == [(2, "S"), (2, "S"), (8, "R")]
+    w = intrinsics.get("cuda.wmma.f16f32")
+    assert (w.lanes, w.reduction_width, w.output_dtype) == (256, 16, "float32")
+    assert intrinsics.get("x86.vdpbf16ps").input_dtypes == ("bfloat16", "bfloat16")
+
+
+def test_desc_is_derived_from_semantics():
+    """The description is the semantics in accumulate-in-place form, nothing written twice."""
+    for intrin in intrinsics.all():
+        script = intrin.desc.script()
+        out = intrin.output.op.name
+        assert f"{out}[" in script and f"= {out}[" in script, intrin.name  # d[..] = d[..] + ...
+        for t in intrin.inputs:
+            assert f'"{t.dtype}"' in script
+        assert str(intrin.output.dtype) in script
+
+
+def test_adding_an_instruction_needs_only_semantics_and_emit():
+    """A new Intrinsic built from a te.compute registers as a TensorIntrin usable by tensorize."""
+    from tvm import te, tirx
+    from tvm.script.ir_builder import tirx as T
+
+    def semantics():
+        a, b = intrinsics.placeholders(a=((4,), "uint8"), b=((16, 4), "int8"))
+        k = te.reduce_axis((0, 4), name="k")
+        return te.compute((16,), lambda i: te.sum(a[k].astype("int32") * b[i, k].astype("int32"),
+                                                  axis=k), name="d")
+
+    def emit(bufs):
+        a, b, d = bufs["a"], bufs["b"], bufs["d"]
+        word = tirx.reinterpret("int32", a.vload([0], "uint8x4"))
+        T.buffer_store(d, tirx.call_llvm_pure_intrin(
+            "int32x16", "llvm.x86.avx512.vpdpbusd.512", d.vload([0], "int32x16"),
+            tirx.reinterpret("uint8x64", tirx.Broadcast(word, 16)), b.vload([0, 0], "int8x64")),
+            [tirx.Ramp(0, 1, 16)])
+
+    mine = intrinsics.Intrinsic("test.my_vnni", arch="x86_64", requires=[("avx512vnni",)],
+                                semantics=semantics, emit=emit, doc="test")
+    func, _, _ = microkernel.instruction_kernel(mine, 4)
+    assert "vpdpbusd" in tvm.tirx.build(func, target=host()).inspect_source("asm")
+
+
+def _run_instruction(name, rng, n=256):
+    intrin = intrinsics.get(name)
+    func, ins, out = microkernel.instruction_kernel(intrin, n)
+    lib = tvm.tirx.build(func, target=host())
+    arrays = []
+    for t in ins:
+        rng_limits = intrin.operand_ranges.get(t.op.name)
+        arrays.append(measure.random_array(t.shape, t.dtype, rng, value_range=rng_limits))
+    result = np.zeros([int(s) for s in out.shape], measure.numpy_dtype(out.dtype))
+    dev = tvm.cpu()
+    args = measure.to_device(arrays + [result], dev)
+    lib(*args)
+    return intrin, arrays, args[-1].numpy(), lib.inspect_source("asm")
+
+
+@pytest.mark.parametrize("name", ["x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw"])
+def test_integer_instruction_bit_exact(name, rng):
+    require_host(name)
+    intrin, (a, b), got, asm = _run_instruction(name, rng)
+    mnemonic = name.split(".")[1]
+    assert mnemonic in asm, f"{mnemonic} not in generated code"
+    lo, hi = intrin.operand_ranges.get("a", (0, 255))
+    assert a.min() == lo and a.max() == hi and b.min() == -128 and b.max() == 127
+    expected = np.einsum("nk,nik->ni", a.astype(np.int64), b.astype(np.int64))
+    np.testing.assert_array_equal(got.astype(np.int64), expected)
+
+
+def test_vdpbf16ps_within_f32_accumulation_rounding(rng):
+    """bf16*bf16 products are exact in f32; only the two f32 additions round. So the result is
+    within 2 ulp(f32) of the float64 dot product, relative to the sum of |products| (tighter
+    than bf16 rounding, which would be 2^-8)."""
+    require_host("x86.vdpbf16ps")
+    _, (a, b), got, asm = _run_instruction("x86.vdpbf16ps", rng)
+    assert "vdpbf16ps" in asm
+    prods = a.astype(np.float64)[:, None, :] * b.astype(np.float64)
+    expected = prods.sum(-1)
+    scale = np.abs(prods).sum(-1)
+    assert np.all(np.abs(got - expected) <= 2 * np.finfo(np.float32).eps * scale + 1e-30)
+
+
+def test_vpmaddubsw_restriction_is_needed(rng):
+    """Outside a in [0,127] the s16 step saturates, which is why the instruction is restricted."""
+    require_host("x86.vpmaddubsw")
+    intrin = intrinsics.get("x86.vpmaddubsw")
+    func, ins, out = microkernel.instruction_kernel(intrin, 1)
+    lib = tvm.tirx.build(func, target=host())
+    a = np.full((1, 4), 255, "uint8")
+    b = np.full((1, 16, 4), -128, "int8")
+    args = measure.to_device([a, b, np.zeros((1, 16), "int32")], tvm.cpu())
+    lib(*args)
+    assert args[-1].numpy()[0, 0] == 2 * -32768  # saturated pairs, not the exact 4*255*-128
+    assert intrin.operand_ranges["a"] == (0, 127)
+
+
+@pytest.mark.parametrize("name", HOST_X86)
+def test_peak_kernel_computes_correct_sums(name, rng):
+    """The peak micro-kernel is a real computation: its output equals numpy's."""
+    require_host(name)
+    intrin = intrinsics.get(name)
+    func, ins, out, ops = microkernel.peak_kernel(intrin, 2, rows=2, cols=3, steps=4, reps=3)
+    assert ops == 2 * 3 * 4 * 2 * 3 * intrin.ops_per_instruction
+    lib = tvm.tirx.build(func, target=host())
+    rng_limits = intrin.operand_ranges.get("a")
+    arrays = [measure.random_array(t.shape, t.dtype, rng, value_range=rng_limits if t.op.name == "a"
+                                   else None) for t in ins]
+    got = np.zeros([int(s) for s in out.shape], measure.numpy_dtype(out.dtype))
+    args = measure.to_device(arrays + [got], tvm.cpu())
+    lib(*args)
+    a, b = (x.astype(np.float64) for x in arrays)  # a: [t, step, rows, w], b: [t, step, cols, l, w]
+    expected = 3 * np.einsum("tsrk,tscik->trci", a, b)
+    np.testing.assert_allclose(args[-1].numpy().astype(np.float64), expected, rtol=1e-5)

@@ -1,0 +1,343 @@
+"""Inspector: does an instruction fit a tensor operation, and through which loops? (UNIT §III-B)
+
+Two checks, on any te.compute written by anyone:
+1. Compute isomorphism (Algorithm 1): the instruction's expression tree and the operation's must
+   have the same shape, the same opcode and dtype at every node (casts included), the same
+   reduction combiner; instruction operands bind to operation tensors consistently.
+2. Access isomorphism: every injective map f from instruction loops to operation loops of the same
+   kind with compatible extents is tried; it is feasible iff for every operand pair (u of the op,
+   v of the instruction) S'(u) ⊆ S(v), where S(v) are the instruction loops v's indices use and
+   S'(u) the instruction loops whose images u's indices use.
+"""
+
+import itertools
+
+from tvm import te, tirx
+
+from . import intrinsics
+from .mapping import LoopMatch, Mapping, OperandAccess
+
+_TENSOR_LOAD = "te.tensor_load"
+_BINARY = ("Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max")
+_COMMUTATIVE = ("Add", "Mul", "Min", "Max")
+
+
+class NoMatch(Exception):
+    """Raised internally with the reason a match failed."""
+
+
+# -- expression helpers ---------------------------------------------------------------------------
+def _dtype(e):
+    return str(e.ty)
+
+
+def _kind(e):
+    if _is_load(e):
+        return "load"
+    return type(e).__name__
+
+
+def _is_load(e):
+    return type(e).__name__ == "Call" and getattr(e.op, "name", None) == _TENSOR_LOAD
+
+
+def _describe(e):
+    if _is_load(e):
+        return f"read of {e.args[0].op.name} ({e.args[0].dtype})"
+    if type(e).__name__ == "Cast":
+        return f"cast to {_dtype(e)} of {_describe(e.value)}"
+    if type(e).__name__ in ("IntImm", "FloatImm"):
+        return f"constant {e.value} ({_dtype(e)})"
+    return f"{type(e).__name__} ({_dtype(e)})"
+
+
+def _vars_in(e):
+    """Names of loop variables an index expression uses."""
+    name = type(e).__name__
+    if name == "Var":
+        return {e.name}
+    if name in _BINARY:
+        return _vars_in(e.a) | _vars_in(e.b)
+    if name == "Cast":
+        return _vars_in(e.value)
+    return set()
+
+
+def _eval(e, env):
+    """Integer value of an index expression under env (var name -> int)."""
+    name = type(e).__name__
+    if name == "Var":
+        return env.get(e.name, 0)
+    if name == "IntImm":
+        return int(e.value)
+    if name == "Cast":
+        return _eval(e.value, env)
+    if name in _BINARY:
+        a, b = _eval(e.a, env), _eval(e.b, env)
+        return {
+            "Add": lambda: a + b, "Sub": lambda: a - b, "Mul": lambda: a * b,
+            "FloorDiv": lambda: a // b, "FloorMod": lambda: a % b,
+            "Div": lambda: int(a / b), "Mod": lambda: a - int(a / b) * b,
+            "Min": lambda: min(a, b), "Max": lambda: max(a, b),
+        }[name]()
+    raise NoMatch(f"index expression {e} is not affine arithmetic")
+
+
+def _address(indices, shape, env):
+    addr = 0
+    for idx, ext in zip(indices, shape):
+        addr = addr * int(ext) + _eval(idx, env)
+    return addr
+
+
+def _reduce_parts(op):
+    body = op.body[0]
+    if isinstance(body, tirx.Reduce):
+        return body, body.source[0]
+    return None, body
+
+
+def _combiner_name(red):
+    if red is None:
+        return None
+    result = red.combiner.result[0]
+    ident = red.combiner.identity_element[0]
+    return f"{type(result).__name__}(identity {float(ident.value):g})"
+
+
+# -- 1. compute isomorphism -----------------------------------------------------------------------
+def _match_tree(iu, ou, bind, path="root"):
+    """Algorithm 1: walk both trees; bind instruction loads to op loads. Raises NoMatch."""
+    ik, ok = _kind(iu), _kind(ou)
+    if ik == "load":
+        if ok != "load":
+            raise NoMatch(f"at {path}: the instruction reads operand {iu.args[0].op.name} where the "
+                          f"operation has {_describe(ou)}")
+        if iu.args[0].dtype != ou.args[0].dtype:
+            raise NoMatch(f"at {path}: operand {iu.args[0].op.name} must be {iu.args[0].dtype} but "
+                          f"operation tensor {ou.args[0].op.name} is {ou.args[0].dtype}")
+        name = iu.args[0].op.name
+        tensor = ou.args[0]
+        prev = bind.get(name)
+        if prev is not None and not prev[0].same_as(tensor):
+            raise NoMatch(f"instruction operand {name} would bind two tensors: "
+                          f"{prev[0].op.name} and {tensor.op.name}")
+        for other, (t, *_rest) in bind.items():
+            if other != name and t.same_as(tensor):
+                raise NoMatch(f"operation tensor {tensor.op.name} would bind two instruction "
+                              f"operands: {other} and {name}")
+        bind[name] = (tensor, list(ou.args)[1:], list(iu.args)[1:])
+        return
+    if ik != ok:
+        raise NoMatch(f"at {path}: opcode mismatch, instruction has {_describe(iu)}, operation has "
+                      f"{_describe(ou)}")
+    if _dtype(iu) != _dtype(ou):
+        raise NoMatch(f"at {path}: dtype mismatch in {ik}: instruction {_dtype(iu)}, operation "
+                      f"{_dtype(ou)}")
+    if ik == "Cast":
+        _match_tree(iu.value, ou.value, bind, f"{path}.cast")
+        return
+    if ik in ("IntImm", "FloatImm"):
+        if iu.value != ou.value:
+            raise NoMatch(f"at {path}: constant {iu.value} vs {ou.value}")
+        return
+    if ik in _BINARY:
+        try:
+            trial = dict(bind)
+            _match_tree(iu.a, ou.a, trial, f"{path}.{ik}.lhs")
+            _match_tree(iu.b, ou.b, trial, f"{path}.{ik}.rhs")
+            bind.clear()
+            bind.update(trial)
+            return
+        except NoMatch as first:
+            if ik not in _COMMUTATIVE:
+                raise
+            # commutative ops also match with their operands swapped (b*a for a*b)
+            try:
+                trial = dict(bind)
+                _match_tree(iu.a, ou.b, trial, f"{path}.{ik}.lhs")
+                _match_tree(iu.b, ou.a, trial, f"{path}.{ik}.rhs")
+            except NoMatch:
+                raise first from None
+            bind.clear()
+            bind.update(trial)
+            return
+    raise NoMatch(f"at {path}: unsupported node {ik} in the instruction's semantics")
+
+
+def compute_isomorphism(op, intrin):
+    """Operand binding {intrin operand: (op tensor, op indices, intrin indices)}; NoMatch if none."""
+    op_red, op_src = _reduce_parts(op)
+    in_red, in_src = _reduce_parts(intrin.output.op)
+    if (op_red is None) != (in_red is None):
+        raise NoMatch("the instruction is a reduction and the operation is not" if in_red is not None
+                      else "the operation is a reduction and the instruction is not")
+    if op_red is not None and not (type(op_red.condition).__name__ == "IntImm"
+                                   and int(op_red.condition.value) == 1):
+        raise NoMatch("the operation's reduction has a condition")
+    if str(op.output(0).dtype) != intrin.output_dtype:
+        raise NoMatch(f"output dtype: instruction accumulates {intrin.output_dtype}, operation "
+                      f"produces {op.output(0).dtype}")
+    if _combiner_name(op_red) != _combiner_name(in_red):
+        raise NoMatch(f"reduction combiner differs: instruction {_combiner_name(in_red)}, "
+                      f"operation {_combiner_name(op_red)} (sum is not max)")
+    bind = {}
+    _match_tree(in_src, op_src, bind)
+    missing = [t.op.name for t in intrin.inputs if t.op.name not in bind]
+    if missing:
+        raise NoMatch(f"instruction operands {missing} are not bound")
+    return bind
+
+
+# -- 2. access isomorphism ------------------------------------------------------------------------
+def _op_loops(op):
+    loops = [(ax.var.name, int(ax.dom.extent), "S") for ax in op.axis]
+    loops += [(ax.var.name, int(ax.dom.extent), "R") for ax in op.reduce_axis]
+    return loops
+
+
+def _paddable(op, loop_name, bind):
+    """A loop can be padded when some multiplied operand reads it as a plain index (zeros padded
+    there make the extra iterations add nothing) — reductions; data-parallel loops always can."""
+    for tensor, indices, _ in bind.values():
+        if any(type(i).__name__ == "Var" and i.name == loop_name for i in indices):
+            return True
+    return False
+
+
+def _access(intrin, name, bind, f_inv, loop_extent, op_shape_of):
+    """(S'(u) ⊆ S(v) holds?, OperandAccess, reason) for one operand under a loop map."""
+    tensor, op_idx, in_idx = bind[name]
+    intrin_tensor = next(t for t in intrin.inputs if t.op.name == name)
+    in_shape = [int(s) for s in intrin_tensor.shape]
+    s_v = set().union(*[_vars_in(i) for i in in_idx]) if in_idx else set()
+    used = set().union(*[_vars_in(i) for i in op_idx]) if op_idx else set()
+    s_u = {f_inv[v] for v in used if v in f_inv}
+    if not s_u <= s_v:
+        extra = sorted(s_u - s_v)
+        return False, None, (f"S'({tensor.op.name}) = {sorted(s_u)} is not a subset of "
+                             f"S({name}) = {sorted(s_v)}: {tensor.op.name} would need a different "
+                             f"element per step of instruction loop(s) {extra}, but {name} is one "
+                             f"value along them")
+    # contiguity: along each instruction loop the op address must step like a dense buffer of
+    # the instruction operand's shape; checked at the tile origin and at the next aligned tile.
+    op_shape = op_shape_of(tensor)
+    contiguous = True
+    strides = []
+    for il, op_loop in sorted(((il, ol) for ol, il in f_inv.items()), key=lambda x: x[0]):
+        ext = loop_extent[il]
+        want = _address(in_idx, in_shape, {il: 1}) - _address(in_idx, in_shape, {il: 0})
+        for base in (0, ext):
+            try:
+                origin = _address(op_idx, op_shape, {op_loop: base})
+                steps = [_address(op_idx, op_shape, {op_loop: base + t}) - origin for t in range(ext)]
+            except NoMatch:
+                contiguous = False
+                steps = None
+                break
+            if steps != [t * want for t in range(ext)]:
+                contiguous = False
+        strides.append(steps[1] if steps and ext > 1 else 0)
+    broadcast = tuple(sorted(s_v - s_u))
+    if broadcast:
+        contiguous = False
+    return True, OperandAccess(tensor.op.name, name, contiguous, broadcast, tuple(strides)), None
+
+
+def _candidates(op, intrin, bind):
+    """Yield (Mapping | None, reason) for every injective kind-preserving loop map."""
+    op_loops = _op_loops(op)
+    in_loops = intrin.loops
+    loop_extent = {n: e for n, e, _ in in_loops}
+    by_kind = {k: [i for i, l in enumerate(op_loops) if l[2] == k] for k in ("S", "R")}
+    choices = [by_kind[k] for _, _, k in in_loops]
+    shape_of = lambda t: [int(s) for s in t.shape]  # noqa: E731
+    for assign in itertools.product(*choices):
+        if len(set(assign)) != len(assign):
+            continue
+        matches, reason = [], None
+        for (iname, iext, kind), oi in zip(in_loops, assign):
+            oname, oext, _ = op_loops[oi]
+            pad = (-oext) % iext
+            if pad and kind == "R" and not _paddable(op, oname, bind):
+                reason = (f"reduction loop {oname} (extent {oext}) is not a multiple of the "
+                          f"instruction's {iname} ({iext}) and cannot be zero-padded: no multiplied "
+                          f"operand reads it as a plain index")
+                break
+            matches.append(LoopMatch(iname, iext, kind, oname, oi, oext, pad))
+        if reason:
+            yield None, reason
+            continue
+        f_inv = {m.op_loop: m.intrin_loop for m in matches}
+        accesses = []
+        for t in intrin.inputs:
+            ok, acc, why = _access(intrin, t.op.name, bind, f_inv, loop_extent, shape_of)
+            if not ok:
+                reason = why
+                break
+            accesses.append(acc)
+        if reason:
+            yield None, reason
+            continue
+        yield Mapping(intrin.name, op.name, tuple(matches), tuple(accesses)), None
+
+
+def _as_op(op):
+    if isinstance(op, te.Tensor):
+        return op.op
+    return op
+
+
+def _rank(mapping, n_loops):
+    """Best first: no padding, operands contiguous, innermost op loops (the paper's default)."""
+    pad = sum(m.padding for m in mapping.loops)
+    strided = sum(not a.contiguous for a in mapping.operands)
+    depth = sum(n_loops - m.op_index for m in mapping.loops)
+    return (strided, pad > 0, depth, pad)
+
+
+def _get_intrin(intrinsic):
+    return intrinsics.get(intrinsic) if isinstance(intrinsic, str) else intrinsic
+
+
+def inspect(op, intrinsic):
+    """Every feasible Mapping of `intrinsic` onto `op` (te.Tensor or ComputeOp), best first."""
+    op = _as_op(op)
+    intrin = _get_intrin(intrinsic)
+    try:
+        bind = compute_isomorphism(op, intrin)
+    except NoMatch:
+        return []
+    found = [m for m, _ in _candidates(op, intrin, bind) if m is not None]
+    n = len(_op_loops(op))
+    return sorted(found, key=lambda m: _rank(m, n))
+
+
+def explain(op, intrinsic):
+    """Plain-words account of whether `intrinsic` fits `op`, and why not when it does not."""
+    op = _as_op(op)
+    intrin = _get_intrin(intrinsic)
+    try:
+        bind = compute_isomorphism(op, intrin)
+    except NoMatch as e:
+        hint = ""
+        if "must be uint8" in str(e) and "is int8" in str(e):
+            hint = (" (the data operand must be uint8; for s8 x s8 the Rewriter applies the +128 "
+                    "shift with compensation)")
+        return f"{intrin.name} does not fit {op.name}: compute mismatch: {e}{hint}"
+    found, reasons = [], []
+    for m, why in _candidates(op, intrin, bind):
+        (found if m else reasons).append(m or why)
+    if found:
+        n = len(_op_loops(op))
+        best = sorted(found, key=lambda m: _rank(m, n))[0]
+        return f"{intrin.name} fits {op.name} in {len(found)} way(s); best:\n{best}"
+    if not reasons:
+        kinds = [k for _, _, k in intrin.loops]
+        have = [k for _, _, k in _op_loops(op)]
+        return (f"{intrin.name} does not fit {op.name}: it needs {kinds.count('S')} data-parallel and "
+                f"{kinds.count('R')} reduction loops, the operation has {have.count('S')} and "
+                f"{have.count('R')}")
+    uniq = list(dict.fromkeys(reasons))
+    return (f"{intrin.name} does not fit {op.name}: no loop mapping is feasible; "
+            + "; ".join(uniq[:4]) + ("" if len(uniq) <= 4 else f"; ... ({len(uniq) - 4} more)"))

@@ -1,0 +1,44 @@
+"""Compile CUDA C produced by TVM to PTX with the machine's nvcc, to inspect what it emits."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+
+
+def find_nvcc():
+    """Path of nvcc (PATH, then $CUDA_HOME/bin, then /usr/local/cuda/bin), or None."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if root and os.path.exists(os.path.join(root, "bin", "nvcc")):
+            return os.path.join(root, "bin", "nvcc")
+    return None
+
+
+def cuda_source(lib):
+    """The CUDA C source of the device module inside a module built by tvm.build."""
+    for mod in lib.imports:
+        if mod.kind == "cuda":
+            return mod.inspect_source("")
+    raise ValueError("module has no CUDA device code")
+
+
+def ptx(source, arch="sm_80"):
+    """PTX text for CUDA `source` compiled by nvcc for `arch`; RuntimeError with nvcc's output."""
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "kernel.cu")
+        out = os.path.join(tmp, "kernel.ptx")
+        with open(src, "w") as f:
+            f.write(source)
+        proc = subprocess.run(
+            [nvcc, "-ptx", f"-arch={arch}", "-O3", "-o", out, src], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
+        with open(out) as f:
+            return f.read()

@@ -1,0 +1,54 @@
+"""Measured peak of an instruction on this host, from a TVM-generated register-blocked kernel."""
+
+import functools
+
+import numpy as np
+import tvm
+
+from . import intrinsics, measure, microkernel
+from .target import as_target, host, is_host
+
+# Register blocks (rows of broadcast operand x columns of shared operand) tried: enough
+# independent accumulators to cover latency x throughput of every x86 dot instruction
+# (4-5 cycles x 2/cycle) while leaving registers for the operands.
+BLOCK_CHOICES = ((12, 1), (6, 2), (4, 4), (6, 4), (4, 6), (8, 3))
+
+
+@functools.lru_cache(maxsize=None)
+def _measure(name, threads, target_json):
+    target = tvm.target.Target(target_json)
+    intrin = intrinsics.get(name)
+    best = None
+    dev = tvm.cpu()
+    rng = np.random.default_rng(0)
+    for rows, cols in BLOCK_CHOICES:
+        func, ins, out, ops = microkernel.peak_kernel(intrin, threads, rows=rows, cols=cols)
+        lib = tvm.tirx.build(func, target=target)
+        arrays = [measure.random_array(t.shape, t.dtype, rng) for t in ins]
+        arrays.append(np.zeros([int(s) for s in out.shape], measure.numpy_dtype(out.dtype)))
+        secs = measure.best_seconds(lib, measure.to_device(arrays, dev), dev, number=5, repeat=7)
+        gops = ops / secs / 1e9
+        if best is None or gops > best["gops"]:
+            best = {"intrinsic": name, "threads": threads, "gops": gops, "block": f"{rows}x{cols}",
+                    "ops_per_instruction": intrin.ops_per_instruction}
+    return best
+
+
+def peak(intrinsic, threads=1, target=None):
+    """{'gops', 'block', ...}: best GOPS of `intrinsic` over register-block shapes.
+
+    Runs on this host; raises ValueError when the host cannot execute the instruction.
+    """
+    target = as_target(target)
+    intrin = intrinsics.get(intrinsic) if isinstance(intrinsic, str) else intrinsic
+    if not is_host(target):
+        raise ValueError(f"peak is measured on this host only; {target} is not this host")
+    missing = intrin.missing_features(target)
+    if missing:
+        raise ValueError(f"{intrin.name} cannot run on this host: missing {', '.join(missing)}")
+    return dict(_measure(intrin.name, int(threads), str(target)))
+
+
+def host_threads():
+    """Number of worker threads TVM uses on this host (the target's num-cores)."""
+    return int(host().attrs.get("num-cores", 1))

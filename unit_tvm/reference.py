@@ -1,0 +1,49 @@
+"""numpy references for the workloads in unit_tvm.ops (exact for integer data via float64)."""
+
+import numpy as np
+
+
+def pack_dense_weight(b, lanes=16, width=4):
+    """[n, k] -> [n/lanes, k/width, lanes, width] (the layout ops.dense_packed reads)."""
+    n, k = b.shape
+    return np.ascontiguousarray(b.reshape(n // lanes, lanes, k // width, width).transpose(0, 2, 1, 3))
+
+
+def pack_nchwc(data, x=4):
+    """[n, c, h, w] -> [n, c/x, h, w, x]."""
+    n, c, h, w = data.shape
+    return np.ascontiguousarray(data.reshape(n, c // x, x, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def unpack_nchwc(out):
+    """[n, c/y, h, w, y] -> [n, c, h, w]."""
+    n, co, h, w, y = out.shape
+    return np.ascontiguousarray(out.transpose(0, 1, 4, 2, 3).reshape(n, co * y, h, w))
+
+
+def pack_kcrs(weight, y=16, x=4):
+    """[k, c, r, s] -> [k/y, c/x, r, s, y, x]."""
+    k, c, r, s = weight.shape
+    return np.ascontiguousarray(weight.reshape(k // y, y, c // x, x, r, s).transpose(0, 2, 4, 5, 1, 3))
+
+
+def dense(a, b):
+    """a [m, k] @ b[n, k]^T, exact int64 for int8 data."""
+    return (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.int64)
+
+
+def conv2d_nchw(data, weight, stride=1, dilation=1):
+    """Direct conv2d without padding, NCHW x KCRS -> NKHW, exact int64 for int8 data."""
+    n, c, h, w = data.shape
+    k, _, r, s = weight.shape
+    oh = (h - (r - 1) * dilation - 1) // stride + 1
+    ow = (w - (s - 1) * dilation - 1) // stride + 1
+    out = np.zeros((n, k, oh, ow), np.float64)
+    d64 = data.astype(np.float64)
+    w64 = weight.astype(np.float64)
+    for i in range(r):
+        for j in range(s):
+            patch = d64[:, :, i * dilation: i * dilation + (oh - 1) * stride + 1: stride,
+                        j * dilation: j * dilation + (ow - 1) * stride + 1: stride]
+            out += np.einsum("nchw,kc->nkhw", patch, w64[:, :, i, j], optimize=True)
+    return out.astype(np.int64)
