@@ -43,3 +43,17 @@ def test_peak_json_one_thread():
 def test_peak_refuses_foreign_instruction():
     proc = _cli("peak", "--intrinsic", "arm.sdot")
     assert proc.returncode == 2 and "missing arch aarch64" in proc.stderr
+
+
+def test_inspect_prints_mapping_or_reason_for_every_instruction():
+    proc = _cli("inspect", "conv2d", "64", "16", "64", "3", "--layout", "nchwc", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = {r["intrinsic"]: r for r in json.loads(proc.stdout)["report"]}
+    assert set(report) == set(intrinsics.names())
+    assert "ki[16] equal" in report["x86.vpdpbusd"]["mappings"][0]
+    assert report["arm.sdot"]["reason"] and "must be int8" in report["arm.sdot"]["reason"]
+
+
+def test_inspect_rejects_wrong_shape_arity():
+    proc = _cli("inspect", "dense", "64", "64")
+    assert proc.returncode == 2 and "M N K" in proc.stderr

@@ -1,4 +1,4 @@
-"""`unit-tvm` command line: intrinsics, peak, demo (the main job)."""
+"""`unit-tvm` command line: intrinsics, peak, inspect, demo (the main job)."""
 
 import argparse
 import json
@@ -51,6 +51,65 @@ def _cmd_peak(args):
     return 0
 
 
+# op name -> (builder, shape parameter names, layouts)
+def _inspect_ops():
+    from . import ops
+
+    def conv2d(layout, p, a, b, acc, stride, dilation, groups):
+        if layout == "nchw":
+            return ops.conv2d_nchw(p["C"], p["H"], p["K"], p["R"], stride, dilation, groups, a, b)
+        if layout == "nhwc":
+            return ops.conv2d_nhwc(p["C"], p["H"], p["K"], p["R"], a, b)
+        return ops.conv2d_nchwc(1, p["C"], p["H"], p["H"], p["K"], p["R"], p["R"], stride,
+                                dilation, a_dtype=a, b_dtype=b, acc=acc)
+
+    return {
+        "dense": (lambda lay, p, a, b, acc, *_: ops.dense(p["M"], p["N"], p["K"], a, b, acc),
+                  "M N K"),
+        "matmul": (lambda lay, p, a, b, acc, *_: ops.matmul_bn(p["M"], p["N"], p["K"], a, b, acc),
+                   "M N K"),
+        "batch_matmul": (lambda lay, p, a, b, acc, *_: ops.batch_matmul(
+            p["B"], p["M"], p["N"], p["K"], a, b, acc), "B M N K"),
+        "conv1d": (lambda lay, p, a, b, acc, *_: ops.conv1d_ncw(p["C"], p["W"], p["K"], p["S"], a, b),
+                   "C W K S"),
+        "conv2d": (conv2d, "C H K R"),
+        "conv3d": (lambda lay, p, a, b, acc, *_: ops.conv3d_ncdhw(p["C"], p["D"], p["K"], p["R"], a, b),
+                   "C D K R"),
+    }
+
+
+def _cmd_inspect(args):
+    from . import intrinsics
+    from .inspector import explain, inspect
+
+    builder, names = _inspect_ops()[args.op]
+    values = [int(v) for v in args.shape]
+    names = names.split()
+    if len(values) != len(names):
+        raise ValueError(f"{args.op} takes shape {' '.join(names)}, got {len(values)} numbers")
+    a, b, acc = args.dtypes.split(",")
+    op = builder(args.layout, dict(zip(names, values)), a, b, acc, args.stride, args.dilation,
+                 args.groups)
+    report = []
+    for intrin in intrinsics.all():
+        found = inspect(op, intrin)
+        report.append({"intrinsic": intrin.name, "mappings": [str(m) for m in found],
+                       "reason": None if found else explain(op, intrin)})
+    if args.json:
+        print(json.dumps({"op": op.op.name, "shape": dict(zip(names, values)), "report": report},
+                         indent=1))
+        return 0
+    print(f"{args.op} ({args.layout}) {dict(zip(names, values))} {a} x {b} -> {acc}")
+    for r in report:
+        if r["mappings"]:
+            print(f"\n{r['intrinsic']}: {len(r['mappings'])} mapping(s), best first")
+            for m in r["mappings"][: args.top]:
+                print("  " + m.replace("\n", "\n  "))
+        else:
+            print(f"\n{r['intrinsic']}: no mapping. {r['reason']}")
+    return 0
+
+
 def _cmd_demo(args):
     from . import demo
 
@@ -74,6 +133,19 @@ def main(argv=None):
     p.add_argument("--threads", type=int, help="thread count (default: 1 and all)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_peak)
+    p = sub.add_parser("inspect", help="which instructions fit an operation, through which loops")
+    p.add_argument("op", choices=sorted(_inspect_ops()))
+    p.add_argument("shape", nargs="+", help="dense/matmul: M N K; batch_matmul: B M N K; "
+                   "conv1d: C W K S; conv2d: C H K R (square); conv3d: C D K R")
+    p.add_argument("--layout", choices=["nchw", "nhwc", "nchwc"], default="nchw",
+                   help="conv2d data layout (nchwc packs 4 input / 16 output channels)")
+    p.add_argument("--dtypes", default="uint8,int8,int32", help="A,B,accumulator dtypes")
+    p.add_argument("--stride", type=int, default=1)
+    p.add_argument("--dilation", type=int, default=1)
+    p.add_argument("--groups", type=int, default=1)
+    p.add_argument("--top", type=int, default=3, help="mappings shown per instruction")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_inspect)
     p = sub.add_parser("demo", help="the main job: peaks, then a tensorized GEMM and conv2d")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_demo)

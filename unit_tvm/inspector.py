@@ -196,13 +196,41 @@ def _op_loops(op):
     return loops
 
 
+def _separable(index, loop_name):
+    """True when `index` mentions no loop but `loop_name` (v, v//c, v%c, v*c, v+c ...)."""
+    return _vars_in(index) <= {loop_name}
+
+
 def _paddable(op, loop_name, bind):
-    """A loop can be padded when some multiplied operand reads it as a plain index (zeros padded
-    there make the extra iterations add nothing) — reductions; data-parallel loops always can."""
-    for tensor, indices, _ in bind.values():
-        if any(type(i).__name__ == "Var" and i.name == loop_name for i in indices):
-            return True
-    return False
+    """Whether a loop can be padded to the instruction's multiple.
+
+    Padding is sound when every operand index that mentions the loop mentions no other loop: then
+    each operand can be zero-padded along those dimensions, padded iterations read only padding,
+    and in a sum of products they add zero (for a data-parallel loop the extra outputs are
+    dropped). An index like h + r (a conv window) mixes loops, so r cannot be padded.
+    """
+    reads = [idx for _, indices, _ in bind.values() for idx in indices
+             if loop_name in _vars_in(idx)]
+    return bool(reads) and all(_separable(i, loop_name) for i in reads)
+
+
+def _varies_within_tile(indices, shape, loop, ext):
+    """Whether the address changes while `loop` steps inside one instruction tile of `ext`.
+
+    Judged on values, not syntax: a grouped conv reads data[f // kg * cg + rc], which does not
+    change across 16 lanes of f when kg is a multiple of 16. Tiles at the start, the second
+    position and the end of a generous range are tried.
+    """
+    if not any(loop in _vars_in(i) for i in indices):
+        return False
+    try:
+        for base in (0, ext, 7 * ext):
+            origin = _address(indices, shape, {loop: base})
+            if any(_address(indices, shape, {loop: base + t}) != origin for t in range(1, ext)):
+                return True
+        return False
+    except NoMatch:
+        return True
 
 
 def _access(intrin, name, bind, f_inv, loop_extent, op_shape_of):
@@ -211,8 +239,8 @@ def _access(intrin, name, bind, f_inv, loop_extent, op_shape_of):
     intrin_tensor = next(t for t in intrin.inputs if t.op.name == name)
     in_shape = [int(s) for s in intrin_tensor.shape]
     s_v = set().union(*[_vars_in(i) for i in in_idx]) if in_idx else set()
-    used = set().union(*[_vars_in(i) for i in op_idx]) if op_idx else set()
-    s_u = {f_inv[v] for v in used if v in f_inv}
+    s_u = {il for ol, il in f_inv.items()
+           if _varies_within_tile(op_idx, op_shape_of(tensor), ol, loop_extent[il])}
     if not s_u <= s_v:
         extra = sorted(s_u - s_v)
         return False, None, (f"S'({tensor.op.name}) = {sorted(s_u)} is not a subset of "
@@ -259,10 +287,11 @@ def _candidates(op, intrin, bind):
         for (iname, iext, kind), oi in zip(in_loops, assign):
             oname, oext, _ = op_loops[oi]
             pad = (-oext) % iext
-            if pad and kind == "R" and not _paddable(op, oname, bind):
-                reason = (f"reduction loop {oname} (extent {oext}) is not a multiple of the "
-                          f"instruction's {iname} ({iext}) and cannot be zero-padded: no multiplied "
-                          f"operand reads it as a plain index")
+            if pad and not _paddable(op, oname, bind):
+                kind_word = "reduction" if kind == "R" else "data-parallel"
+                reason = (f"{kind_word} loop {oname} (extent {oext}) is not a multiple of the "
+                          f"instruction's {iname} ({iext}) and cannot be zero-padded: an operand "
+                          f"index combines it with another loop")
                 break
             matches.append(LoopMatch(iname, iext, kind, oname, oi, oext, pad))
         if reason:

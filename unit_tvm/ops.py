@@ -52,3 +52,81 @@ def conv2d_nchwc(n, c, h, w, k, r, s, stride=1, dilation=1, x=4, y=16,
             axis=[rc, rr, rs]),
         name="conv2d_nchwc",
     )
+
+
+# -- operations, written the way any user would -------------------------------------------------
+def matmul_bt(m, n, k, a="uint8", b="int8", acc="int32"):
+    """C[i, j] = sum A[i, k] * B[j, k]  (B as nn.Linear weight)."""
+    return dense(m, n, k, a, b, acc)
+
+
+def matmul_bn(m, n, k, a="uint8", b="int8", acc="int32"):
+    """C[i, j] = sum A[i, k] * B[k, j]  (B row-major K x N)."""
+    A = te.placeholder((m, k), a, name="A")
+    B = te.placeholder((k, n), b, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    return te.compute((m, n), lambda i, j: te.sum(A[i, r].astype(acc) * B[r, j].astype(acc), axis=r),
+                      name="matmul")
+
+
+def batch_matmul(bs, m, n, k, a="uint8", b="int8", acc="int32"):
+    """C[z, i, j] = sum A[z, i, k] * B[z, j, k]."""
+    A = te.placeholder((bs, m, k), a, name="A")
+    B = te.placeholder((bs, n, k), b, name="B")
+    r = te.reduce_axis((0, k), name="k")
+    return te.compute((bs, m, n), lambda z, i, j: te.sum(A[z, i, r].astype(acc) * B[z, j, r].astype(acc),
+                                                         axis=r), name="batch_matmul")
+
+
+def conv1d_ncw(c, w, k, s, a="uint8", b="int8"):
+    """conv1d, NCW x KCS, batch 1, no padding."""
+    data = te.placeholder((1, c, w), a, name="data")
+    kern = te.placeholder((k, c, s), b, name="kernel")
+    rc = te.reduce_axis((0, c), name="rc")
+    rs = te.reduce_axis((0, s), name="rs")
+    return te.compute((1, k, w - s + 1), lambda n, f, x: te.sum(
+        data[n, rc, x + rs].astype("int32") * kern[f, rc, rs].astype("int32"), axis=[rc, rs]),
+        name="conv1d")
+
+
+def conv2d_nchw(c, h, k, r, stride=1, dilation=1, groups=1, a="uint8", b="int8"):
+    """conv2d, NCHW x KCRS (grouped when groups > 1), batch 1, square, no padding."""
+    oh = (h - (r - 1) * dilation - 1) // stride + 1
+    cg = c // groups
+    data = te.placeholder((1, c, h, h), a, name="data")
+    kern = te.placeholder((k, cg, r, r), b, name="kernel")
+    rc = te.reduce_axis((0, cg), name="rc")
+    ry = te.reduce_axis((0, r), name="ry")
+    rx = te.reduce_axis((0, r), name="rx")
+    kg = k // groups
+
+    def channel(f, rc):
+        return f // kg * cg + rc if groups > 1 else rc
+
+    return te.compute((1, k, oh, oh), lambda n, f, y, x: te.sum(
+        data[n, channel(f, rc), y * stride + ry * dilation, x * stride + rx * dilation].astype("int32")
+        * kern[f, rc, ry, rx].astype("int32"), axis=[rc, ry, rx]), name="conv2d")
+
+
+def conv2d_nhwc(c, h, k, r, a="uint8", b="int8"):
+    """conv2d, NHWC x RSCK (HWIO), batch 1, square, no padding."""
+    data = te.placeholder((1, h, h, c), a, name="data")
+    kern = te.placeholder((r, r, c, k), b, name="kernel")
+    rc = te.reduce_axis((0, c), name="rc")
+    ry = te.reduce_axis((0, r), name="ry")
+    rx = te.reduce_axis((0, r), name="rx")
+    return te.compute((1, h - r + 1, h - r + 1, k), lambda n, y, x, f: te.sum(
+        data[n, y + ry, x + rx, rc].astype("int32") * kern[ry, rx, rc, f].astype("int32"),
+        axis=[rc, ry, rx]), name="conv2d_nhwc")
+
+
+def conv3d_ncdhw(c, d, k, r, a="uint8", b="int8"):
+    """conv3d, NCDHW x KCTRS, batch 1, cubic, no padding."""
+    data = te.placeholder((1, c, d, d, d), a, name="data")
+    kern = te.placeholder((k, c, r, r, r), b, name="kernel")
+    rc = te.reduce_axis((0, c), name="rc")
+    rz, ry, rx = (te.reduce_axis((0, r), name=n) for n in ("rz", "ry", "rx"))
+    o = d - r + 1
+    return te.compute((1, k, o, o, o), lambda n, f, z, y, x: te.sum(
+        data[n, rc, z + rz, y + ry, x + rx].astype("int32") * kern[f, rc, rz, ry, rx].astype("int32"),
+        axis=[rc, rz, ry, rx]), name="conv3d")
