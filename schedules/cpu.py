@@ -116,12 +116,14 @@ def config_space(outer_extents, threads, acc_budget=VECTOR_REGISTERS - OPERAND_R
     return sorted(out, key=lambda c: (c.parallel, c.unroll))
 
 
-def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config):
-    """Organise loops around the instruction loops per `config`; returns (init, update) info.
+def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_back=None):
+    """Organise loops around the instruction loops per `config`.
 
     outer_spatial: loop RVs of the data-parallel loops left after splitting off the instruction
     (outermost first); reduce_loops: the reduction loops left; intrin_loops: the instruction's
-    loops in its own order. Returns the loop RV at which to tensorize and the accumulator block.
+    loops in its own order. write_back: the block that consumes the accumulators (the epilogue);
+    it is computed per tile, so the accumulator tile compacts to a small buffer kept in
+    registers. Without one, a cache_write stage plays that role.
     """
     unroll_of = dict(config.unroll)
     outer, inner = [], []
@@ -135,18 +137,15 @@ def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config):
             outer.append(loop)
     sch.reorder(*outer, *reduce_loops, *inner, *intrin_loops)
     n_par = min(config.parallel, len(outer))
-    if n_par >= 1 and outer:
-        par = sch.fuse(*outer[:n_par]) if n_par > 1 else outer[0]
-        outer = [par] + outer[n_par:]
-    # accumulators in a small function-local buffer (an alloca LLVM keeps in registers)
-    acc_block = None
+    if n_par > 1:
+        outer = [sch.fuse(*outer[:n_par])] + outer[n_par:]
     if outer:
-        acc_block = sch.cache_write(block, 0, "global")
-        sch.reverse_compute_at(acc_block, outer[-1])
-    if outer and config.parallel >= 1:
+        if write_back is None:
+            write_back = sch.cache_write(block, 0, "global")
+        sch.reverse_compute_at(write_back, outer[-1])
         sch.parallel(outer[0])
     for loop in inner:
         sch.unroll(loop)
     first = reduce_loops[0] if reduce_loops else (inner[0] if inner else intrin_loops[0])
-    init = sch.decompose_reduction(block, first) if reduce_loops or inner else None
-    return init, acc_block
+    sch.decompose_reduction(block, first)
+    return outer[-1] if outer else None

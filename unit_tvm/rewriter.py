@@ -1,9 +1,10 @@
-"""Rewriter: tile the mapped loops by the instruction's extents, move them innermost, tensorize
-(UNIT §III-C); the loops around the instruction follow the CPU strategy in schedules/cpu.py."""
+"""Rewriter: prepare operands, tile the mapped loops by the instruction's extents, move them
+innermost, tensorize (UNIT §III-C); loops around the instruction follow schedules/cpu.py."""
 
 from tvm import s_tir, te
 
 from . import intrinsics
+from .prepare import prepare
 from .schedules import cpu
 from .target import as_target
 
@@ -15,38 +16,46 @@ def as_prim_func(op):
     return op
 
 
-def _loop_extents(op):
-    axes = list(op.op.axis) + list(op.op.reduce_axis)
-    return [int(ax.dom.extent) for ax in axes], len(op.op.axis)
+def _parallel_stage(sch, block):
+    """Run a preparation stage (pack, shift, compensation) once, its outer loops in parallel."""
+    loops = sch.get_loops(block)
+    kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
+    spatial = 0
+    while spatial < min(2, len(loops)) and kinds[spatial] == 0:  # leading data-parallel loops
+        spatial += 1
+    if spatial == 0:
+        return
+    sch.parallel(sch.fuse(*loops[:spatial]) if spatial > 1 else loops[0])
 
 
-def rewrite(op, intrinsic, mapping=None, config=None, target=None):
-    """Schedule `op` (a te.Tensor from te.compute) so that its core is `intrinsic`.
+def outer_extents(prepared):
+    """Extents of the core's data-parallel loops left outside the instruction (strategy input)."""
+    core = prepared.core.op
+    mapped = {m.op_index: m for m in prepared.mapping.loops}
+    out = []
+    for idx, ax in enumerate(core.axis):
+        ext = int(ax.dom.extent)
+        m = mapped.get(idx)
+        if m is None:
+            out.append(ext)
+        elif m.op_extent != m.intrin_extent:
+            out.append(ext // m.intrin_extent)
+    return out
 
-    mapping: a Mapping (default: the Inspector's best); config: a schedules.cpu.CpuConfig
-    (default: the strategy's default breakpoints for the target's thread count).
-    Returns the s_tir.Schedule.
-    """
-    intrin = intrinsics.get(intrinsic) if isinstance(intrinsic, str) else intrinsic
-    if mapping is None:
-        from .inspector import inspect
 
-        found = inspect(op, intrin)
-        if not found:
-            from .inspector import explain
-
-            raise ValueError(f"{intrin.name} does not fit {op.op.name}: {explain(op, intrin)}")
-        mapping = found[0]
-    if mapping.padded:
-        raise NotImplementedError("padded mappings are lowered by unit_tvm.build (pad first)")
+def schedule(prepared, intrin, config=None, target=None):
+    """s_tir.Schedule of a Prepared graph: CPU strategy around the tensorized core."""
     target = as_target(target)
-    extents, n_spatial = _loop_extents(op)
-    sch = s_tir.Schedule(as_prim_func(op))
-    block = sch.get_sblock(op.op.name)
+    mapping = prepared.mapping
+    core_op = prepared.core.op
+    n_spatial = len(core_op.axis)
+    sch = s_tir.Schedule(te.create_prim_func(prepared.tensors))
+    for name in prepared.stages:
+        _parallel_stage(sch, sch.get_sblock(name))
+    block = sch.get_sblock(core_op.name)
     loops = sch.get_loops(block)
     outer = dict(enumerate(loops))
     intrin_loops = []
-    outer_extent = dict(enumerate(extents))
     for m in mapping.loops:
         if m.op_extent == m.intrin_extent:
             intrin_loops.append(loops[m.op_index])
@@ -54,14 +63,29 @@ def rewrite(op, intrinsic, mapping=None, config=None, target=None):
         else:
             o, i = sch.split(loops[m.op_index], [None, m.intrin_extent])
             outer[m.op_index] = o
-            outer_extent[m.op_index] = m.op_extent // m.intrin_extent
             intrin_loops.append(i)
-    spatial = [idx for idx in sorted(outer) if idx < n_spatial]
-    reduce = [idx for idx in sorted(outer) if idx >= n_spatial]
-    threads = int(target.attrs.get("num-cores", 1))
+    spatial = [outer[i] for i in sorted(outer) if i < n_spatial]
+    reduce = [outer[i] for i in sorted(outer) if i >= n_spatial]
     if config is None:
-        config = cpu.default_config([outer_extent[i] for i in spatial], threads)
-    cpu.apply(sch, block, [outer[i] for i in spatial], [outer[i] for i in reduce],
-              intrin_loops, config)
+        config = cpu.default_config(outer_extents(prepared), int(target.attrs.get("num-cores", 1)))
+    epilogue = sch.get_sblock(prepared.output.op.name)
+    if prepared.shifted:
+        # the epilogue also reads the compensation, produced once at root; TVM can only compute a
+        # block per tile when all its producers are in that tile, so it runs as its own pass
+        _parallel_stage(sch, epilogue)
+        epilogue = None
+    cpu.apply(sch, block, spatial, reduce, intrin_loops, config, write_back=epilogue)
     sch.tensorize(intrin_loops[0], intrin.tensor_intrin)
     return sch
+
+
+def rewrite(op, intrinsic, mapping=None, config=None, target=None, params=None):
+    """Schedule `op` (a te.Tensor from te.compute) so that its core is `intrinsic`.
+
+    mapping: a Mapping of the instruction on `op` (default: the Inspector's best; s8 x s8 ops are
+    shifted to u8 x s8 first when the instruction needs it); config: a schedules.cpu.CpuConfig
+    (default: the strategy's default breakpoints). Returns the s_tir.Schedule, whose function
+    takes op's placeholders (in first-read order) and then the output.
+    """
+    intrin = intrinsics.get(intrinsic) if isinstance(intrinsic, str) else intrinsic
+    return schedule(prepare(op, intrin, mapping, params), intrin, config, target)

@@ -1,0 +1,336 @@
+"""Operand preparation (UNIT §IV-B): turn an operation into one whose core the instruction computes.
+
+Done on the te graph, before scheduling, so that every step is an ordinary te.compute the
+schedule can place (weights packed once per call, never per tile):
+- s8 x s8 on a u8 x s8 instruction: shift the data operand by +128 to u8 and subtract
+  128 * sum(weights) afterwards (exact in int32);
+- packing: an operand whose instruction region is strided (or broadcast) is copied into the
+  instruction's layout: each dimension carrying a mapped loop is split by the instruction's extent
+  and the inner parts go innermost, in the instruction operand's order;
+- padding: loops whose extent is not a multiple of the instruction's are extended; packed
+  operands are zero outside the original extent, so the extra terms add nothing;
+- the core writes an accumulator tensor laid out like the instruction's output; an epilogue
+  computes the user's output from it (crop, unpack, compensation).
+"""
+
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import te, tirx
+
+from . import intrinsics
+from .inspector import _eval, _vars_in, compute_isomorphism, inspect
+
+_TENSOR_LOAD = "te.tensor_load"
+SHIFT = 128
+
+
+@dataclass
+class Prepared:
+    """The prepared graph: params (original placeholders), the core, the final output."""
+
+    params: list
+    core: te.Tensor
+    output: te.Tensor
+    mapping: object  # Mapping of the instruction on `core` (contiguous, unpadded)
+    stages: tuple  # names of the preparation computes (packs, shift, compensation)
+    shifted: str = ""  # name of the operand shifted by +128, if any
+
+    @property
+    def tensors(self):
+        return list(self.params) + [self.output]
+
+
+def _mutate_expr(expr, on_load, var_map):
+    """Rewrite a te expression: tensor loads via on_load(tensor, new indices), vars via var_map."""
+
+    def on_call(call, m):
+        if call.op.name == _TENSOR_LOAD:
+            idx = [m.mutate(x) for x in list(call.args)[1:]]
+            return on_load(call.args[0], idx)
+        return m.default_mutate(call)
+
+    def on_var(v, _m):
+        return var_map.get(v.name, v)
+
+    return tvm_ffi.structural_mutate(expr, [(tvm.ir.expr.Call, on_call), (tirx.Var, on_var)])
+
+
+def _reduce_source(op):
+    body = op.body[0]
+    return body.source[0] if isinstance(body, tirx.Reduce) else body
+
+
+def placeholders_of(tensor):
+    """All te.placeholder tensors `tensor` depends on, in first-read order."""
+    out, seen = [], set()
+
+    def visit(t):
+        if isinstance(t.op, te.PlaceholderOp):
+            if t.op.name not in seen:
+                seen.add(t.op.name)
+                out.append(t)
+            return
+        for child in t.op.input_tensors:
+            visit(child)
+
+    visit(tensor)
+    return out
+
+
+# -- s8 x s8 -> u8 x s8 -------------------------------------------------------------------------
+def _shifted(t):
+    """t + 128 as uint8: the s8 range [-128, 127] maps exactly onto [0, 255]."""
+    return te.compute(t.shape, lambda *i: (t(*i).astype("int32") + SHIFT).astype("uint8"),
+                      name=f"{t.op.name}_u8")
+
+
+def _shift_candidates(op, intrin):
+    """(shifted op, shifted tensor name, compensation factory) for each int8 operand that, once
+    shifted to uint8, lets the instruction match."""
+    wants = intrin.input_dtypes
+    if not ("uint8" in wants and "int8" in wants):
+        return []
+    out = []
+    for t in op.input_tensors:
+        if t.dtype != "int8":
+            continue
+        shifted = _shifted(t)
+        new = _recompute(op, lambda tensor, idx, t=t, s=shifted: s(*idx) if tensor.same_as(t)
+                         else tensor(*idx))
+        try:
+            compute_isomorphism(new.op, intrin)
+        except Exception:  # noqa: BLE001 - NoMatch: this operand cannot be the shifted one
+            continue
+        out.append((new, t, shifted))
+    return out
+
+
+def _compensation(op, shifted):
+    """comp[...] = sum over the reduction of SHIFT * (the other factors), over only the spatial
+    axes the other operands read (e.g. comp[j] = 128 * sum_k B[j, k] for a dense)."""
+    red = op.body[0]
+    src = red.source[0]
+    others = set()
+
+    def collect(call):
+        if call.op.name == _TENSOR_LOAD and not call.args[0].same_as(shifted):
+            for i in list(call.args)[1:]:
+                others.update(_vars_in(i))
+
+    tvm_ffi.structural_walk(src, [(tvm.ir.expr.Call, collect)])
+    axes = [ax for ax in op.axis if ax.var.name in others]
+
+    def on_cast(node, m):
+        v = node.value
+        if type(v).__name__ == "Call" and v.op.name == _TENSOR_LOAD and v.args[0].same_as(shifted):
+            return tirx.const(SHIFT, str(node.ty))
+        return m.default_mutate(node)
+
+    body = tvm_ffi.structural_mutate(src, [(tirx.Cast, on_cast)])
+    names = [ax.var.name for ax in axes]
+
+    def fcompute(*vs):
+        vm = dict(zip(names, vs))
+        new_red = [te.reduce_axis((0, int(r.dom.extent)), name=r.var.name) for r in red.axis]
+        vm.update({r.var.name: n.var for r, n in zip(red.axis, new_red)})
+        return te.sum(_mutate_expr(body, lambda t, idx: t(*idx), vm), axis=new_red)
+
+    comp = te.compute([int(ax.dom.extent) for ax in axes], fcompute, name="compensation")
+    return comp, names
+
+
+def _recompute(op, on_load):
+    """The same compute with tensor reads replaced by on_load(tensor, indices)."""
+    body = op.body[0]
+    names = [ax.var.name for ax in op.axis]
+
+    def fcompute(*vs):
+        vm = dict(zip(names, vs))
+        if isinstance(body, tirx.Reduce):
+            new_red = [te.reduce_axis((0, int(r.dom.extent)), name=r.var.name) for r in body.axis]
+            vm.update({r.var.name: n.var for r, n in zip(body.axis, new_red)})
+            return te.sum(_mutate_expr(body.source[0], on_load, vm), axis=new_red)
+        return _mutate_expr(body, on_load, vm)
+
+    return te.compute([int(ax.dom.extent) for ax in op.axis], fcompute, name=op.name)
+
+
+# -- packing and padding ------------------------------------------------------------------------
+def _unit_stride_dim(indices, loop):
+    """The dimension whose index steps by exactly 1 with `loop` (others fixed), or None."""
+    for d, idx in enumerate(indices):
+        if loop in _vars_in(idx):
+            try:
+                if _eval(idx, {loop: 1}) - _eval(idx, {loop: 0}) == 1:
+                    return d
+            except Exception:  # noqa: BLE001 - not affine: this dim cannot be split
+                continue
+    return None
+
+
+def _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of):
+    """For one operand: [(instruction loop, op loop, split dim or None (broadcast), extent)]
+    in the instruction operand's dimension order. None when it cannot be packed."""
+    plan = []
+    for iidx in in_idx:
+        (il,) = _vars_in(iidx) or (None,)
+        if il is None:
+            return None
+        ol = loop_of[il]
+        uses = any(ol in _vars_in(i) for i in op_idx)
+        dim = _unit_stride_dim(op_idx, ol) if uses else None
+        if uses and dim is None:
+            return None
+        plan.append((il, ol, dim, extent_of[il]))
+    return plan
+
+
+def _make_pack(tensor, plan):
+    """P[outer dims..., inner dims...]: tensor in the instruction's layout, zero past its extent."""
+    shape = [int(s) for s in tensor.shape]
+    split = {dim: ext for _, _, dim, ext in plan if dim is not None}
+    outer_shape = [(-(-s // split[d])) if d in split else s for d, s in enumerate(shape)]
+    inner_shape = [ext for *_, ext in plan]
+    n_outer = len(outer_shape)
+
+    def fcompute(*p):
+        outer, inner = p[:n_outer], p[n_outer:]
+        idx = list(outer)
+        conds = []
+        for (_, _, dim, ext), q in zip(plan, inner):
+            if dim is not None:
+                idx[dim] = outer[dim] * ext + q
+                if shape[dim] % ext:
+                    conds.append(idx[dim] < shape[dim])
+        value = tensor(*idx)
+        if conds:
+            cond = conds[0]
+            for c in conds[1:]:
+                cond = tirx.all(cond, c)
+            value = tirx.if_then_else(cond, value, tirx.const(0, tensor.dtype))
+        return value
+
+    return te.compute(outer_shape + inner_shape, fcompute, name=f"{tensor.op.name}_packed")
+
+
+def _pack_index(op_idx, plan, var_of):
+    """Index into a pack for the original op indices (vars already renamed)."""
+    outer = list(op_idx)
+    inner = []
+    for _, ol, dim, ext in plan:
+        if dim is None:
+            inner.append(tirx.floormod(var_of[ol], ext))
+        else:
+            inner.append(tirx.floormod(op_idx[dim], ext))
+            outer[dim] = tirx.floordiv(op_idx[dim], ext)
+    return outer + inner
+
+
+def prepare(op, intrin, mapping=None, params=None):
+    """Prepared graph computing `op` (a te.Tensor) with `intrin`, or ValueError why not.
+
+    mapping: a Mapping of intrin on op (default: the Inspector's best). params: the order of the
+    function's input parameters (default: placeholders in first-read order); must be exactly op's
+    placeholders.
+    """
+    intrin = intrinsics.get(intrin) if isinstance(intrin, str) else intrin
+    stages = []
+    shifted_name = ""
+    comp = None
+    work = op
+    if mapping is None:
+        found = inspect(op, intrin)
+        if not found:
+            for new, t, shifted in _shift_candidates(op.op, intrin):
+                found = inspect(new, intrin)
+                if found:
+                    comp = _compensation(new.op, shifted)
+                    work, shifted_name = new, t.op.name
+                    stages += [shifted.op.name, "compensation"]
+                    break
+        if not found:
+            from .inspector import explain
+
+            raise ValueError(explain(op, intrin))
+        mapping = found[0]
+    cop = work.op
+    bind = compute_isomorphism(cop, intrin)
+    loop_of = {m.intrin_loop: m.op_loop for m in mapping.loops}
+    extent_of = {m.intrin_loop: m.intrin_extent for m in mapping.loops}
+    padded = {m.op_loop: m.op_extent + m.padding for m in mapping.loops}
+    padded_loops = {m.op_loop for m in mapping.loops if m.padding}
+    access = {a.intrin_operand: a for a in mapping.operands}
+
+    # 1. packs for operands that are strided, broadcast or read a padded loop
+    packs = {}
+    for name, (tensor, op_idx, in_idx) in bind.items():
+        reads_padded = any(_vars_in(i) & padded_loops for i in op_idx)
+        if access[name].contiguous and not reads_padded:
+            continue
+        plan = _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of)
+        if plan is None:
+            raise ValueError(f"{tensor.op.name} cannot be packed for {intrin.name}: no dimension "
+                             "steps by one along the mapped loop")
+        packs[tensor.op.name] = (_make_pack(tensor, plan), plan)
+        stages.append(f"{tensor.op.name}_packed")
+
+    # 2. the core: output in the instruction's layout (spatial mapped loops split, lanes inner)
+    out_loops = [(il, ol, ext) for il, ol, ext in
+                 ((m.intrin_loop, m.op_loop, m.intrin_extent) for m in mapping.loops if m.kind == "S")]
+    sp_names = [ax.var.name for ax in cop.axis]
+    sp_ext = {ax.var.name: int(ax.dom.extent) for ax in cop.axis}
+    split_sp = {ol: ext for _, ol, ext in out_loops}
+    core_shape = [(-(-sp_ext[n] // split_sp[n])) if n in split_sp else sp_ext[n] for n in sp_names]
+    core_shape += [ext for *_, ext in out_loops]
+    red = cop.body[0]
+    n_outer = len(sp_names)
+
+    def core_compute(*vs):
+        outer, inner = vs[:n_outer], vs[n_outer:]
+        var_of = dict(zip(sp_names, outer))
+        for (_, ol, ext), q in zip(out_loops, inner):
+            var_of[ol] = var_of[ol] * ext + q
+        new_red = [te.reduce_axis((0, padded.get(r.var.name, int(r.dom.extent))), name=r.var.name)
+                   for r in red.axis]
+        var_of.update({r.var.name: n.var for r, n in zip(red.axis, new_red)})
+
+        def on_load(tensor, idx):
+            if tensor.op.name in packs:
+                pack, plan = packs[tensor.op.name]
+                return pack(*_pack_index(idx, plan, var_of))
+            return tensor(*idx)
+
+        return te.sum(_mutate_expr(red.source[0], on_load, var_of), axis=new_red)
+
+    core = te.compute(core_shape, core_compute, name=f"{op.op.name}_core")
+
+    # 3. the epilogue: user layout, crop, compensation
+    out_names = sp_names  # the working op (shifted or not) has the same axes as op
+
+    def epilogue(*vs):
+        var_of = dict(zip(out_names, vs))
+        idx = [tirx.floordiv(var_of[n], split_sp[n]) if n in split_sp else var_of[n] for n in out_names]
+        idx += [tirx.floormod(var_of[ol], ext) for _, ol, ext in out_loops]
+        value = core(*idx)
+        if comp is not None:
+            tensor, names = comp
+            value = value - tensor(*[var_of[n] for n in names])
+        return value
+
+    output = te.compute([int(s) for s in op.shape], epilogue, name=op.op.name)
+    core_maps = [m for m in inspect(core, intrin)
+                 if not m.padded and all(a.contiguous for a in m.operands)
+                 and [x.op_loop for x in m.loops if x.kind == "S"] == [
+                     core.op.axis[n_outer + i].var.name for i in range(len(out_loops))]]
+    if not core_maps:
+        raise ValueError(f"preparing {op.op.name} for {intrin.name} did not give a contiguous core")
+    found_params = placeholders_of(op)
+    if params is None:
+        params = found_params
+    elif sorted(t.op.name for t in params) != sorted(t.op.name for t in found_params) or len(
+            params) != len(found_params):
+        raise ValueError(f"inputs {[t.op.name for t in params]} are not the placeholders "
+                         f"{[t.op.name for t in found_params]} that {op.op.name} reads")
+    return Prepared(params, core, output, core_maps[0], tuple(stages), shifted_name)
