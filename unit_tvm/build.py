@@ -7,7 +7,7 @@ from tvm import te
 
 from . import intrinsics
 from .inspector import explain
-from .prepare import prepare
+from .prepare import placeholders_of, prepare
 from .rewriter import schedule
 from .target import as_target
 
@@ -17,10 +17,17 @@ class FallbackWarning(UserWarning):
 
 
 def _split(tensors):
+    """(inputs, output), checked: the inputs must be exactly the placeholders the output reads
+    (TVM would otherwise fail inside its C++ when making the function)."""
     tensors = list(tensors)
-    if not tensors or not isinstance(tensors[-1], te.Tensor):
+    if not tensors or not all(isinstance(t, te.Tensor) for t in tensors):
         raise TypeError("unit_tvm.build takes te tensors: the inputs, then the te.compute output")
-    return tensors[:-1], tensors[-1]
+    inputs, out = tensors[:-1], tensors[-1]
+    needed = placeholders_of(out)
+    if len(inputs) != len(needed) or not all(any(t.same_as(n) for n in needed) for t in inputs):
+        raise ValueError(f"inputs {[t.op.name for t in inputs]} are not the placeholders "
+                         f"{[t.op.name for t in needed]} that {out.op.name} reads")
+    return inputs, out
 
 
 def choose(out, target=None, intrinsic=None, params=None):
@@ -66,5 +73,5 @@ def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, data
         from .tuner import tune as _tune
 
         config = _tune(prepared, intrin, target, trials=trials, database=database,
-                       measure=tune).config
+                       measure=bool(tune)).config
     return tvm.tirx.build(schedule(prepared, intrin, config, target).mod, target=target)

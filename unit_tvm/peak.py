@@ -26,7 +26,7 @@ def _measure(name, threads, target_json):
         lib = tvm.tirx.build(func, target=target)
         arrays = [measure.random_array(t.shape, t.dtype, rng) for t in ins]
         arrays.append(np.zeros([int(s) for s in out.shape], measure.numpy_dtype(out.dtype)))
-        secs = measure.best_seconds(lib, measure.to_device(arrays, dev), dev, number=5, repeat=7)
+        secs = measure.best_seconds(lib, measure.to_device(arrays, dev), dev, number=5, repeat=15)
         gops = ops / secs / 1e9
         if best is None or gops > best["gops"]:
             best = {"intrinsic": name, "threads": threads, "gops": gops, "block": f"{rows}x{cols}",

@@ -36,6 +36,7 @@ class Prepared:
     mapping: object  # Mapping of the instruction on `core` (contiguous, unpadded)
     stages: tuple  # names of the preparation computes (packs, shift, compensation)
     shifted: str = ""  # name of the operand shifted by +128, if any
+    original: object = None  # the op as given (reference for checking candidates)
 
     @property
     def tensors(self):
@@ -333,4 +334,4 @@ def prepare(op, intrin, mapping=None, params=None):
             params) != len(found_params):
         raise ValueError(f"inputs {[t.op.name for t in params]} are not the placeholders "
                          f"{[t.op.name for t in found_params]} that {op.op.name} reads")
-    return Prepared(params, core, output, core_maps[0], tuple(stages), shifted_name)
+    return Prepared(params, core, output, core_maps[0], tuple(stages), shifted_name, op)

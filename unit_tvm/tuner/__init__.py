@@ -1,1 +1,8 @@
-"""Tuner: search over a strategy's knobs with a cost model and a tuning database."""
+"""Tuner: search over a strategy's knobs with an XGBoost cost model and a tuning database."""
+
+from .cost_model import CostModel, features
+from .database import Database, DatabaseWarning, workload_key
+from .search import TuneResult, tune
+
+__all__ = ["tune", "TuneResult", "Database", "DatabaseWarning", "workload_key", "CostModel",
+           "features"]

@@ -1,0 +1,160 @@
+"""Rewriter + unit_tvm.build: tensorized kernels equal numpy on every kind of layout and size."""
+
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+from tvm import te
+
+import unit_tvm
+from unit_tvm import measure, ops, reference
+from unit_tvm.prepare import prepare
+
+from .conftest import require_host
+
+# Table I of the UNIT paper (C, H=W, K, R=S, stride), spatial size reduced for the test suite
+TABLE_I = [(288, 35, 384, 3, 2), (160, 9, 224, 3, 1), (1056, 7, 192, 1, 1), (80, 73, 192, 3, 1),
+           (128, 16, 128, 3, 1), (192, 16, 192, 3, 1), (256, 16, 256, 3, 1), (1024, 14, 512, 1, 1),
+           (128, 16, 160, 3, 1), (576, 14, 192, 1, 1), (96, 16, 128, 3, 1), (1024, 14, 256, 1, 1),
+           (576, 14, 128, 1, 1), (64, 29, 96, 3, 1), (64, 56, 128, 1, 2), (608, 14, 192, 1, 1)]
+
+
+def _run(tensors, arrays, **kw):
+    mod = unit_tvm.build(tensors, **kw)
+    out = np.zeros([int(s) for s in tensors[-1].shape], str(tensors[-1].dtype))
+    args = measure.to_device(list(arrays) + [out], tvm.cpu())
+    mod(*args)
+    return args[-1].numpy()
+
+
+def _grouped_ref(d, w, groups, stride=1, dilation=1):
+    c, k = d.shape[1], w.shape[0]
+    return np.concatenate([reference.conv2d_nchw(d[:, g * c // groups:(g + 1) * c // groups],
+                                                 w[g * k // groups:(g + 1) * k // groups],
+                                                 stride, dilation) for g in range(groups)], axis=1)
+
+
+@pytest.mark.parametrize("layer", TABLE_I, ids=[f"L{i + 1}" for i in range(16)])
+def test_table1_layers_nchwc_small(layer, rng):
+    require_host("x86.vpdpbusd")
+    c, h, k, r, stride = layer
+    h = min(h, r + 2 * stride + 3)  # keep the test fast; channels and windows are the table's
+    op = ops.conv2d_nchwc(1, c, h, h, k, r, r, stride)
+    d = rng.integers(0, 256, (1, c, h, h)).astype("uint8")
+    w = rng.integers(-128, 128, (k, c, r, r)).astype("int8")
+    got = _run([*op.op.input_tensors, op], [reference.pack_nchwc(d), reference.pack_kcrs(w)])
+    np.testing.assert_array_equal(reference.unpack_nchwc(got).astype(np.int64),
+                                  reference.conv2d_nchw(d, w, stride))
+
+
+@pytest.mark.parametrize("c,h,k,r,stride,dilation,groups", [
+    (3, 9, 10, 3, 1, 1, 1),  # C=3, K=10: both padded
+    (16, 11, 32, 3, 2, 1, 1),  # strided, odd width
+    (16, 13, 32, 3, 1, 2, 1),  # dilated
+    (32, 10, 32, 3, 1, 1, 2),  # grouped (16 channels per group)
+    (8, 7, 24, 1, 1, 1, 1),  # 1x1, K not a multiple of 16
+])
+def test_conv_nchw_packing_and_padding(c, h, k, r, stride, dilation, groups, rng):
+    require_host("x86.vpdpbusd")
+    op = ops.conv2d_nchw(c, h, k, r, stride, dilation, groups)
+    d = rng.integers(0, 256, (1, c, h, h)).astype("uint8")
+    w = rng.integers(-128, 128, (k, c // groups, r, r)).astype("int8")
+    got = _run([*op.op.input_tensors, op], [d, w])
+    np.testing.assert_array_equal(got.astype(np.int64), _grouped_ref(d, w, groups, stride, dilation))
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 48, 40), (7, 10, 3), (1, 16, 4), (33, 17, 130)])
+def test_dense_unpacked_and_odd(m, n, k, rng):
+    require_host("x86.vpdpbusd")
+    op = ops.dense(m, n, k)
+    a = rng.integers(0, 256, (m, k)).astype("uint8")
+    b = rng.integers(-128, 128, (n, k)).astype("int8")
+    np.testing.assert_array_equal(_run([*op.op.input_tensors, op], [a, b]).astype(np.int64),
+                                  reference.dense(a, b))
+
+
+def test_s8s8_shift_with_compensation_is_exact(rng):
+    require_host("x86.vpdpbusd")
+    op = ops.dense(40, 32, 72, a_dtype="int8")
+    a = rng.integers(-128, 128, (40, 72)).astype("int8")
+    a[0, :] = -128
+    a[1, :] = 127
+    b = rng.integers(-128, 128, (32, 72)).astype("int8")
+    prepared = prepare(op, unit_tvm.intrinsics.get("x86.vpdpbusd"))
+    assert prepared.shifted == "A" and "compensation" in prepared.stages
+    np.testing.assert_array_equal(_run([*op.op.input_tensors, op], [a, b]).astype(np.int64),
+                                  reference.dense(a, b))
+
+
+def test_s8s8_conv_shift(rng):
+    require_host("x86.vpdpbusd")
+    op = ops.conv2d_nchw(8, 8, 16, 3, a="int8")
+    d = rng.integers(-128, 128, (1, 8, 8, 8)).astype("int8")
+    w = rng.integers(-128, 128, (16, 8, 3, 3)).astype("int8")
+    np.testing.assert_array_equal(_run([*op.op.input_tensors, op], [d, w]).astype(np.int64),
+                                  reference.conv2d_nchw(d, w))
+
+
+def test_weights_packed_once_per_call_not_per_tile():
+    """The pack of B is a root-level stage (its loop nest is not under the core's tile loops)."""
+    op = ops.dense(64, 64, 64)
+    sch = unit_tvm.rewrite(op, "x86.vpdpbusd")
+    script = sch.mod.script()
+    pack_at = script.index('T.sblock("B_packed")')
+    core_at = script.index('T.sblock("dense_core_update_o")')
+    assert pack_at < core_at
+    assert sch.mod.script().count('T.sblock("B_packed")') == 1
+
+
+def test_other_instructions_run_through_build(rng):
+    """vpdpbusd.256 and vpmaddubsw (a in [0,127]) and vdpbf16ps through the same path."""
+    require_host("x86.vpdpbusd.256")
+    op = ops.dense(24, 40, 36)
+    a = rng.integers(0, 128, (24, 36)).astype("uint8")
+    b = rng.integers(-128, 128, (40, 36)).astype("int8")
+    for name in ("x86.vpdpbusd.256", "x86.vpmaddubsw"):
+        got = _run([*op.op.input_tensors, op], [a, b], intrinsic=name)
+        np.testing.assert_array_equal(got.astype(np.int64), reference.dense(a, b))
+
+
+def test_bf16_dense(rng):
+    require_host("x86.vdpbf16ps")
+    import ml_dtypes
+
+    op = ops.dense(16, 32, 30, "bfloat16", "bfloat16", "float32")
+    a = rng.standard_normal((16, 30)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((32, 30)).astype(ml_dtypes.bfloat16)
+    got = _run([*op.op.input_tensors, op], [a, b])
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    scale = np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T
+    assert np.all(np.abs(got - ref) <= 30 * np.finfo(np.float32).eps * scale + 1e-6)
+
+
+def test_fallback_maxpool_warns_and_is_correct(rng):
+    data = te.placeholder((1, 8, 9, 9), "float32", name="data")
+    ry = te.reduce_axis((0, 3), name="ry")
+    rx = te.reduce_axis((0, 3), name="rx")
+    pool = te.compute((1, 8, 7, 7), lambda n, c, y, x: te.max(data[n, c, y + ry, x + rx],
+                                                                 axis=[ry, rx]), name="maxpool")
+    d = rng.standard_normal((1, 8, 9, 9)).astype("float32")
+    with pytest.warns(unit_tvm.FallbackWarning, match="sum is not max"):
+        got = _run([data, pool], [d])
+    ref = np.max(np.stack([d[:, :, i:i + 7, j:j + 7] for i in range(3) for j in range(3)]), axis=0)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_build_rejects_wrong_inputs():
+    op = ops.dense(16, 16, 16)
+    other = te.placeholder((16, 16), "uint8", name="Other")
+    with pytest.raises(ValueError, match="placeholders"):
+        unit_tvm.build([op.op.input_tensors[0], other, op])
+    with pytest.raises(TypeError):
+        unit_tvm.build([])
+
+
+def test_target_without_instruction_says_which_feature():
+    op = ops.dense(16, 16, 16)
+    with pytest.raises(ValueError, match="avx512vnni"):
+        unit_tvm.build([*op.op.input_tensors, op], {"kind": "llvm", "mcpu": "skylake"},
+                       intrinsic="x86.vpdpbusd")

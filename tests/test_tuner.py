@@ -1,0 +1,102 @@
+"""Tuner: correct candidates only, database round trip, cost model, progress can be silenced."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import tvm
+
+import unit_tvm
+from unit_tvm import intrinsics, measure, ops, reference
+from unit_tvm.prepare import prepare
+from unit_tvm.tuner import Database, DatabaseWarning, search, tune
+
+from .conftest import require_host
+
+
+@pytest.fixture
+def small_conv():
+    return ops.conv2d_nchwc(1, 32, 10, 10, 32, 3, 3)
+
+
+def test_tuner_never_keeps_a_wrong_kernel(monkeypatch, small_conv, tmp_path):
+    require_host("x86.vpdpbusd")
+    intrin = intrinsics.get("x86.vpdpbusd")
+    prepared = prepare(small_conv, intrin)
+    real = search.candidate_module
+    wrong_built = []
+
+    def sabotaged(prepared_, intrin_, config, target):
+        # every other candidate computes a *different* conv: correct speed, wrong numbers
+        if len(wrong_built) % 2 == 0:
+            other = prepare(ops.conv2d_nchwc(1, 32, 10, 10, 32, 3, 3, dilation=1), intrin_)
+            mod = real(other, intrin_, config, target)
+            wrong_built.append(config)
+
+            def wrong(*args):
+                mod(*args)
+                out = args[-1].numpy()
+                out.flat[0] += 1
+                args[-1].copyfrom(out)
+
+            wrong.time_evaluator = mod.time_evaluator
+            return wrong
+        wrong_built.append(None)
+        return real(prepared_, intrin_, config, target)
+
+    monkeypatch.setattr(search, "candidate_module", sabotaged)
+    result = tune(prepared, intrin, trials=8, progress=False)
+    bad = {c for c in wrong_built if c is not None}
+    assert bad and {c for c, _ in result.rejected} == bad
+    assert all("differs from the reference" in why for _, why in result.rejected)
+    assert result.config not in bad and result.gops > 0
+
+
+def test_database_round_trip_second_build_measures_nothing(monkeypatch, small_conv, tmp_path):
+    require_host("x86.vpdpbusd")
+    db = tmp_path / "tuning.jsonl"
+    tensors = [*small_conv.op.input_tensors, small_conv]
+    unit_tvm.build(tensors, tune=True, trials=6, database=str(db))
+    (rec,) = [json.loads(line) for line in db.read_text().splitlines()]
+    assert rec["intrinsic"] == "x86.vpdpbusd" and rec["gops"] > 0 and rec["measured"] >= 1
+
+    def no_measuring(*a, **k):
+        raise AssertionError("a database hit must not build candidates")
+
+    monkeypatch.setattr(search, "candidate_module", no_measuring)
+    monkeypatch.setattr(search, "reference_output", no_measuring)
+    mod = unit_tvm.build(tensors, tune=True, database=str(db))
+    rng = np.random.default_rng(0)
+    d = rng.integers(0, 256, (1, 32, 10, 10)).astype("uint8")
+    w = rng.integers(-128, 128, (32, 32, 3, 3)).astype("int8")
+    args = measure.to_device([reference.pack_nchwc(d), reference.pack_kcrs(w),
+                              np.zeros((1, 2, 8, 8, 16), "int32")], tvm.cpu())
+    mod(*args)
+    np.testing.assert_array_equal(reference.unpack_nchwc(args[-1].numpy()),
+                                  reference.conv2d_nchw(d, w))
+    assert len(db.read_text().splitlines()) == 1  # nothing new appended
+
+
+def test_corrupt_and_foreign_lines_are_skipped(tmp_path):
+    db = Database(tmp_path / "db.jsonl")
+    db.append("w1", "llvm", "x86.vpdpbusd", {"unroll": [[0, 4]], "parallel": 1}, 10.0)
+    with open(db.path, "a") as f:
+        f.write('{"truncated": \n')
+        f.write(json.dumps({"some": "other tool"}) + "\n")
+    db.append("w1", "llvm", "x86.vpdpbusd", {"unroll": [[0, 8]], "parallel": 1}, 20.0)
+    with pytest.warns(DatabaseWarning) as caught:
+        best = db.lookup("w1", "llvm", "x86.vpdpbusd")
+    assert best["gops"] == 20.0 and len(caught) == 2
+    assert db.lookup("w2", "llvm", "x86.vpdpbusd") is None
+
+
+def test_cost_model_learns_a_ranking():
+    from unit_tvm.tuner import CostModel
+
+    rng = np.random.default_rng(0)
+    xs = [rng.random(4).astype(np.float32) for _ in range(40)]
+    ys = [1 + 10 * x[0] for x in xs]
+    model = CostModel().fit(xs[:30], ys[:30])
+    pred = model.predict(xs[30:])
+    assert np.corrcoef(pred, np.log(ys[30:]))[0, 1] > 0.8

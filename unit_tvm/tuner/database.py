@@ -1,0 +1,76 @@
+"""Tuning database: JSON lines keyed by workload + target + instruction.
+
+Each line is one finished tuning result. A line is appended in a single write on a file opened
+with O_APPEND, so concurrent tuners never interleave lines. A corrupt line or one not written by
+unit-tvm (wrong schema) is skipped with a warning, never fatal.
+"""
+
+import hashlib
+import json
+import os
+import warnings
+
+SCHEMA = "unit-tvm/tuning/1"
+
+
+class DatabaseWarning(UserWarning):
+    """A database line was skipped."""
+
+
+def workload_key(func):
+    """Stable key of a workload: sha1 of its TVMScript (shapes, dtypes, index expressions)."""
+    return hashlib.sha1(func.script().encode()).hexdigest()
+
+
+class Database:
+    """A JSON-lines tuning database at `path` (created on first write)."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+
+    def _lines(self):
+        if not os.path.exists(self.path):
+            return
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            for n, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    warnings.warn(f"{self.path}:{n}: corrupt line skipped", DatabaseWarning,
+                                  stacklevel=3)
+                    continue
+                if not isinstance(rec, dict) or rec.get("schema") != SCHEMA or not all(
+                        k in rec for k in ("workload", "target", "intrinsic", "config", "gops")):
+                    warnings.warn(f"{self.path}:{n}: line not written by unit-tvm skipped",
+                                  DatabaseWarning, stacklevel=3)
+                    continue
+                yield rec
+
+    def lookup(self, workload, target, intrinsic):
+        """The best record for (workload, target, intrinsic), or None."""
+        best = None
+        for rec in self._lines():
+            if (rec["workload"], rec["target"], rec["intrinsic"]) == (workload, str(target), intrinsic):
+                if best is None or rec["gops"] > best["gops"]:
+                    best = rec
+        return best
+
+    def records(self):
+        """Every valid record."""
+        return list(self._lines())
+
+    def append(self, workload, target, intrinsic, config, gops, **extra):
+        """Append one record atomically (one write to an O_APPEND file)."""
+        rec = {"schema": SCHEMA, "workload": workload, "target": str(target),
+               "intrinsic": intrinsic, "config": config, "gops": gops, **extra}
+        data = (json.dumps(rec, sort_keys=True) + "\n").encode()
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return rec

@@ -1,0 +1,172 @@
+"""The tuner: search the CPU strategy's breakpoints, every candidate checked before it is timed."""
+
+import logging
+import os
+import random
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import te
+
+from .. import measure
+from ..rewriter import outer_extents, schedule
+from ..schedules import cpu
+from ..target import as_target
+from .cost_model import CostModel, features
+from .database import Database, workload_key
+
+log = logging.getLogger("unit_tvm.tuner")
+
+
+@dataclass
+class TuneResult:
+    """Outcome of tuning one workload."""
+
+    config: cpu.CpuConfig
+    gops: float
+    from_database: bool
+    measured: int = 0
+    rejected: list = field(default_factory=list)  # (config, reason) of wrong/failed candidates
+    seconds: float = 0.0
+    history: list = field(default_factory=list)  # (config key, gops) in measuring order
+
+
+def _ops(prepared):
+    """Multiply-adds x 2 of the core (padded work counts: it is what the instruction executes)."""
+    core = prepared.core.op
+    n = 1
+    for ax in list(core.axis) + list(core.body[0].axis):
+        n *= int(ax.dom.extent)
+    return 2 * n
+
+
+def _inputs(prepared, intrin, rng):
+    lo_hi = intrin.operand_ranges.get("a")
+    arrays = []
+    for t in prepared.params:
+        limits = lo_hi if (lo_hi and str(t.dtype) == "uint8") else None
+        arrays.append(measure.random_array(t.shape, t.dtype, rng, value_range=limits))
+    return arrays
+
+
+def reference_output(prepared, arrays, target):
+    """The op computed by TVM's default schedule (no unit-tvm code involved)."""
+    func = te.create_prim_func(list(prepared.params) + [prepared.original])
+    lib = tvm.tirx.build(func, target=as_target(target))
+    out = np.zeros([int(s) for s in prepared.output.shape], measure.numpy_dtype(prepared.output.dtype))
+    args = measure.to_device(arrays + [out], tvm.cpu())
+    lib(*args)
+    return args[-1].numpy()
+
+
+def candidate_module(prepared, intrin, config, target):
+    """Build one candidate (the tuner calls this; tests may replace it)."""
+    return tvm.tirx.build(schedule(prepared, intrin, config, target).mod, target=target)
+
+
+def _correct(got, expected):
+    if np.issubdtype(expected.dtype, np.integer):
+        return np.array_equal(got, expected)
+    return np.allclose(got.astype(np.float64), expected.astype(np.float64), rtol=1e-3, atol=1e-3)
+
+
+def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=True,
+         progress=None, seed=0, top_k=4, patience=2):
+    """Tune the CPU strategy of a Prepared op; returns a TuneResult.
+
+    database: a Database or a path; a hit returns its config without measuring anything.
+    trials: most candidates measured (default: min(32, all)). measure=False with a database
+    returns the default config when the database has no entry. progress: show a tqdm bar
+    (default: on unless UNIT_TVM_QUIET is set).
+    """
+    import tqdm
+
+    target = as_target(target)
+    t0 = time.time()
+    if database is not None and not isinstance(database, Database):
+        database = Database(database)
+    func = te.create_prim_func(list(prepared.params) + [prepared.original])
+    key = workload_key(func)
+    threads = int(target.attrs.get("num-cores", 1))
+    extents = outer_extents(prepared)
+    if database is not None:
+        hit = database.lookup(key, target, intrin.name)
+        if hit is not None:
+            return TuneResult(cpu.CpuConfig.from_key(hit["config"]), hit["gops"], True,
+                              seconds=time.time() - t0)
+    default = cpu.default_config(extents, threads)
+    if not measure:
+        return TuneResult(default, 0.0, False, seconds=time.time() - t0)
+    space = cpu.config_space(extents, threads)
+    if default not in space:
+        space.insert(0, default)
+    trials = min(trials or 32, len(space))
+    rng = random.Random(seed)
+    data_rng = np.random.default_rng(seed)
+    arrays = _inputs(prepared, intrin, data_rng)
+    expected = reference_output(prepared, arrays, target)
+    dev = tvm.cpu()
+    n_ops = _ops(prepared)
+    measured, rejected, history = {}, [], []
+    feats = {c: features(c, extents, threads) for c in space}
+    model = CostModel(seed)
+    show = progress if progress is not None else not os.environ.get("UNIT_TVM_QUIET")
+    bar = tqdm.tqdm(total=trials, desc=f"tune {prepared.original.op.name} [{intrin.name}]",
+                    disable=not show, leave=False)
+
+    def run(config):
+        try:
+            lib = candidate_module(prepared, intrin, config, target)
+            out = np.zeros_like(expected)
+            args = measure_to_device(arrays + [out], dev)
+            lib(*args)
+            if not _correct(args[-1].numpy(), expected):
+                raise AssertionError("output differs from the reference")
+            secs = measure_best(lib, args, dev)
+        except Exception as e:  # noqa: BLE001 - a failed candidate is logged and discarded
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log.warning("candidate %s rejected: %s", config.key(), reason)
+            rejected.append((config, reason))
+            measured[config] = 0.0
+        else:
+            measured[config] = n_ops / secs / 1e9
+        history.append((config.key(), measured[config]))
+        bar.update(1)
+
+    first = [default] + rng.sample([c for c in space if c != default], min(len(space) - 1, 5))
+    for c in first[:trials]:
+        run(c)
+    best_seen, stale = max(measured.values()), 0
+    while len(measured) < trials and stale < patience:
+        good = [c for c, g in measured.items() if g > 0]
+        if len(good) >= 3:
+            model.fit([feats[c] for c in good], [measured[c] for c in good])
+        rest = [c for c in space if c not in measured]
+        scores = model.predict([feats[c] for c in rest])
+        ranked = [c for _, c in sorted(zip(scores, range(len(rest))), reverse=True)]
+        batch = [rest[i] for i in ranked[: min(top_k, trials - len(measured))]]
+        for c in batch:
+            run(c)
+        now = max(measured.values())
+        stale = stale + 1 if now <= best_seen * 1.01 else 0
+        best_seen = max(best_seen, now)
+    bar.close()
+    best = max(measured, key=measured.get)
+    if measured[best] <= 0:
+        raise RuntimeError(f"every candidate failed for {prepared.original.op.name}: {rejected[:3]}")
+    result = TuneResult(best, measured[best], False, len(measured), rejected,
+                        time.time() - t0, history)
+    if database is not None:
+        database.append(key, target, intrin.name, best.key(), measured[best],
+                        tuning_seconds=result.seconds, measured=len(measured))
+    return result
+
+
+def measure_to_device(arrays, dev):
+    return measure.to_device(arrays, dev)
+
+
+def measure_best(lib, args, dev):
+    return measure.best_seconds(lib, args, dev, number=3, repeat=5)
