@@ -28,13 +28,15 @@ class CpuConfig:
     unroll: tuple of (outer data-parallel loop position, factor) placed below the reduction and
         unrolled; their product is the number of accumulators.
     parallel: number of leading outer data-parallel loops fused into the parallel loop.
-    reduce_split: optional (reduction loop position, factor): the reduction outer loop is split and
-        its outer part hoisted above the unrolled tile... kept for cache blocking of long K.
+    reduce_split: reserved for cache blocking of long reductions (not searched yet).
+    front: an outer loop moved in front of the others (e.g. GEMM columns before rows, so a panel
+        of weights stays in cache while every row block streams past it).
     """
 
     unroll: tuple = field(default=())
     parallel: int = 1
     reduce_split: tuple = ()
+    front: int = -1  # outer loop position moved to the front (-1: keep the op's order)
 
     def accumulators(self):
         n = 1
@@ -44,13 +46,14 @@ class CpuConfig:
 
     def key(self):
         return {"unroll": [list(u) for u in self.unroll], "parallel": self.parallel,
-                "reduce_split": list(self.reduce_split)}
+                "reduce_split": list(self.reduce_split), "front": self.front}
 
     @staticmethod
     def from_key(d):
         return CpuConfig(unroll=tuple(tuple(u) for u in d.get("unroll", ())),
                          parallel=int(d.get("parallel", 1)),
-                         reduce_split=tuple(d.get("reduce_split", ())))
+                         reduce_split=tuple(d.get("reduce_split", ())),
+                         front=int(d.get("front", -1)))
 
 
 def _divisors(n, limit):
@@ -106,14 +109,21 @@ def config_space(outer_extents, threads, acc_budget=VECTOR_REGISTERS - OPERAND_R
                     rem = list(outer_extents)
                     for p, f in unroll:
                         rem[p] //= f
-                    fused = 1
-                    for par in range(1, n + 1):
-                        fused *= rem[par - 1]
-                        if fused >= threads or par == n:
-                            out.add(CpuConfig(unroll=unroll, parallel=par))
-                        if fused > MAX_PARALLEL_EXTENT * 4:
-                            break
-    return sorted(out, key=lambda c: (c.parallel, c.unroll))
+                    for front in [-1] + [p for p in range(1, n) if rem[p] > 1]:
+                        order = _order(n, front)
+                        fused = 1
+                        for par in range(1, n + 1):
+                            fused *= rem[order[par - 1]]
+                            if fused >= threads or par == n:
+                                out.add(CpuConfig(unroll=unroll, parallel=par, front=front))
+                            if fused > MAX_PARALLEL_EXTENT * 4:
+                                break
+    return sorted(out, key=lambda c: (c.parallel, c.unroll, c.front))
+
+
+def _order(n, front):
+    """Outer loop positions, with `front` (if >= 0) moved first."""
+    return list(range(n)) if front < 0 else [front] + [p for p in range(n) if p != front]
 
 
 def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_back=None):
@@ -135,6 +145,7 @@ def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_b
             inner.append(i)
         else:
             outer.append(loop)
+    outer = [outer[p] for p in _order(len(outer), config.front)]
     sch.reorder(*outer, *reduce_loops, *inner, *intrin_loops)
     n_par = min(config.parallel, len(outer))
     if n_par > 1:

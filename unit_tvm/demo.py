@@ -7,9 +7,12 @@ import numpy as np
 import tvm
 
 from . import intrinsics, measure, ops, reference
+from .build import build as unit_build
 from .peak import host_threads, peak
-from .rewriter import rewrite
+from .prepare import prepare
+from .rewriter import schedule
 from .target import host
+from .tuner import Database, default_path, tune
 
 INT8_PREFERENCE = ("x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw")
 
@@ -23,22 +26,38 @@ def best_int8_instruction(target=None):
     return None
 
 
-def _run_kernel(title, op, intrin, arrays, expected, n_ops, peak_gops, target, log):
+def _time(lib, arrays, expected, n_ops, out_shape):
     dev = tvm.cpu()
-    t0 = time.time()
-    sch = rewrite(op, intrin, target=target)
-    lib = tvm.tirx.build(sch.mod, target=target)
-    build_s = time.time() - t0
-    out = np.zeros([int(s) for s in op.shape], "int32")
-    args = measure.to_device(list(arrays) + [out], dev)
+    args = measure.to_device(list(arrays) + [np.zeros(out_shape, "int32")], dev)
     secs = measure.best_seconds(lib, args, dev)
     ok = np.array_equal(args[-1].numpy().astype(np.int64), expected)
-    gops = n_ops / secs / 1e9
-    log(f"  {title:<38} {gops:8.1f} GOPS  {100 * gops / peak_gops:5.1f}% of peak  "
-        f"{secs * 1e3:8.3f} ms (min of 5)  build {build_s:4.1f}s  check vs numpy: "
-        f"{'exact match' if ok else 'MISMATCH'}")
-    return {"name": title, "gops": gops, "percent_of_peak": 100 * gops / peak_gops,
-            "ms": secs * 1e3, "correct": bool(ok)}
+    return n_ops / secs / 1e9, secs, ok
+
+
+def _run_kernel(title, op, intrin, arrays, expected, n_ops, peak_gops, target, database, log):
+    """Default breakpoints, then tuned (or read from the database), each checked against numpy."""
+    tensors = [*op.op.input_tensors, op]
+    shape = [int(s) for s in op.shape]
+    rows = []
+    for label in ("default", "tuned"):
+        t0 = time.time()
+        if label == "default":
+            lib = unit_build(tensors, target, intrinsic=intrin)
+            prep_s = time.time() - t0
+            note = f"build {prep_s:4.1f}s"
+        else:
+            prepared = prepare(op, intrin)
+            result = tune(prepared, intrin, target, database=database, progress=False)
+            lib = tvm.tirx.build(schedule(prepared, intrin, result.config, target).mod, target=target)
+            note = ("from database, 0 measured" if result.from_database else
+                    f"tuned {result.seconds:4.1f}s, {result.measured} measured")
+        gops, secs, ok = _time(lib, arrays, expected, n_ops, shape)
+        log(f"  {title:<36} {label:<7} {gops:8.1f} GOPS {100 * gops / peak_gops:5.1f}% of peak "
+            f"{secs * 1e3:7.3f} ms  {note:<28} numpy: {'exact match' if ok else 'MISMATCH'}")
+        rows.append({"name": title, "config": label, "gops": gops,
+                     "percent_of_peak": 100 * gops / peak_gops, "ms": secs * 1e3,
+                     "correct": bool(ok), "note": note})
+    return rows
 
 
 def main(log=print):
@@ -68,27 +87,29 @@ def main(log=print):
     peak_gops = peaks[intrin.name][str(threads)]
     lanes, width = intrin.lanes, intrin.reduction_width
     lo, hi = intrin.operand_ranges.get("a", (0, 255))
-    log(f"tensorized with {intrin.name} ({lanes} lanes x {width}), {threads} threads:")
+    database = Database(default_path())
+    log(f"tensorized with {intrin.name} ({lanes} lanes x {width}), {threads} threads; time = min "
+        f"of 5 runs; tuning database {database.path}:")
     rng = np.random.default_rng(0)
     results = []
 
     m = n = k = 1024
     a = rng.integers(lo, hi + 1, (m, k)).astype("uint8")
     b = rng.integers(-128, 128, (n, k)).astype("int8")
-    results.append(_run_kernel(
-        "GEMM 1024x1024x1024 u8*s8->s32", ops.dense_packed(m, n, k, lanes, width), intrin,
+    results += _run_kernel(
+        "GEMM 1024^3 u8*s8->s32", ops.dense_packed(m, n, k, lanes, width), intrin,
         [a, reference.pack_dense_weight(b, lanes, width)], reference.dense(a, b),
-        2 * m * n * k, peak_gops, target, log))
+        2 * m * n * k, peak_gops, target, database, log)
 
     c, hw, kk = 64, 56, 64
     data = rng.integers(lo, hi + 1, (1, c, hw, hw)).astype("uint8")
     weight = rng.integers(-128, 128, (kk, c, 3, 3)).astype("int8")
     expected = reference.conv2d_nchw(data, weight)
     oh = hw - 2
-    results.append(_run_kernel(
-        "conv2d 64->64 3x3 56x56 (NCHW4c) u8*s8", ops.conv2d_nchwc(1, c, hw, hw, kk, 3, 3,
-                                                                     x=width, y=lanes), intrin,
+    results += _run_kernel(
+        "conv2d 64->64 3x3 56x56 NCHW4c", ops.conv2d_nchwc(1, c, hw, hw, kk, 3, 3,
+                                                             x=width, y=lanes), intrin,
         [reference.pack_nchwc(data, width), reference.pack_kcrs(weight, lanes, width)],
         np.ascontiguousarray(expected.reshape(1, kk // lanes, lanes, oh, oh).transpose(0, 1, 3, 4, 2)),
-        2 * kk * c * 9 * oh * oh, peak_gops, target, log))
+        2 * kk * c * 9 * oh * oh, peak_gops, target, database, log)
     return {"peaks": peaks, "kernels": results}

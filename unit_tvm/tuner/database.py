@@ -74,3 +74,9 @@ class Database:
         finally:
             os.close(fd)
         return rec
+
+
+def default_path():
+    """$UNIT_TVM_DATABASE, else ~/.cache/unit-tvm/tuning.jsonl."""
+    return os.environ.get("UNIT_TVM_DATABASE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "unit-tvm", "tuning.jsonl")

@@ -73,11 +73,11 @@ def _correct(got, expected):
 
 
 def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=True,
-         progress=None, seed=0, top_k=4, patience=2):
+         progress=None, seed=0, top_k=6, patience=3, initial=10):
     """Tune the CPU strategy of a Prepared op; returns a TuneResult.
 
     database: a Database or a path; a hit returns its config without measuring anything.
-    trials: most candidates measured (default: min(32, all)). measure=False with a database
+    trials: most candidates measured (default: min(64, all)). measure=False with a database
     returns the default config when the database has no entry. progress: show a tqdm bar
     (default: on unless UNIT_TVM_QUIET is set).
     """
@@ -102,7 +102,7 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
     space = cpu.config_space(extents, threads)
     if default not in space:
         space.insert(0, default)
-    trials = min(trials or 32, len(space))
+    trials = min(trials or 64, len(space))
     rng = random.Random(seed)
     data_rng = np.random.default_rng(seed)
     arrays = _inputs(prepared, intrin, data_rng)
@@ -135,7 +135,7 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
         history.append((config.key(), measured[config]))
         bar.update(1)
 
-    first = [default] + rng.sample([c for c in space if c != default], min(len(space) - 1, 5))
+    first = [default] + rng.sample([c for c in space if c != default], min(len(space) - 1, initial - 1))
     for c in first[:trials]:
         run(c)
     best_seen, stale = max(measured.values()), 0
