@@ -9,10 +9,10 @@ Adding an instruction: write its semantics and emit rule in a module here and li
 _MODULES (see README.md in this folder).
 """
 
-from . import arm, cuda, x86
+from . import arm, cuda, x86, x86_amx
 from .base import Intrinsic, derive_desc, derive_impl, placeholders
 
-_MODULES = (x86, arm, cuda)
+_MODULES = (x86_amx, x86, arm, cuda)
 _REGISTRY = {}
 
 

@@ -58,8 +58,13 @@ def _declare_args(tensors, scopes, offset_factor, strided):
     for t in tensors:
         name = t.op.name
         strides = None
-        if name in strided:
-            strides = [T.int32() for _ in t.shape[:-1]] + [1] if len(t.shape) > 1 else None
+        if name in strided and len(t.shape) > 1:
+            # the first (row) dimension may have any stride; the rest stay dense, since the
+            # instruction reads each row as one contiguous block
+            dense = [1]
+            for ext in reversed([int(x) for x in t.shape[1:]][1:]):
+                dense.insert(0, dense[0] * ext)
+            strides = [T.int32()] + dense
         bufs[name] = T.arg(
             name,
             T.buffer(
@@ -151,13 +156,16 @@ class Intrinsic:
         alternative (LLVM feature names, or "tensorcore" for CUDA).
     semantics: () -> output te.Tensor, a te.compute over te.placeholder inputs.
     emit: the hand-written operand-preparation rule, see derive_impl.
-    scopes / offset_factor / strided: buffer properties of desc and impl (CUDA fragments).
+    scopes / offset_factor: buffer properties of desc and impl (CUDA fragments).
+    strided: operands whose first (row) dimension may have any stride (the instruction takes a
+        row stride: AMX tiles, wmma fragments); their other dimensions must be dense.
     operand_ranges: operand name -> (lo, hi) where the instruction is exact only on that range.
     doc: one paragraph describing the instruction.
     """
 
     def __init__(self, name, *, arch, requires, semantics, emit, doc, scopes=None,
-                 offset_factor=1, strided=(), operand_ranges=None, helpers=None):
+                 offset_factor=1, strided=(), operand_ranges=None, helpers=None,
+                 host_check=None):
         self.name = name
         self.arch = arch
         self.requires = tuple(tuple(alt) for alt in requires)
@@ -171,6 +179,9 @@ class Intrinsic:
         # Extra TensorIntrins an instruction needs around its core (e.g. wmma fragment load/store),
         # name -> (desc, impl) factories; registered together with the main one.
         self._helpers = dict(helpers or {})
+        # () -> reason string or None: what this *machine* still lacks to execute it on the host
+        # (e.g. the OS permission AMX needs), beyond the CPU features
+        self._host_check = host_check
 
     # -- semantics and what is read off it -------------------------------------------------
     @functools.cached_property
@@ -263,7 +274,12 @@ class Intrinsic:
             return [f"arch {self.arch} (target is {arch})"]
         have = _target.features(target)
         missing = [sorted(set(alt) - have) for alt in self.requires]
-        return min(missing, key=len) if missing else []
+        missing = min(missing, key=len) if missing else []
+        if not missing and self._host_check is not None and _target.is_host(target):
+            reason = self._host_check()
+            if reason:
+                missing = [reason]
+        return missing
 
     def supported(self, target=None):
         """True when `target` (default: this host) can execute this instruction."""

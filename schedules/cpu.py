@@ -146,8 +146,12 @@ def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_b
         else:
             outer.append(loop)
     outer = [outer[p] for p in _order(len(outer), config.front)]
+    # loops of extent 1 are not fused (fusing them trips tensorize's region analysis); they sit
+    # innermost among the outer loops, where they cost nothing
+    units = [lp for lp in outer if int(sch.get(lp).extent) == 1]
+    outer = [lp for lp in outer if int(sch.get(lp).extent) != 1] + units
     sch.reorder(*outer, *reduce_loops, *inner, *intrin_loops)
-    n_par = min(config.parallel, len(outer))
+    n_par = min(config.parallel, len(outer) - len(units)) if len(outer) > len(units) else 1
     if n_par > 1:
         outer = [sch.fuse(*outer[:n_par])] + outer[n_par:]
     if outer:

@@ -9,11 +9,11 @@ from unit_tvm.target import host
 
 from .conftest import HOST_X86, require_host
 
-NAMES = ["x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps", "arm.sdot",
+NAMES = ["x86.tdpbusd", "x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps", "arm.sdot",
          "arm.udot", "arm.smmla", "cuda.wmma.f16f32", "cuda.wmma.s8s32"]
 
 
-def test_all_nine_registered():
+def test_all_nine_required_plus_amx_registered():
     assert intrinsics.names() == NAMES
     assert [i.name for i in intrinsics.all()] == NAMES
 
@@ -30,6 +30,7 @@ def test_require_names_missing_feature():
     with pytest.raises(ValueError, match="avx512vnni"):
         intrinsics.require("x86.vpdpbusd", no_vnni)
     assert intrinsics.get("x86.vdpbf16ps").missing_features(no_vnni) == ["avx512bf16"]
+    assert intrinsics.get("x86.tdpbusd").missing_features(no_vnni) == ["amx-int8", "amx-tile"]
     aarch64 = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod"]}
     assert intrinsics.get("arm.sdot").supported(aarch64)
     assert intrinsics.get("arm.smmla").missing_features(aarch64) == ["i8mm"]
@@ -81,6 +82,20 @@ def test_adding_an_instruction_needs_only_semantics_and_emit():
                                 semantics=semantics, emit=emit, doc="test")
     func, _, _ = microkernel.instruction_kernel(mine, 4)
     assert "vpdpbusd" in tvm.tirx.build(func, target=host()).inspect_source("asm")
+
+
+def test_amx_tdpbusd_bit_exact(rng):
+    require_host("x86.tdpbusd")
+    intrin = intrinsics.get("x86.tdpbusd")
+    func, (a_t, b_t), out = microkernel.instruction_kernel(intrin, 8)
+    lib = tvm.tirx.build(func, target=host())
+    assert "tdpbusd" in lib.inspect_source("asm")
+    a = measure.random_array(a_t.shape, "uint8", rng)
+    b = measure.random_array(b_t.shape, "int8", rng)
+    args = measure.to_device([a, b, np.zeros((8, 16, 16), "int32")], tvm.cpu())
+    lib(*args)
+    bk = b.astype(np.int64).transpose(0, 1, 3, 2).reshape(8, 64, 16)  # [x, k, n]
+    np.testing.assert_array_equal(args[-1].numpy(), np.einsum("xmk,xkn->xmn", a.astype(np.int64), bk))
 
 
 def _run_instruction(name, rng, n=256):

@@ -41,15 +41,37 @@ def choose(out, target=None, intrinsic=None, params=None):
                       else intrinsic]
     else:
         candidates = intrinsics.for_target(target)
-    reasons = []
+    reasons, usable = [], []
     for intrin in candidates:
         try:
-            return intrin, prepare(out, intrin, params=params)
-        except ValueError as e:
-            reasons.append(str(e))
+            prepared = prepare(out, intrin, params=params)
+            schedule(prepared, intrin, None, target)  # the default schedule must tensorize
+        except (ValueError, tvm.s_tir.ScheduleError) as e:
+            reasons.append(str(e).splitlines()[0])
+            continue
+        waste = padding_waste(prepared)
+        if waste <= MAX_WASTE:
+            return intrin, prepared
+        usable.append((waste, intrin, prepared))
+        reasons.append(f"{intrin.name} would compute {waste:.1f}x the work (padding)")
+    if usable:
+        _, intrin, prepared = min(usable, key=lambda u: u[0])
+        return intrin, prepared
     if not candidates:
         reasons.append(f"no registered instruction runs on {target}")
     return None, "; ".join(reasons)
+
+
+# An instruction is skipped for the next one when padding makes it compute this much more.
+MAX_WASTE = 1.5
+
+
+def padding_waste(prepared):
+    """Work the instruction does / work the op needs, from the mapping's padding."""
+    waste = 1.0
+    for m in prepared.original_mapping.loops:
+        waste *= (m.op_extent + m.padding) / m.op_extent
+    return waste
 
 
 def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, database=None):

@@ -110,6 +110,22 @@ def _cmd_inspect(args):
     return 0
 
 
+def _cmd_bench_op(args):
+    from . import bench_ops
+
+    quiet = args.json
+    rows, meta = bench_ops.run(quick=args.quick, with_tvm_default=not args.no_tvm,
+                               with_torch=not args.no_torch, trials=args.trials,
+                               database=args.database, log=(lambda *a: None) if quiet else print,
+                               progress=not quiet)
+    paths = bench_ops.write_outputs(rows, meta, args.out)
+    if args.json:
+        print(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    else:
+        print("wrote " + ", ".join(paths))
+    return 0
+
+
 def _cmd_demo(args):
     from . import demo
 
@@ -146,6 +162,16 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=3, help="mappings shown per instruction")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_inspect)
+    p = sub.add_parser("bench-op", help="Table I convs and GEMMs vs TVM and PyTorch int8")
+    p.add_argument("--quick", action="store_true", help="4 convs and one GEMM")
+    p.add_argument("--no-tvm", action="store_true", help="skip TVM's untensorized build")
+    p.add_argument("--no-torch", action="store_true", help="skip PyTorch")
+    p.add_argument("--trials", type=int, help="most candidates measured per workload")
+    p.add_argument("--database", help="tuning database (default: $UNIT_TVM_DATABASE or "
+                   "~/.cache/unit-tvm/tuning.jsonl)")
+    p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_bench_op)
     p = sub.add_parser("demo", help="the main job: peaks, then a tensorized GEMM and conv2d")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_demo)

@@ -196,19 +196,34 @@ def _op_loops(op):
     return loops
 
 
+def _unit_stride_dim(indices, loop):
+    """The dimension whose index steps by exactly 1 with `loop` (others fixed), or None."""
+    for d, idx in enumerate(indices):
+        if loop in _vars_in(idx):
+            try:
+                if _eval(idx, {loop: 1}) - _eval(idx, {loop: 0}) == 1:
+                    return d
+            except NoMatch:
+                continue
+    return None
+
+
 def _separable(index, loop_name):
     """True when `index` mentions no loop but `loop_name` (v, v//c, v%c, v*c, v+c ...)."""
     return _vars_in(index) <= {loop_name}
 
 
-def _paddable(op, loop_name, bind):
+def _paddable(op, loop_name, bind, kind):
     """Whether a loop can be padded to the instruction's multiple.
 
-    Padding is sound when every operand index that mentions the loop mentions no other loop: then
-    each operand can be zero-padded along those dimensions, padded iterations read only padding,
-    and in a sum of products they add zero (for a data-parallel loop the extra outputs are
-    dropped). An index like h + r (a conv window) mixes loops, so r cannot be padded.
+    Data-parallel loops always can: the extra outputs are dropped, and every operand that reads
+    the loop is packed with a bounds guard, so no read leaves its tensor. A reduction loop can when
+    every operand index that mentions it mentions no other loop: each operand is then zero-padded
+    along those dimensions, padded iterations read only padding and add zero. In an index like
+    h + r (a conv window) padding r would read the next real pixel, so r cannot be padded.
     """
+    if kind == "S":
+        return True
     reads = [idx for _, indices, _ in bind.values() for idx in indices
              if loop_name in _vars_in(idx)]
     return bool(reads) and all(_separable(i, loop_name) for i in reads)
@@ -247,25 +262,46 @@ def _access(intrin, name, bind, f_inv, loop_extent, op_shape_of):
                              f"S({name}) = {sorted(s_v)}: {tensor.op.name} would need a different "
                              f"element per step of instruction loop(s) {extra}, but {name} is one "
                              f"value along them")
-    # contiguity: along each instruction loop the op address must step like a dense buffer of
-    # the instruction operand's shape; checked at the tile origin and at the next aligned tile.
+    # contiguity: along each instruction loop the op address must step exactly like the address
+    # in a dense buffer of the instruction operand's shape (checked at the tile origin and at the
+    # next aligned tile). Operands the instruction reads with a row stride may use any one row
+    # stride S: op step = row * S + column offset within the row.
     op_shape = op_shape_of(tensor)
+    row_size = 1
+    for ext in in_shape[1:]:
+        row_size *= ext
+    row_strided = name in intrin.strided
     contiguous = True
     strides = []
+    row_stride = None
     for il, op_loop in sorted(((il, ol) for ol, il in f_inv.items()), key=lambda x: x[0]):
         ext = loop_extent[il]
-        want = _address(in_idx, in_shape, {il: 1}) - _address(in_idx, in_shape, {il: 0})
+        in_steps = [_address(in_idx, in_shape, {il: t}) - _address(in_idx, in_shape, {il: 0})
+                    for t in range(ext)]
         for base in (0, ext):
             try:
                 origin = _address(op_idx, op_shape, {op_loop: base})
                 steps = [_address(op_idx, op_shape, {op_loop: base + t}) - origin for t in range(ext)]
             except NoMatch:
-                contiguous = False
-                steps = None
+                contiguous, steps = False, None
                 break
-            if steps != [t * want for t in range(ext)]:
+            if row_strided and il in _vars_in(in_idx[0]) and _unit_stride_dim(op_idx, op_loop) is None:
+                # rows that skip elements (a strided conv) are a constant address step, but not a
+                # dense block of any dimension, which is what tensorize can bind a tile to
                 contiguous = False
+            for got, want in zip(steps, in_steps):
+                row, col = divmod(want, row_size) if row_strided else (0, want)
+                if row == 0:
+                    ok = got == col
+                else:
+                    s_here = (got - col) / row
+                    ok = s_here == int(s_here) and (row_stride is None or s_here == row_stride)
+                    row_stride = int(s_here) if ok else row_stride
+                if not ok:
+                    contiguous = False
         strides.append(steps[1] if steps and ext > 1 else 0)
+    if row_stride is not None and row_stride < row_size:
+        contiguous = False  # rows would overlap
     broadcast = tuple(sorted(s_v - s_u))
     if broadcast:
         contiguous = False
@@ -287,9 +323,8 @@ def _candidates(op, intrin, bind):
         for (iname, iext, kind), oi in zip(in_loops, assign):
             oname, oext, _ = op_loops[oi]
             pad = (-oext) % iext
-            if pad and not _paddable(op, oname, bind):
-                kind_word = "reduction" if kind == "R" else "data-parallel"
-                reason = (f"{kind_word} loop {oname} (extent {oext}) is not a multiple of the "
+            if pad and not _paddable(op, oname, bind, kind):
+                reason = (f"reduction loop {oname} (extent {oext}) is not a multiple of the "
                           f"instruction's {iname} ({iext}) and cannot be zero-padded: an operand "
                           f"index combines it with another loop")
                 break

@@ -2,13 +2,16 @@
 
 - `instruction_kernel`: n independent copies of the instruction's semantics, tensorized so that
   each copy is exactly one instruction. Used to check an instruction against numpy.
-- `peak_kernel`: a register-blocked loop of `accumulators` independent accumulators that reuse
-  one loaded operand, the shape of a GEMM micro-kernel, used to measure the instruction's peak.
+- `peak_kernel`: a register block of rows x cols independent accumulators that reuse loaded
+  operands (a GEMM micro-kernel), all data in L1, used to measure the instruction's peak.
 """
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import s_tir, te, tirx
+
+from .measure import numpy_dtype
 
 _TENSOR_LOAD = "te.tensor_load"
 
@@ -89,7 +92,7 @@ def broadcast_operand(intrin):
     return None
 
 
-def peak_kernel(intrin, threads, rows=6, cols=4, steps=64, reps=1024):
+def peak_kernel(intrin, threads, rows=6, cols=4, steps=None, reps=None):
     """A prim_func that issues threads * reps * steps * rows * cols independent instructions.
 
     Each of `threads` parallel chunks keeps a rows x cols block of accumulators in registers;
@@ -97,9 +100,19 @@ def peak_kernel(intrin, threads, rows=6, cols=4, steps=64, reps=1024):
     broadcast operand (the register block of a GEMM micro-kernel). All data stays in L1, so the
     kernel measures the instruction's throughput. Returns (func, inputs, output, ops).
     """
-    bname = broadcast_operand(intrin)
-    if bname is None:
-        raise ValueError(f"{intrin.name} has no broadcast operand; no peak kernel for it yet")
+    # the broadcast operand (or, for tile instructions, the first) varies along rows, the others
+    # along columns; steps keep each thread's operands within ~32 KiB of L1
+    bname = broadcast_operand(intrin) or intrin.inputs[0].op.name
+    step_bytes = 0
+    for t in intrin.inputs:
+        n = 1
+        for x in t.shape:
+            n *= int(x)
+        step_bytes += n * (rows if t.op.name == bname else cols) * np.dtype(numpy_dtype(t.dtype)).itemsize
+    if steps is None:
+        steps = max(1, min(64, 32768 // step_bytes))
+    if reps is None:
+        reps = max(1, (1 << 26) // (steps * rows * cols * intrin.ops_per_instruction))
     shapes = {}
     for t in intrin.inputs:
         own = [int(x) for x in t.shape]

@@ -32,14 +32,16 @@ def dense(m, n, k, a_dtype="uint8", b_dtype="int8", acc="int32"):
 
 def conv2d_nchwc(n, c, h, w, k, r, s, stride=1, dilation=1, x=4, y=16,
                  a_dtype="uint8", b_dtype="int8", acc="int32"):
-    """conv2d, data NCHW[x]c, kernel KCRS[y]k[x]c, output NCHW[y]c, no padding.
+    """conv2d, data NCHW[x]c, kernel KCRS[x/4]c[y]k[4]c, output NCHW[y]c, no padding.
 
-    data: [n, c/x, h, w, x]; kernel: [k/y, c/x, r, s, y, x]; out: [n, k/y, oh, ow, y].
+    data: [n, c/x, h, w, x]; kernel: [k/y, c/x, r, s, x/4, y, 4] (each group of 4 input channels
+    of one output channel adjacent: what vpdpbusd (x=4) and AMX tdpbusd (x=64) read);
+    out: [n, k/y, oh, ow, y].
     """
     oh = (h - (r - 1) * dilation - 1) // stride + 1
     ow = (w - (s - 1) * dilation - 1) // stride + 1
     data = te.placeholder((n, c // x, h, w, x), a_dtype, name="data")
-    kern = te.placeholder((k // y, c // x, r, s, y, x), b_dtype, name="kernel")
+    kern = te.placeholder((k // y, c // x, r, s, x // 4, y, 4), b_dtype, name="kernel")
     rc = te.reduce_axis((0, c), name="rc")
     rr = te.reduce_axis((0, r), name="rr")
     rs = te.reduce_axis((0, s), name="rs")
@@ -48,13 +50,12 @@ def conv2d_nchwc(n, c, h, w, k, r, s, stride=1, dilation=1, x=4, y=16,
         lambda b, ko, i, j, ki: te.sum(
             data[b, rc // x, i * stride + rr * dilation, j * stride + rs * dilation, rc % x]
             .astype(acc)
-            * kern[ko, rc // x, rr, rs, ki, rc % x].astype(acc),
+            * kern[ko, rc // x, rr, rs, rc % x // 4, ki, rc % 4].astype(acc),
             axis=[rc, rr, rs]),
         name="conv2d_nchwc",
     )
 
 
-# -- operations, written the way any user would -------------------------------------------------
 def matmul_bt(m, n, k, a="uint8", b="int8", acc="int32"):
     """C[i, j] = sum A[i, k] * B[j, k]  (B as nn.Linear weight)."""
     return dense(m, n, k, a, b, acc)

@@ -12,6 +12,8 @@ from .target import as_target, host, is_host
 # independent accumulators to cover latency x throughput of every x86 dot instruction
 # (4-5 cycles x 2/cycle) while leaving registers for the operands.
 BLOCK_CHOICES = ((12, 1), (6, 2), (4, 4), (6, 4), (4, 6), (8, 3))
+# tile instructions (AMX) have 8 tile registers: 2x2 accumulator tiles + 2 + 2 operand tiles
+TILE_BLOCK_CHOICES = ((1, 1), (2, 1), (2, 2))
 
 
 @functools.lru_cache(maxsize=None)
@@ -21,7 +23,8 @@ def _measure(name, threads, target_json):
     best = None
     dev = tvm.cpu()
     rng = np.random.default_rng(0)
-    for rows, cols in BLOCK_CHOICES:
+    blocks = BLOCK_CHOICES if microkernel.broadcast_operand(intrin) else TILE_BLOCK_CHOICES
+    for rows, cols in blocks:
         func, ins, out, ops = microkernel.peak_kernel(intrin, threads, rows=rows, cols=cols)
         lib = tvm.tirx.build(func, target=target)
         arrays = [measure.random_array(t.shape, t.dtype, rng) for t in ins]

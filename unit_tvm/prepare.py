@@ -20,7 +20,7 @@ import tvm_ffi
 from tvm import te, tirx
 
 from . import intrinsics
-from .inspector import _eval, _vars_in, compute_isomorphism, inspect
+from .inspector import _eval, _unit_stride_dim, _vars_in, compute_isomorphism, inspect
 
 _TENSOR_LOAD = "te.tensor_load"
 SHIFT = 128
@@ -37,6 +37,7 @@ class Prepared:
     stages: tuple  # names of the preparation computes (packs, shift, compensation)
     shifted: str = ""  # name of the operand shifted by +128, if any
     original: object = None  # the op as given (reference for checking candidates)
+    original_mapping: object = None  # the Mapping on the op as given (padding, fit)
 
     @property
     def tensors(self):
@@ -159,52 +160,76 @@ def _recompute(op, on_load):
 
 
 # -- packing and padding ------------------------------------------------------------------------
-def _unit_stride_dim(indices, loop):
-    """The dimension whose index steps by exactly 1 with `loop` (others fixed), or None."""
-    for d, idx in enumerate(indices):
-        if loop in _vars_in(idx):
-            try:
-                if _eval(idx, {loop: 1}) - _eval(idx, {loop: 0}) == 1:
-                    return d
-            except Exception:  # noqa: BLE001 - not affine: this dim cannot be split
-                continue
-    return None
+def _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
+    """For one operand: [(instruction loop, op loop, dim, extent, how)] in the instruction
+    operand's dimension order, how in {"split", "broadcast", "row"}; None when it cannot be packed.
 
-
-def _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of):
-    """For one operand: [(instruction loop, op loop, split dim or None (broadcast), extent)]
-    in the instruction operand's dimension order. None when it cannot be packed."""
+    "split": the op dimension stepping by one along the loop is split by the instruction's extent
+    and its inner part goes innermost; "broadcast": the operand does not depend on the loop, the
+    pack repeats it; "row": the instruction reads rows with a stride (first operand dimension of
+    a row-strided instruction), so the dimension stays where it is.
+    """
     plan = []
-    for iidx in in_idx:
+    for pos, iidx in enumerate(in_idx):
         (il,) = _vars_in(iidx) or (None,)
         if il is None:
             return None
         ol = loop_of[il]
         uses = any(ol in _vars_in(i) for i in op_idx)
+        if row_strided and pos == 0 and uses:
+            dims = [d for d, i in enumerate(op_idx) if ol in _vars_in(i)]
+            if len(dims) != 1:
+                return None
+            plan.append((il, ol, dims[0], extent_of[il], "row"))
+            continue
         dim = _unit_stride_dim(op_idx, ol) if uses else None
         if uses and dim is None:
             return None
-        plan.append((il, ol, dim, extent_of[il]))
+        plan.append((il, ol, dim, extent_of[il], "split" if uses else "broadcast"))
     return plan
 
 
-def _make_pack(tensor, plan):
-    """P[outer dims..., inner dims...]: tensor in the instruction's layout, zero past its extent."""
+def _max_index(idx, extents):
+    """Largest value of an index expression over loops [0, extent) (affine, non-negative steps)."""
+    return _eval(idx, {name: ext - 1 for name, ext in extents.items()})
+
+
+def _pack_dims(plan, ndim):
+    """Order of the op tensor's dimensions in its pack: the others, then the row dimension (if
+    any), so that the instruction's region is the pack's trailing dimensions."""
+    rows = [p[2] for p in plan if p[4] == "row"]
+    return [d for d in range(ndim) if d not in rows] + rows
+
+
+def _make_pack(tensor, plan, op_idx, extents):
+    """P[outer dims..., row dim, inner dims...]: tensor in the instruction's layout, zero outside.
+
+    Dimensions read through padded loops are extended to the largest index the padded loops
+    reach; every read is guarded by the tensor's real extent, so nothing is read out of bounds.
+    """
     shape = [int(s) for s in tensor.shape]
-    split = {dim: ext for _, _, dim, ext in plan if dim is not None}
-    outer_shape = [(-(-s // split[d])) if d in split else s for d, s in enumerate(shape)]
-    inner_shape = [ext for *_, ext in plan]
+    split = {p[2]: p[3] for p in plan if p[4] == "split"}
+    outer_shape = []
+    for d, ext in enumerate(shape):
+        if d in split:
+            outer_shape.append(-(-ext // split[d]))
+        else:
+            reach = _max_index(op_idx[d], extents) + 1
+            outer_shape.append(max(ext, reach))
+    order = _pack_dims(plan, len(shape))
+    inner = [p for p in plan if p[4] != "row"]
     n_outer = len(outer_shape)
 
-    def fcompute(*p):
-        outer, inner = p[:n_outer], p[n_outer:]
+    def fcompute(*q):
+        outer = [None] * n_outer
+        for d, v in zip(order, q[:n_outer]):
+            outer[d] = v
         idx = list(outer)
-        conds = []
-        for (_, _, dim, ext), q in zip(plan, inner):
-            if dim is not None:
-                idx[dim] = outer[dim] * ext + q
-                if shape[dim] % ext:
-                    conds.append(idx[dim] < shape[dim])
+        for (_, _, dim, ext, how), v in zip(inner, q[n_outer:]):
+            if how == "split":
+                idx[dim] = outer[dim] * ext + v
+        conds = [idx[d] < shape[d] for d in range(len(shape))
+                 if (d in split and shape[d] % split[d]) or (d not in split and outer_shape[d] > shape[d])]
         value = tensor(*idx)
         if conds:
             cond = conds[0]
@@ -213,20 +238,21 @@ def _make_pack(tensor, plan):
             value = tirx.if_then_else(cond, value, tirx.const(0, tensor.dtype))
         return value
 
-    return te.compute(outer_shape + inner_shape, fcompute, name=f"{tensor.op.name}_packed")
+    return te.compute([outer_shape[d] for d in order] + [p[3] for p in inner], fcompute,
+                      name=f"{tensor.op.name}_packed")
 
 
 def _pack_index(op_idx, plan, var_of):
     """Index into a pack for the original op indices (vars already renamed)."""
     outer = list(op_idx)
     inner = []
-    for _, ol, dim, ext in plan:
-        if dim is None:
+    for _, ol, dim, ext, how in plan:
+        if how == "broadcast":
             inner.append(tirx.floormod(var_of[ol], ext))
-        else:
+        elif how == "split":
             inner.append(tirx.floormod(op_idx[dim], ext))
             outer[dim] = tirx.floordiv(op_idx[dim], ext)
-    return outer + inner
+    return [outer[d] for d in _pack_dims(plan, len(outer))] + inner
 
 
 def prepare(op, intrin, mapping=None, params=None):
@@ -263,6 +289,8 @@ def prepare(op, intrin, mapping=None, params=None):
     padded = {m.op_loop: m.op_extent + m.padding for m in mapping.loops}
     padded_loops = {m.op_loop for m in mapping.loops if m.padding}
     access = {a.intrin_operand: a for a in mapping.operands}
+    all_extents = {ax.var.name: padded.get(ax.var.name, int(ax.dom.extent))
+                   for ax in list(cop.axis) + list(cop.reduce_axis)}
 
     # 1. packs for operands that are strided, broadcast or read a padded loop
     packs = {}
@@ -270,11 +298,11 @@ def prepare(op, intrin, mapping=None, params=None):
         reads_padded = any(_vars_in(i) & padded_loops for i in op_idx)
         if access[name].contiguous and not reads_padded:
             continue
-        plan = _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of)
+        plan = _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, name in intrin.strided)
         if plan is None:
             raise ValueError(f"{tensor.op.name} cannot be packed for {intrin.name}: no dimension "
                              "steps by one along the mapped loop")
-        packs[tensor.op.name] = (_make_pack(tensor, plan), plan)
+        packs[tensor.op.name] = (_make_pack(tensor, plan, op_idx, all_extents), plan)
         stages.append(f"{tensor.op.name}_packed")
 
     # 2. the core: output in the instruction's layout (spatial mapped loops split, lanes inner)
@@ -334,4 +362,4 @@ def prepare(op, intrin, mapping=None, params=None):
             params) != len(found_params):
         raise ValueError(f"inputs {[t.op.name for t in params]} are not the placeholders "
                          f"{[t.op.name for t in found_params]} that {op.op.name} reads")
-    return Prepared(params, core, output, core_maps[0], tuple(stages), shifted_name, op)
+    return Prepared(params, core, output, core_maps[0], tuple(stages), shifted_name, op, mapping)

@@ -22,9 +22,10 @@ def unpack_nchwc(out):
 
 
 def pack_kcrs(weight, y=16, x=4):
-    """[k, c, r, s] -> [k/y, c/x, r, s, y, x]."""
+    """[k, c, r, s] -> [k/y, c/x, r, s, x/4, y, 4] (the layout ops.conv2d_nchwc reads)."""
     k, c, r, s = weight.shape
-    return np.ascontiguousarray(weight.reshape(k // y, y, c // x, x, r, s).transpose(0, 2, 4, 5, 1, 3))
+    w = weight.reshape(k // y, y, c // x, x // 4, 4, r, s)
+    return np.ascontiguousarray(w.transpose(0, 2, 5, 6, 3, 1, 4))
 
 
 def dense(a, b):

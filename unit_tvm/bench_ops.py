@@ -1,0 +1,196 @@
+"""Op benchmark (`unit-tvm bench-op`, scripts/bench_ops.py): UNIT Table I convs and GEMMs.
+
+Columns: unit-tvm tuned, unit-tvm default breakpoints, TVM without tensorize (default schedule),
+PyTorch int8 (torch.ao quantized Conv2d / Linear, x86 backend = oneDNN, channels_last, same thread
+count). Every engine is warmed up; times are the minimum over repeats. unit-tvm's outputs are
+checked against TVM's default build by the tuner before they are timed.
+"""
+
+import csv
+import json
+import math
+import os
+import time
+
+import numpy as np
+import tvm
+from tvm import te
+
+from . import intrinsics, measure, ops
+from .peak import host_threads, peak
+from .prepare import prepare
+from .rewriter import schedule
+from .target import host
+from .tuner import Database, default_path, tune
+
+# UNIT Table I: C, input H=W, K, R=S, stride (batch 1, no padding)
+TABLE_I = [(288, 35, 384, 3, 2), (160, 9, 224, 3, 1), (1056, 7, 192, 1, 1), (80, 73, 192, 3, 1),
+           (128, 16, 128, 3, 1), (192, 16, 192, 3, 1), (256, 16, 256, 3, 1), (1024, 14, 512, 1, 1),
+           (128, 16, 160, 3, 1), (576, 14, 192, 1, 1), (96, 16, 128, 3, 1), (1024, 14, 256, 1, 1),
+           (576, 14, 128, 1, 1), (64, 29, 96, 3, 1), (64, 56, 128, 1, 2), (608, 14, 192, 1, 1)]
+GEMMS = [(1024, 1024, 1024), (4096, 4096, 4096), (128, 2048, 4096), (320, 3072, 4096),
+         (2048, 4096, 32)]
+
+
+def workloads(quick=False):
+    """[(label, kind, params)]; quick keeps 4 convs and 1 GEMM."""
+    convs = [(f"L{i + 1}", "conv", p) for i, p in enumerate(TABLE_I)]
+    gemms = [(f"GEMM {m}x{n}x{k}", "gemm", (m, n, k)) for m, n, k in GEMMS]
+    if quick:
+        return convs[4:8] + gemms[:1]
+    return convs + gemms
+
+
+def _op(kind, p, intrin):
+    lanes, width = intrin.lanes, intrin.reduction_width
+    if kind == "conv":
+        c, h, k, r, s = p
+        return ops.conv2d_nchwc(1, c, h, h, k, r, r, s, x=width, y=lanes)
+    m, n, k = p
+    return ops.dense_packed(m, n, k, lanes, width)
+
+
+def _ops_count(kind, p):
+    if kind == "conv":
+        c, h, k, r, s = p
+        oh = (h - r) // s + 1
+        return 2 * c * k * r * r * oh * oh
+    m, n, k = p
+    return 2 * m * n * k
+
+
+def _time_tvm(lib, tensors, rng, number, repeat):
+    arrays = [measure.random_array(t.shape, t.dtype, rng) for t in tensors[:-1]]
+    arrays.append(np.zeros([int(s) for s in tensors[-1].shape], str(tensors[-1].dtype)))
+    args = measure.to_device(arrays, tvm.cpu())
+    return measure.best_seconds(lib, args, tvm.cpu(), number=number, repeat=repeat)
+
+
+def _time_torch(kind, p, threads, repeat):
+    """Seconds of PyTorch's int8 op (oneDNN via the x86 quantized backend), min of repeats."""
+    import torch
+    import torch.ao.nn.quantized as nnq
+
+    torch.set_num_threads(threads)
+    torch.backends.quantized.engine = "x86"
+    if kind == "conv":
+        c, h, k, r, s = p
+        mod = nnq.Conv2d(c, k, r, stride=s)
+        w = torch.quantize_per_channel(torch.randn(k, c, r, r), torch.rand(k) * 0.01 + 0.001,
+                                       torch.zeros(k, dtype=torch.long), 0, torch.qint8)
+        mod.set_weight_bias(w, None)
+        x = torch.quantize_per_tensor(torch.rand(1, c, h, h), 0.01, 0, torch.quint8)
+        x = x.contiguous(memory_format=torch.channels_last)
+    else:
+        m, n, kk = p
+        mod = nnq.Linear(kk, n)
+        w = torch.quantize_per_channel(torch.randn(n, kk), torch.rand(n) * 0.01 + 0.001,
+                                       torch.zeros(n, dtype=torch.long), 0, torch.qint8)
+        mod.set_weight_bias(w, None)
+        x = torch.quantize_per_tensor(torch.rand(m, kk), 0.01, 0, torch.quint8)
+    with torch.inference_mode():
+        for _ in range(3):
+            mod(x)
+        best = math.inf
+        n_inner = 1
+        t0 = time.perf_counter()
+        mod(x)
+        one = time.perf_counter() - t0
+        n_inner = max(1, min(50, int(0.05 / max(one, 1e-6))))
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(n_inner):
+                mod(x)
+            best = min(best, (time.perf_counter() - t0) / n_inner)
+    return best
+
+
+def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, database=None,
+        log=print, progress=True):
+    """Run the benchmark; returns (rows, meta)."""
+    target = host()
+    threads = host_threads()
+    intrin = next((intrinsics.get(n) for n in ("x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw")
+                   if intrinsics.get(n).supported(target)), None)
+    if intrin is None:
+        raise ValueError("this host has no int8 dot-product instruction")
+    database = Database(database or default_path())
+    peak_gops = peak(intrin, threads, target)["gops"]
+    meta = {"target": str(target), "threads": threads, "intrinsic": intrin.name,
+            "peak_gops": peak_gops, "database": database.path,
+            "timing": "min over repeats, each engine warmed up"}
+    log(f"{intrin.name} peak on {threads} threads: {peak_gops:.1f} GOPS (measured now)")
+    header = (f"{'workload':<22} {'tuned':>8} {'default':>8} {'tvm':>7} {'torch':>8}  "
+              f"{'%peak':>6} {'xTorch':>7} {'tune s':>7}")
+    log(header)
+    rows = []
+    rng = np.random.default_rng(0)
+    for label, kind, p in workloads(quick):
+        op = _op(kind, p, intrin)
+        tensors = [*op.op.input_tensors, op]
+        n_ops = _ops_count(kind, p)
+        prepared = prepare(op, intrin)
+        res = tune(prepared, intrin, target, trials=trials, database=database, progress=progress)
+        tuned_lib = tvm.tirx.build(schedule(prepared, intrin, res.config, target).mod, target=target)
+        default_lib = tvm.tirx.build(schedule(prepared, intrin, None, target).mod, target=target)
+        number = 3 if n_ops > 2e10 else 10
+        t_tuned = _time_tvm(tuned_lib, tensors, rng, number, 7)
+        t_default = _time_tvm(default_lib, tensors, rng, number, 7)
+        t_tvm = None
+        if with_tvm_default:
+            plain = tvm.tirx.build(te.create_prim_func(tensors), target=target)
+            t_tvm = _time_tvm(plain, tensors, rng, 1, 1 if n_ops > 5e9 else 3)
+        t_torch = _time_torch(kind, p, threads, 7) if with_torch else None
+        g = lambda t: None if t is None else n_ops / t / 1e9  # noqa: E731
+        row = {"workload": label, "kind": kind, "shape": list(p), "gops_tuned": g(t_tuned),
+               "gops_default": g(t_default), "gops_tvm": g(t_tvm), "gops_torch": g(t_torch),
+               "percent_of_peak": 100 * g(t_tuned) / peak_gops,
+               "speedup_vs_torch": t_torch / t_tuned if t_torch else None,
+               "tuning_seconds": res.seconds, "from_database": res.from_database,
+               "config": res.config.key()}
+        rows.append(row)
+        fmt = lambda v, w: f"{v:>{w}.1f}" if v is not None else f"{'-':>{w}}"  # noqa: E731
+        log(f"{label:<22} {fmt(row['gops_tuned'], 8)} {fmt(row['gops_default'], 8)} "
+            f"{fmt(row['gops_tvm'], 7)} {fmt(row['gops_torch'], 8)}  {row['percent_of_peak']:6.1f} "
+            f"{fmt(row['speedup_vs_torch'], 7)} {res.seconds:7.1f}"
+            + ("  (db)" if res.from_database else ""))
+    convs = [r["speedup_vs_torch"] for r in rows if r["kind"] == "conv" and r["speedup_vs_torch"]]
+    if convs:
+        meta["conv_geomean_speedup_vs_torch"] = float(np.exp(np.mean(np.log(convs))))
+        log(f"Table I geomean speedup over PyTorch int8: {meta['conv_geomean_speedup_vs_torch']:.2f}x")
+    return rows, meta
+
+
+def write_outputs(rows, meta, out_dir):
+    """CSV, JSON and a PNG bar chart (speedup over PyTorch per workload) in out_dir."""
+    os.makedirs(out_dir, exist_ok=True)
+    csv_path = os.path.join(out_dir, "bench_ops.csv")
+    with open(csv_path, "w", newline="") as f:
+        fields = [k for k in rows[0] if k not in ("config", "shape")] + ["shape", "config"]
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "shape": "x".join(map(str, r["shape"])), "config": json.dumps(r["config"])})
+    with open(os.path.join(out_dir, "bench_ops.json"), "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    paths = [csv_path]
+    speedups = [(r["workload"], r["speedup_vs_torch"]) for r in rows if r["speedup_vs_torch"]]
+    if speedups:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(max(6, len(speedups) * 0.6), 3.5))
+        names, vals = zip(*speedups)
+        ax.bar(range(len(vals)), vals, color=["tab:blue" if v >= 1 else "tab:red" for v in vals])
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(range(len(vals)))
+        ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("speedup over PyTorch int8")
+        ax.set_title(f"unit-tvm ({meta['intrinsic']}, {meta['threads']} threads) vs PyTorch/oneDNN")
+        fig.tight_layout()
+        png = os.path.join(out_dir, "bench_ops.png")
+        fig.savefig(png, dpi=120)
+        paths.append(png)
+    return paths
