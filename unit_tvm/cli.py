@@ -117,7 +117,7 @@ def _cmd_bench_op(args):
     rows, meta = bench_ops.run(quick=args.quick, with_tvm_default=not args.no_tvm,
                                with_torch=not args.no_torch, trials=args.trials,
                                database=args.database, log=(lambda *a: None) if quiet else print,
-                               progress=not quiet)
+                               progress=False if quiet else None)
     paths = bench_ops.write_outputs(rows, meta, args.out)
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))

@@ -1,5 +1,6 @@
 """The main job (`make run`): host, its instructions and their peaks, then one int8 GEMM and one
-int8 conv2d tensorized with the best host instruction, timed and checked against numpy."""
+int8 conv2d tensorized with the best tile instruction (AMX) and the best vector instruction
+(VNNI) the host has, default breakpoints and tuned, timed and checked against numpy."""
 
 import time
 
@@ -13,18 +14,6 @@ from .prepare import prepare
 from .rewriter import schedule
 from .target import host
 from .tuner import Database, default_path, tune
-
-INT8_PREFERENCE = ("x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw")
-
-
-def best_int8_instruction(target=None):
-    """The fastest u8 x s8 instruction the host can execute, or None."""
-    usable = {i.name for i in intrinsics.for_target(target)}
-    for name in INT8_PREFERENCE:
-        if name in usable:
-            return intrinsics.get(name)
-    return None
-
 
 def _time(lib, arrays, expected, n_ops, out_shape):
     dev = tvm.cpu()
@@ -80,36 +69,39 @@ def main(log=print):
         log(f"  {intrin.name:<18} usable   peak {p1:7.1f} GOPS on 1 thread, "
             f"{pn:7.1f} GOPS on {threads} threads")
     log("")
-    intrin = best_int8_instruction(target)
-    if intrin is None:
+    from .bench_ops import candidates
+
+    database = Database(default_path())
+    m = n = k = 1024
+    c, hw, kk = 64, 56, 64
+    families = candidates("conv", (c, hw, kk, 3, 1), target)
+    if not families:
         log("no int8 dot-product instruction on this host; nothing to tensorize")
         return {"peaks": peaks, "kernels": []}
-    peak_gops = peaks[intrin.name][str(threads)]
-    lanes, width = intrin.lanes, intrin.reduction_width
-    lo, hi = intrin.operand_ranges.get("a", (0, 255))
-    database = Database(default_path())
-    log(f"tensorized with {intrin.name} ({lanes} lanes x {width}), {threads} threads; time = min "
-        f"of 5 runs; tuning database {database.path}:")
     rng = np.random.default_rng(0)
     results = []
-
-    m = n = k = 1024
-    a = rng.integers(lo, hi + 1, (m, k)).astype("uint8")
+    a = rng.integers(0, 256, (m, k)).astype("uint8")
     b = rng.integers(-128, 128, (n, k)).astype("int8")
-    results += _run_kernel(
-        "GEMM 1024^3 u8*s8->s32", ops.dense_packed(m, n, k, lanes, width), intrin,
-        [a, reference.pack_dense_weight(b, lanes, width)], reference.dense(a, b),
-        2 * m * n * k, peak_gops, target, database, log)
-
-    c, hw, kk = 64, 56, 64
-    data = rng.integers(lo, hi + 1, (1, c, hw, hw)).astype("uint8")
+    data = rng.integers(0, 256, (1, c, hw, hw)).astype("uint8")
     weight = rng.integers(-128, 128, (kk, c, 3, 3)).astype("int8")
-    expected = reference.conv2d_nchw(data, weight)
+    conv_expected = reference.conv2d_nchw(data, weight)
+    dense_expected = reference.dense(a, b)
     oh = hw - 2
-    results += _run_kernel(
-        "conv2d 64->64 3x3 56x56 NCHW4c", ops.conv2d_nchwc(1, c, hw, hw, kk, 3, 3,
-                                                             x=width, y=lanes), intrin,
-        [reference.pack_nchwc(data, width), reference.pack_kcrs(weight, lanes, width)],
-        np.ascontiguousarray(expected.reshape(1, kk // lanes, lanes, oh, oh).transpose(0, 1, 3, 4, 2)),
-        2 * kk * c * 9 * oh * oh, peak_gops, target, database, log)
+    for intrin, x, y in families:
+        lo, hi = intrin.operand_ranges.get("a", (0, 255))
+        if (lo, hi) != (0, 255):
+            continue
+        peak_gops = peaks[intrin.name][str(threads)]
+        log(f"tensorized with {intrin.name}, {threads} threads, time = min of 5 runs, "
+            f"tuning database {database.path}:")
+        results += _run_kernel(
+            "GEMM 1024^3 u8*s8->s32", ops.dense_packed(m, n, k, y, x), intrin,
+            [a, reference.pack_dense_weight(b, y, x)], dense_expected,
+            2 * m * n * k, peak_gops, target, database, log)
+        results += _run_kernel(
+            f"conv2d 64->64 3x3 56x56 NCHW{x}c", ops.conv2d_nchwc(1, c, hw, hw, kk, 3, 3, x=x, y=y),
+            intrin, [reference.pack_nchwc(data, x), reference.pack_kcrs(weight, y, x)],
+            np.ascontiguousarray(conv_expected.reshape(1, kk // y, y, oh, oh).transpose(0, 1, 3, 4, 2)),
+            2 * kk * c * 9 * oh * oh, peak_gops, target, database, log)
+        log("")
     return {"peaks": peaks, "kernels": results}

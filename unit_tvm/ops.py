@@ -8,14 +8,19 @@ from tvm import te
 
 
 def dense_packed(m, n, k, lanes=16, width=4, a_dtype="uint8", b_dtype="int8", acc="int32"):
-    """C[i, j] = sum_k A[i, k] * B[j, k] with B packed as [n/lanes, k/width, lanes, width]."""
+    """C[i, j] = sum_k A[i, k] * B[j, k], B packed as [n/lanes, k/width, width/4, lanes, 4].
+
+    Each group of 4 reduction elements of one output column is adjacent: what vpdpbusd
+    (width 4) and AMX tdpbusd (width 64, 16 rows of 16 x 4) read directly.
+    """
     a = te.placeholder((m, k), a_dtype, name="A")
-    b = te.placeholder((n // lanes, k // width, lanes, width), b_dtype, name="B")
+    b = te.placeholder((n // lanes, k // width, width // 4, lanes, 4), b_dtype, name="B")
     r = te.reduce_axis((0, k), name="k")
     return te.compute(
         (m, n),
         lambda i, j: te.sum(
-            a[i, r].astype(acc) * b[j // lanes, r // width, j % lanes, r % width].astype(acc),
+            a[i, r].astype(acc)
+            * b[j // lanes, r // width, r % width // 4, j % lanes, r % 4].astype(acc),
             axis=r),
         name="dense",
     )

@@ -4,9 +4,10 @@ import numpy as np
 
 
 def pack_dense_weight(b, lanes=16, width=4):
-    """[n, k] -> [n/lanes, k/width, lanes, width] (the layout ops.dense_packed reads)."""
+    """[n, k] -> [n/lanes, k/width, width/4, lanes, 4] (the layout ops.dense_packed reads)."""
     n, k = b.shape
-    return np.ascontiguousarray(b.reshape(n // lanes, lanes, k // width, width).transpose(0, 2, 1, 3))
+    w = b.reshape(n // lanes, lanes, k // width, width // 4, 4)
+    return np.ascontiguousarray(w.transpose(0, 2, 3, 1, 4))
 
 
 def pack_nchwc(data, x=4):

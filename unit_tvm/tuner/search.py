@@ -127,7 +127,10 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
             secs = measure_best(lib, args, dev)
         except Exception as e:  # noqa: BLE001 - a failed candidate is logged and discarded
             reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            log.warning("candidate %s rejected: %s", config.key(), reason)
+            # a loop nest that cannot be tensorized is routine; a kernel that computes a wrong
+            # result is not, and is always reported
+            level = logging.INFO if isinstance(e, tvm.s_tir.ScheduleError) else logging.WARNING
+            log.log(level, "candidate %s rejected: %s", config.key(), reason)
             rejected.append((config, reason))
             measured[config] = 0.0
         else:
