@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.unit-tvm-installed
 
-.PHONY: run test test-all clean
+.PHONY: run test test-all clean cross-tools
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,10 +17,21 @@ $(STAMP): setup.py
 run: $(STAMP)
 	$(VENV)/bin/unit-tvm demo
 
-test: $(STAMP)
+# aarch64 kernels are executed under qemu: install the cross compiler and qemu-user when missing
+# and possible (root with apt); otherwise those tests skip with the reason.
+cross-tools:
+	@if command -v aarch64-linux-gnu-gcc >/dev/null && command -v qemu-aarch64 >/dev/null \
+	    && [ -d /usr/aarch64-linux-gnu ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	        gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user) >/dev/null 2>&1 \
+	    || echo "note: could not install aarch64 tools; ARM execution tests will skip"; \
+	else echo "note: not root or no apt; ARM execution tests will skip"; fi
+
+test: $(STAMP) cross-tools
 	$(PY) -m pytest -q -rs -m "not slow" tests
 
-test-all: $(STAMP)
+test-all: $(STAMP) cross-tools
 	$(PY) -m pytest -q -rs tests
 
 clean:

@@ -15,9 +15,9 @@ setup(
     version="0.1.0",
     description="Tensorized instruction compilation (VNNI, BF16, ARM DOT/I8MM, Tensor Core) for TVM",
     python_requires=">=3.10",
-    packages=list(PACKAGE_DIR) + ["unit_tvm.tuner"],
+    packages=list(PACKAGE_DIR) + ["unit_tvm.tuner", "unit_tvm.cross"],
     package_dir=PACKAGE_DIR,
-    package_data={"unit_tvm.intrinsics": ["README.md"]},
+    package_data={"unit_tvm.intrinsics": ["README.md"], "unit_tvm.cross": ["*.c"]},
     install_requires=[
         "apache-tvm==0.27.0.post1",
         # 0.1.15.x segfaults in Schedule.tensorize; 0.1.13.x is refused by apache-tvm.

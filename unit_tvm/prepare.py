@@ -161,13 +161,16 @@ def _recompute(op, on_load):
 
 # -- packing and padding ------------------------------------------------------------------------
 def _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
-    """For one operand: [(instruction loop, op loop, dim, extent, how)] in the instruction
-    operand's dimension order, how in {"split", "broadcast", "row"}; None when it cannot be packed.
+    """How to lay one operand out for the instruction: a list of entries
+    (instruction loop, op loop, dim, extent, how, extra) in the instruction operand's order.
 
-    "split": the op dimension stepping by one along the loop is split by the instruction's extent
-    and its inner part goes innermost; "broadcast": the operand does not depend on the loop, the
-    pack repeats it; "row": the instruction reads rows with a stride (first operand dimension of
-    a row-strided instruction), so the dimension stays where it is.
+    how: "split" — dimension `dim` steps by one with the op loop alone: it is split by the
+    instruction's extent, the inner part innermost; "gather" — the dimension's index mixes the
+    op loop with other loops (`extra`, e.g. x + rx in a conv, or a stride): the pack is indexed by
+    those loops and the op loop itself (im2col along that dimension), so a block of the
+    instruction is always one dense block; "row" — the instruction reads rows with a stride, the
+    dimension stays (or, with `extra`, is gathered) outside the inner dims; "broadcast" — the
+    operand does not depend on the loop. None when the operand cannot be packed.
     """
     plan = []
     for pos, iidx in enumerate(in_idx):
@@ -175,17 +178,22 @@ def _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
         if il is None:
             return None
         ol = loop_of[il]
-        uses = any(ol in _vars_in(i) for i in op_idx)
-        if row_strided and pos == 0 and uses:
-            dims = [d for d, i in enumerate(op_idx) if ol in _vars_in(i)]
-            if len(dims) != 1:
-                return None
-            plan.append((il, ol, dims[0], extent_of[il], "row"))
+        dims = [d for d, i in enumerate(op_idx) if ol in _vars_in(i)]
+        if not dims:
+            plan.append((il, ol, None, extent_of[il], "broadcast", ()))
             continue
-        dim = _unit_stride_dim(op_idx, ol) if uses else None
-        if uses and dim is None:
-            return None
-        plan.append((il, ol, dim, extent_of[il], "split" if uses else "broadcast"))
+        if len(dims) != 1:
+            d = _unit_stride_dim(op_idx, ol)
+            if d is None or not _vars_in(op_idx[d]) <= {ol}:
+                return None
+            dims = [d]
+        (d,) = dims
+        extra = tuple(sorted(_vars_in(op_idx[d]) - {ol}))
+        simple = not extra and _unit_stride_dim([op_idx[d]], ol) == 0
+        if row_strided and pos == 0:
+            plan.append((il, ol, d, extent_of[il], "row", () if simple else extra + (ol,)))
+        else:
+            plan.append((il, ol, d, extent_of[il], "split" if simple else "gather", extra))
     return plan
 
 
@@ -194,65 +202,96 @@ def _max_index(idx, extents):
     return _eval(idx, {name: ext - 1 for name, ext in extents.items()})
 
 
-def _pack_dims(plan, ndim):
-    """Order of the op tensor's dimensions in its pack: the others, then the row dimension (if
-    any), so that the instruction's region is the pack's trailing dimensions."""
-    rows = [p[2] for p in plan if p[4] == "row"]
-    return [d for d in range(ndim) if d not in rows] + rows
+def _pack_layout(plan, shape, op_idx, extents):
+    """[(kind, payload, extent)] of the pack's dimensions, outermost first."""
+    by_dim = {p[2]: p for p in plan if p[2] is not None}
+    outer, row, inner = [], [], []
+    for d, ext in enumerate(shape):
+        entry = by_dim.get(d)
+        if entry is None:
+            outer.append(("dim", d, max(ext, _max_index(op_idx[d], extents) + 1)))
+            continue
+        _, ol, _, iext, how, extra = entry
+        if how == "split":
+            outer.append(("outer", d, -(-ext // iext)))
+        elif how == "gather":
+            outer += [("loop", v, extents[v]) for v in extra]
+            outer.append(("loop_outer", (ol, iext), -(-extents[ol] // iext)))
+        elif how == "row" and not extra:
+            row.append(("dim", d, max(ext, _max_index(op_idx[d], extents) + 1)))
+        else:  # gathered rows: the other loops outside, the row loop itself as the row dim
+            outer += [("loop", v, extents[v]) for v in extra[:-1]]
+            row.append(("loop", ol, extents[ol]))
+    for entry in plan:
+        _, ol, d, iext, how, _ = entry
+        if how in ("split", "gather", "broadcast"):
+            inner.append(("inner", entry, iext))
+    return outer + row + inner
 
 
 def _make_pack(tensor, plan, op_idx, extents):
-    """P[outer dims..., row dim, inner dims...]: tensor in the instruction's layout, zero outside.
+    """P: tensor in the instruction's layout (see _pack_plan), zero where no element exists.
 
-    Dimensions read through padded loops are extended to the largest index the padded loops
-    reach; every read is guarded by the tensor's real extent, so nothing is read out of bounds.
+    Every read is guarded by the tensor's real extent, so padded loops never read out of bounds.
     """
     shape = [int(s) for s in tensor.shape]
-    split = {p[2]: p[3] for p in plan if p[4] == "split"}
-    outer_shape = []
-    for d, ext in enumerate(shape):
-        if d in split:
-            outer_shape.append(-(-ext // split[d]))
-        else:
-            reach = _max_index(op_idx[d], extents) + 1
-            outer_shape.append(max(ext, reach))
-    order = _pack_dims(plan, len(shape))
-    inner = [p for p in plan if p[4] != "row"]
-    n_outer = len(outer_shape)
+    layout = _pack_layout(plan, shape, op_idx, extents)
 
     def fcompute(*q):
-        outer = [None] * n_outer
-        for d, v in zip(order, q[:n_outer]):
-            outer[d] = v
-        idx = list(outer)
-        for (_, _, dim, ext, how), v in zip(inner, q[n_outer:]):
+        loops, dims, outers = {}, {}, {}
+        for (kind, payload, _), v in zip(layout, q):
+            if kind == "dim":
+                dims[payload] = v
+            elif kind == "outer":
+                outers[payload] = v
+            elif kind == "loop":
+                loops[payload] = v
+            elif kind == "loop_outer":
+                ol, iext = payload
+                loops[ol] = v * iext + loops.get(ol, 0)
+        for (kind, payload, _), v in zip(layout, q):
+            if kind != "inner":
+                continue
+            _, ol, d, iext, how, _ = payload
             if how == "split":
-                idx[dim] = outer[dim] * ext + v
-        conds = [idx[d] < shape[d] for d in range(len(shape))
-                 if (d in split and shape[d] % split[d]) or (d not in split and outer_shape[d] > shape[d])]
-        value = tensor(*idx)
-        if conds:
-            cond = conds[0]
-            for c in conds[1:]:
-                cond = tirx.all(cond, c)
-            value = tirx.if_then_else(cond, value, tirx.const(0, tensor.dtype))
-        return value
+                dims[d] = outers[d] * iext + v
+            elif how == "gather":
+                loops[ol] = loops[ol] + v
+        idx = []
+        for d in range(len(shape)):
+            if d in dims:
+                idx.append(dims[d])
+            else:  # gathered: the op's own index expression of the packed loops
+                idx.append(_mutate_expr(op_idx[d], lambda t, i: t(*i), loops))
+        conds = [tirx.all(i >= 0, i < n) if not isinstance(i, tirx.Var) else i < n
+                 for i, n in zip(idx, shape)]
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = tirx.all(cond, c)
+        return tirx.if_then_else(cond, tensor(*idx), tirx.const(0, tensor.dtype))
 
-    return te.compute([outer_shape[d] for d in order] + [p[3] for p in inner], fcompute,
-                      name=f"{tensor.op.name}_packed")
+    return te.compute([e for *_, e in layout], fcompute, name=f"{tensor.op.name}_packed")
 
 
-def _pack_index(op_idx, plan, var_of):
-    """Index into a pack for the original op indices (vars already renamed)."""
-    outer = list(op_idx)
-    inner = []
-    for _, ol, dim, ext, how in plan:
-        if how == "broadcast":
-            inner.append(tirx.floormod(var_of[ol], ext))
-        elif how == "split":
-            inner.append(tirx.floormod(op_idx[dim], ext))
-            outer[dim] = tirx.floordiv(op_idx[dim], ext)
-    return [outer[d] for d in _pack_dims(plan, len(outer))] + inner
+def _pack_index(op_idx, plan, var_of, shape, extents):
+    """Index into a pack for the original op indices (vars already renamed to the core's)."""
+    out = []
+    for kind, payload, _ in _pack_layout(plan, shape, op_idx, extents):
+        if kind == "dim":
+            out.append(op_idx[payload])
+        elif kind == "outer":
+            iext = next(p[3] for p in plan if p[2] == payload)
+            out.append(tirx.floordiv(op_idx[payload], iext))
+        elif kind == "loop":
+            out.append(var_of[payload])
+        elif kind == "loop_outer":
+            ol, iext = payload
+            out.append(tirx.floordiv(var_of[ol], iext))
+        else:
+            _, ol, d, iext, how, _ = payload
+            src = op_idx[d] if how == "split" else var_of[ol]
+            out.append(tirx.floormod(src, iext))
+    return out
 
 
 def prepare(op, intrin, mapping=None, params=None):
@@ -302,7 +341,8 @@ def prepare(op, intrin, mapping=None, params=None):
         if plan is None:
             raise ValueError(f"{tensor.op.name} cannot be packed for {intrin.name}: no dimension "
                              "steps by one along the mapped loop")
-        packs[tensor.op.name] = (_make_pack(tensor, plan, op_idx, all_extents), plan)
+        packs[tensor.op.name] = (_make_pack(tensor, plan, op_idx, all_extents), plan,
+                                 op_idx, [int(x) for x in tensor.shape])
         stages.append(f"{tensor.op.name}_packed")
 
     # 2. the core: output in the instruction's layout (spatial mapped loops split, lanes inner)
@@ -327,8 +367,8 @@ def prepare(op, intrin, mapping=None, params=None):
 
         def on_load(tensor, idx):
             if tensor.op.name in packs:
-                pack, plan = packs[tensor.op.name]
-                return pack(*_pack_index(idx, plan, var_of))
+                pack, plan, orig_idx, shape = packs[tensor.op.name]
+                return pack(*_pack_index(idx, plan, var_of, shape, all_extents))
             return tensor(*idx)
 
         return te.sum(_mutate_expr(red.source[0], on_load, var_of), axis=new_red)

@@ -1,0 +1,1 @@
+"""Cross targets checked by execution: aarch64 kernels run under qemu-user."""
