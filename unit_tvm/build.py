@@ -44,7 +44,8 @@ def choose(out, target=None, intrinsic=None, params=None):
     reasons, usable = [], []
     for intrin in candidates:
         try:
-            prepared = prepare(out, intrin, params=params)
+            prepared = prepare(out, intrin, params=params,
+                               separable=target.kind.name == "cuda")
             schedule(prepared, intrin, None, target)  # the default schedule must tensorize
         except (ValueError, tvm.s_tir.ScheduleError) as e:
             reasons.append(str(e).splitlines()[0])
@@ -74,6 +75,18 @@ def padding_waste(prepared):
     return waste
 
 
+def default_schedule(func, target):
+    """TVM's own schedule for a function no instruction fits: as is on CPU; on GPU, dlight's
+    fallback (threads bound, so the kernel is valid)."""
+    mod = tvm.IRModule({"main": func})
+    if target.kind.name == "cuda":
+        from tvm.s_tir import dlight
+
+        with target:
+            mod = dlight.ApplyDefaultSchedule(dlight.gpu.Fallback())(mod)
+    return mod
+
+
 def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, database=None):
     """Compile the te.compute `tensors[-1]` (its input placeholders are `tensors[:-1]`).
 
@@ -89,7 +102,8 @@ def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, data
     if intrin is None:
         warnings.warn(f"unit_tvm.build: no tensorized instruction used: {prepared}",
                       FallbackWarning, stacklevel=2)
-        return tvm.tirx.build(te.create_prim_func(inputs + [out]), target=target)
+        return tvm.tirx.build(default_schedule(te.create_prim_func(inputs + [out]), target),
+                              target=target)
     config = None
     if tune or database is not None:
         from .tuner import tune as _tune

@@ -42,3 +42,46 @@ def ptx(source, arch="sm_80"):
             raise RuntimeError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
         with open(out) as f:
             return f.read()
+
+
+def resources(source, arch="sm_80"):
+    """{kernel name: {'registers': int, 'shared': bytes}} from ptxas -v for CUDA `source`."""
+    import re
+
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise FileNotFoundError("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "kernel.cu")
+        with open(src, "w") as f:
+            f.write(source)
+        proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "--ptxas-options=-v", "-o",
+                               os.path.join(tmp, "k.cubin"), src], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
+    out, current = {}, None
+    for line in proc.stderr.splitlines():
+        m = re.search(r"Compiling entry function '(\w+)'", line)
+        if m:
+            current = out.setdefault(m.group(1), {"registers": 0, "shared": 0})
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current is not None:
+            current["registers"] = int(m.group(1))
+        m = re.search(r"(\d+) bytes smem", line)
+        if m and current is not None:
+            current["shared"] = int(m.group(1))
+    return out
+
+
+def launch_shapes(lib):
+    """{kernel: threads per block} from the __launch_bounds__ TVM declares on each kernel."""
+    out = {}
+    for mod in lib.imports:
+        if mod.kind != "cuda":
+            continue
+        src = mod.inspect_source("")
+        import re
+
+        for m in re.finditer(r"__launch_bounds__\((\d+)\)\s+(\w+)\(", src):
+            out[m.group(2)] = int(m.group(1))
+    return out

@@ -294,12 +294,14 @@ def _pack_index(op_idx, plan, var_of, shape, extents):
     return out
 
 
-def prepare(op, intrin, mapping=None, params=None):
+def prepare(op, intrin, mapping=None, params=None, separable=False):
     """Prepared graph computing `op` (a te.Tensor) with `intrin`, or ValueError why not.
 
     mapping: a Mapping of intrin on op (default: the Inspector's best). params: the order of the
     function's input parameters (default: placeholders in first-read order); must be exactly op's
-    placeholders.
+    placeholders. separable: also pack operands whose mapped dimensions mix in other loops (a conv
+    window x + rx): needed where operands are staged through copies that are tensorized (GPU
+    fragment loads), whose loop variables are then data coordinates.
     """
     intrin = intrinsics.get(intrin) if isinstance(intrin, str) else intrin
     stages = []
@@ -335,7 +337,9 @@ def prepare(op, intrin, mapping=None, params=None):
     packs = {}
     for name, (tensor, op_idx, in_idx) in bind.items():
         reads_padded = any(_vars_in(i) & padded_loops for i in op_idx)
-        if access[name].contiguous and not reads_padded:
+        mixed = separable and any(len(_vars_in(i)) > 1 and _vars_in(i) & set(loop_of.values())
+                                  for i in op_idx)
+        if access[name].contiguous and not reads_padded and not mixed:
             continue
         plan = _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, name in intrin.strided)
         if plan is None:

@@ -5,7 +5,7 @@ from tvm import s_tir, te
 
 from . import intrinsics
 from .prepare import prepare
-from .schedules import cpu
+from .schedules import cpu, gpu
 from .target import as_target
 
 
@@ -44,8 +44,13 @@ def outer_extents(prepared):
 
 
 def schedule(prepared, intrin, config=None, target=None):
-    """s_tir.Schedule of a Prepared graph: CPU strategy around the tensorized core."""
+    """s_tir.Schedule of a Prepared graph: the CPU strategy (schedules/cpu.py) around the
+    tensorized core, or the GPU strategy (schedules/gpu.py) for a CUDA target."""
     target = as_target(target)
+    if target.kind.name == "cuda":
+        sch = s_tir.Schedule(te.create_prim_func(prepared.tensors))
+        gpu.apply(sch, prepared, intrin, config if config is not None else gpu.GpuConfig())
+        return sch
     mapping = prepared.mapping
     core_op = prepared.core.op
     n_spatial = len(core_op.axis)
@@ -88,4 +93,6 @@ def rewrite(op, intrinsic, mapping=None, config=None, target=None, params=None):
     takes op's placeholders (in first-read order) and then the output.
     """
     intrin = intrinsics.get(intrinsic) if isinstance(intrinsic, str) else intrinsic
-    return schedule(prepare(op, intrin, mapping, params), intrin, config, target)
+    target = as_target(target)
+    prepared = prepare(op, intrin, mapping, params, separable=target.kind.name == "cuda")
+    return schedule(prepared, intrin, config, target)
