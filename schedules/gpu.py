@@ -100,9 +100,10 @@ def apply(sch, prepared, intrin, config):
     mapping = prepared.mapping
     core_op = prepared.core.op
     n_spatial = len(core_op.axis)
-    for name in prepared.stages:
-        _bind_elementwise(sch, sch.get_sblock(name))
-    _bind_elementwise(sch, sch.get_sblock(prepared.output.op.name))
+    skip = {core_op.name}
+    for block in sch.get_child_blocks(sch.get_sblock("root")):
+        if sch.get(block).name_hint not in skip:  # packs, producers and the epilogue
+            _bind_elementwise(sch, block)
 
     block = sch.get_sblock(core_op.name)
     loops = sch.get_loops(block)

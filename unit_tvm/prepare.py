@@ -294,7 +294,7 @@ def _pack_index(op_idx, plan, var_of, shape, extents):
     return out
 
 
-def prepare(op, intrin, mapping=None, params=None, separable=False):
+def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=None):
     """Prepared graph computing `op` (a te.Tensor) with `intrin`, or ValueError why not.
 
     mapping: a Mapping of intrin on op (default: the Inspector's best). params: the order of the
@@ -302,6 +302,9 @@ def prepare(op, intrin, mapping=None, params=None, separable=False):
     placeholders. separable: also pack operands whose mapped dimensions mix in other loops (a conv
     window x + rx): needed where operands are staged through copies that are tensorized (GPU
     fragment loads), whose loop variables are then data coordinates.
+    epilogue: (shape, dtype, fn, name) to fuse elementwise work into the write-back: the output is
+    te.compute(shape, lambda *i: fn(value, i)) where value(op_indices) is op's result there.
+    Default: op's own shape and values.
     """
     intrin = intrinsics.get(intrin) if isinstance(intrin, str) else intrin
     stages = []
@@ -382,24 +385,29 @@ def prepare(op, intrin, mapping=None, params=None, separable=False):
     # 3. the epilogue: user layout, crop, compensation
     out_names = sp_names  # the working op (shifted or not) has the same axes as op
 
-    def epilogue(*vs):
-        var_of = dict(zip(out_names, vs))
+    def value(op_indices):
+        """op's result at op_indices, read from the core (crop, unpack, compensation)."""
+        var_of = dict(zip(out_names, op_indices))
         idx = [tirx.floordiv(var_of[n], split_sp[n]) if n in split_sp else var_of[n] for n in out_names]
         idx += [tirx.floormod(var_of[ol], ext) for _, ol, ext in out_loops]
-        value = core(*idx)
+        result = core(*idx)
         if comp is not None:
             tensor, names = comp
-            value = value - tensor(*[var_of[n] for n in names])
-        return value
+            result = result - tensor(*[var_of[n] for n in names])
+        return result
 
-    output = te.compute([int(s) for s in op.shape], epilogue, name=op.op.name)
+    if epilogue is None:
+        output = te.compute([int(s) for s in op.shape], lambda *vs: value(vs), name=op.op.name)
+    else:
+        shape, _dtype, fn, name = epilogue
+        output = te.compute(list(shape), lambda *vs: fn(value, vs), name=name)
     core_maps = [m for m in inspect(core, intrin)
                  if not m.padded and all(a.contiguous for a in m.operands)
                  and [x.op_loop for x in m.loops if x.kind == "S"] == [
                      core.op.axis[n_outer + i].var.name for i in range(len(out_loops))]]
     if not core_maps:
         raise ValueError(f"preparing {op.op.name} for {intrin.name} did not give a contiguous core")
-    found_params = placeholders_of(op)
+    found_params = placeholders_of(output)
     if params is None:
         params = found_params
     elif sorted(t.op.name for t in params) != sorted(t.op.name for t in found_params) or len(

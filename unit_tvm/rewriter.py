@@ -28,6 +28,15 @@ def _parallel_stage(sch, block):
     sch.parallel(sch.fuse(*loops[:spatial]) if spatial > 1 else loops[0])
 
 
+def producer_stages(sch, prepared):
+    """Blocks computed once per call before the core: packs, shifts, compensation, and any
+    producer the op itself has (e.g. a fused input quantization)."""
+    skip = {prepared.core.op.name, prepared.output.op.name}
+    root = sch.get_sblock("root")
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(root)
+            if sch.get(b).name_hint not in skip]
+
+
 def outer_extents(prepared):
     """Extents of the core's data-parallel loops left outside the instruction (strategy input)."""
     core = prepared.core.op
@@ -55,7 +64,7 @@ def schedule(prepared, intrin, config=None, target=None):
     core_op = prepared.core.op
     n_spatial = len(core_op.axis)
     sch = s_tir.Schedule(te.create_prim_func(prepared.tensors))
-    for name in prepared.stages:
+    for name in producer_stages(sch, prepared):
         _parallel_stage(sch, sch.get_sblock(name))
     block = sch.get_sblock(core_op.name)
     loops = sch.get_loops(block)

@@ -1,0 +1,190 @@
+"""Quantized operators as te graphs, from a recipe (what the graph pass records per op).
+
+A recipe describes one int8 op of a quantized model: the conv2d or dense shape, the activation's
+uint8 quantization (scale, zero point), and what is fused after it (per-channel dequantization
+and bias, residual add, relu). The same recipe builds
+- the plain int8 computation with TVM's default schedule (`plain_func`: "TVM int8, no tensorize"),
+- the tensorized one (`tensorized_func`): activations quantized and packed into the instruction's
+  layout inside the kernel, weights packed at compile time, epilogue fused into the write-back.
+"""
+
+import json
+
+import numpy as np
+from tvm import te, tirx
+
+from .. import intrinsics
+from ..prepare import prepare
+from ..rewriter import schedule
+
+ATTR = "unit_tvm.recipe"
+
+
+def _quantize(x, scale, zp):
+    """fp32 -> uint8, round half away from zero like numpy's reference below, clipped."""
+    q = tirx.round(x / tirx.const(scale, "float32")) + tirx.const(float(zp), "float32")
+    return tirx.max(tirx.min(q, tirx.const(255.0, "float32")), tirx.const(0.0, "float32")).astype(
+        "uint8")
+
+
+def _epilogue(recipe, comp, mult, bias, residual):
+    """acc (int32) -> fp32: (acc - zp*wsum[k]) * (s_x*s_w[k]) + bias[k] (+ residual), relu."""
+
+    def fn(acc, k, out_idx):
+        v = (acc - comp[k]).astype("float32") * mult[k] + bias[k]
+        if residual is not None:
+            v = v + residual(*out_idx)
+        if recipe["relu"]:
+            v = tirx.max(v, tirx.const(0.0, "float32"))
+        return v
+
+    return fn
+
+
+def _placeholders(recipe, x_shape, w_shape):
+    x = te.placeholder(x_shape, "float32", name="x")
+    w = te.placeholder(w_shape, "int8", name="w")
+    k = recipe["out_channels"]
+    comp = te.placeholder((k,), "int32", name="comp")
+    mult = te.placeholder((k,), "float32", name="mult")
+    bias = te.placeholder((k,), "float32", name="bias")
+    residual = te.placeholder(recipe["out_shape"], "float32", name="residual") if recipe[
+        "residual"] else None
+    return x, w, comp, mult, bias, residual
+
+
+def plain_func(recipe):
+    """PrimFunc(x, w[K, C, R, S] or [N, K], comp, mult, bias[, residual], out), default schedule."""
+    if recipe["kind"] == "conv2d":
+        n, c, h, w_ = recipe["in_shape"]
+        k, _, r, s = recipe["w_shape"]
+        (sh, sw), (dh, dw) = recipe["stride"], recipe["dilation"]
+        pt, pl, pb, pr = recipe["padding"]
+        x, w, comp, mult, bias, res = _placeholders(recipe, recipe["in_shape"], recipe["w_shape"])
+        xq = te.compute((n, c, h + pt + pb, w_ + pl + pr), lambda b, ci, i, j: tirx.if_then_else(
+            tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl),
+            _quantize(x[b, ci, i - pt, j - pl], recipe["x_scale"], recipe["x_zp"]),
+            tirx.const(recipe["x_zp"], "uint8")), name="xq")
+        rc, rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((c, "rc"), (r, "rr"), (s, "rs")))
+        acc = te.compute(recipe["out_shape"], lambda b, f, i, j: te.sum(
+            xq[b, rc, i * sh + rr * dh, j * sw + rs * dw].astype("int32")
+            * w[f, rc, rr, rs].astype("int32"), axis=[rc, rr, rs]), name="acc")
+        fn = _epilogue(recipe, comp, mult, bias, res)
+        out = te.compute(recipe["out_shape"], lambda b, f, i, j: fn(acc[b, f, i, j], f, (b, f, i, j)),
+                         name="out")
+    else:
+        m, kk = recipe["in_shape"]
+        x, w, comp, mult, bias, res = _placeholders(recipe, recipe["in_shape"], recipe["w_shape"])
+        xq = te.compute((m, kk), lambda i, j: _quantize(x[i, j], recipe["x_scale"], recipe["x_zp"]),
+                        name="xq")
+        r = te.reduce_axis((0, kk), name="k")
+        acc = te.compute(recipe["out_shape"], lambda i, j: te.sum(
+            xq[i, r].astype("int32") * w[j, r].astype("int32"), axis=r), name="acc")
+        fn = _epilogue(recipe, comp, mult, bias, res)
+        out = te.compute(recipe["out_shape"], lambda i, j: fn(acc[i, j], j, (i, j)), name="out")
+    args = [x, w, comp, mult, bias] + ([res] if res is not None else []) + [out]
+    return te.create_prim_func(args).with_attr(ATTR, json.dumps(recipe))
+
+
+def layout_for(intrin):
+    """(x, y): input-channel and output-channel blocks an instruction reads directly."""
+    spatial = [e for _, e, k in intrin.loops if k == "S"]
+    return intrin.reduction_width, spatial[-1]
+
+
+def _round_up(v, m):
+    return -(-v // m) * m
+
+
+def pack_weight(recipe, w, x, y):
+    """int8 weights -> the packed layout of ops.conv2d_nchwc / ops.dense_packed, zero-padded."""
+    if recipe["kind"] == "conv2d":
+        k, c, r, s = w.shape
+        kp, cp = _round_up(k, y), _round_up(c, x)
+        wp = np.zeros((kp, cp, r, s), np.int8)
+        wp[:k, :c] = w
+        wp = wp.reshape(kp // y, y, cp // x, x // 4, 4, r, s)
+        return np.ascontiguousarray(wp.transpose(0, 2, 5, 6, 3, 1, 4))
+    n, kk = w.shape
+    np_, kp = _round_up(n, y), _round_up(kk, x)
+    wp = np.zeros((np_, kp), np.int8)
+    wp[:n, :kk] = w
+    return np.ascontiguousarray(wp.reshape(np_ // y, y, kp // x, x // 4, 4).transpose(0, 2, 3, 1, 4))
+
+
+def tensorized_graph(recipe, intrin):
+    """(prepared graph, (x, y)) computing the recipe with `intrin`; weights arrive packed."""
+    x_blk, y_blk = layout_for(intrin)
+    zp = recipe["x_zp"]
+    if recipe["kind"] == "conv2d":
+        n, c, h, w_ = recipe["in_shape"]
+        k, _, r, s = recipe["w_shape"]
+        (sh, sw), (dh, dw) = recipe["stride"], recipe["dilation"]
+        pt, pl, pb, pr = recipe["padding"]
+        cp, kp = _round_up(c, x_blk), _round_up(k, y_blk)
+        _, oc, oh, ow = recipe["out_shape"]
+        x, w, comp, mult, bias, res = _placeholders(
+            recipe, recipe["in_shape"], (kp // y_blk, cp // x_blk, r, s, x_blk // 4, y_blk, 4))
+        hp, wpd = h + pt + pb, w_ + pl + pr
+        # quantize, pad (with the zero point: real 0.0) and pack NCHW -> NCHW[x]c in one pass
+        xq = te.compute((n, cp // x_blk, hp, wpd, x_blk), lambda b, co, i, j, ci: tirx.if_then_else(
+            tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl, co * x_blk + ci < c),
+            _quantize(x[b, co * x_blk + ci, i - pt, j - pl], recipe["x_scale"], zp),
+            tirx.const(zp, "uint8")), name="xq")
+        rc, rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((cp, "rc"), (r, "rr"), (s, "rs")))
+        acc = te.compute((n, kp // y_blk, oh, ow, y_blk), lambda b, ko, i, j, ki: te.sum(
+            xq[b, rc // x_blk, i * sh + rr * dh, j * sw + rs * dw, rc % x_blk].astype("int32")
+            * w[ko, rc // x_blk, rr, rs, rc % x_blk // 4, ki, rc % 4].astype("int32"),
+            axis=[rc, rr, rs]), name="acc")
+        fn = _epilogue(recipe, comp, mult, bias, res)
+
+        def epi(value, idx):
+            b, f, i, j = idx
+            return fn(value((b, f // y_blk, i, j, f % y_blk)), f, idx)
+    else:
+        m, kk = recipe["in_shape"]
+        nn_ = recipe["out_channels"]
+        kp, np_ = _round_up(kk, x_blk), _round_up(nn_, y_blk)
+        x, w, comp, mult, bias, res = _placeholders(
+            recipe, recipe["in_shape"], (np_ // y_blk, kp // x_blk, x_blk // 4, y_blk, 4))
+        xq = te.compute((m, kp), lambda i, j: tirx.if_then_else(
+            j < kk, _quantize(x[i, tirx.min(j, kk - 1)], recipe["x_scale"], zp),
+            tirx.const(zp, "uint8")), name="xq")
+        r = te.reduce_axis((0, kp), name="k")
+        acc = te.compute((m, np_), lambda i, j: te.sum(
+            xq[i, r].astype("int32")
+            * w[j // y_blk, r // x_blk, r % x_blk // 4, j % y_blk, r % 4].astype("int32"), axis=r),
+            name="acc")
+        fn = _epilogue(recipe, comp, mult, bias, res)
+
+        def epi(value, idx):
+            return fn(value(idx), idx[-1], idx)
+
+    params = [x, w, comp, mult, bias] + ([res] if res is not None else [])
+    prepared = prepare(acc, intrin, params=params,
+                       epilogue=(recipe["out_shape"], "float32", epi, "out"))
+    return prepared, (x_blk, y_blk)
+
+
+def candidates(recipe, target):
+    """Instructions that can run the recipe on target, least padding waste first (ties: registry
+    order, i.e. tile before vector)."""
+    c = recipe["in_shape"][1]
+    k = recipe["out_channels"]
+    out = []
+    for order, intrin in enumerate(intrinsics.for_target(target)):
+        if intrin.input_dtypes != ("uint8", "int8") or intrin.output_dtype != "int32":
+            continue
+        if intrin.operand_ranges:
+            continue  # vpmaddubsw needs u7 activations; the quantizer produces u8
+        x_blk, y_blk = layout_for(intrin)
+        waste = (_round_up(c, x_blk) / c) * (_round_up(k, y_blk) / k)
+        out.append((waste > 1.5, order, intrin))
+    return [i for *_, i in sorted(out, key=lambda t: (t[0], t[1]))]
+
+
+def tensorized_func(recipe, intrin, target, config=None):
+    """(PrimFunc, (x, y)) of the recipe tensorized with intrin, scheduled with config."""
+    prepared, blocks = tensorized_graph(recipe, intrin)
+    func = schedule(prepared, intrin, config, target).mod["main"]
+    return func.with_attr(ATTR, json.dumps(recipe)), blocks, prepared

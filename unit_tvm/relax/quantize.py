@@ -1,0 +1,342 @@
+"""Post-training static quantization of a Relax model (fp32 -> int8 compute).
+
+Every conv2d (groups=1) and dense/matmul whose weight is a constant becomes one int8 operator:
+- weights: per-output-channel symmetric int8, after folding the per-channel affine ops that
+  follow (bias add, inference batch norm: add/subtract/multiply/divide by constants);
+- activations: per-tensor asymmetric uint8 (u8 x s8 is what vpdpbusd and AMX take), range from
+  calibration by min/max or by percentile;
+- int32 accumulation; the dequantization (zero-point compensation and scales), the bias, a
+  residual add and a relu that follow are fused into the operator's epilogue.
+Ops that do not fit (depthwise/grouped convs, activation x activation matmuls, pooling, softmax)
+stay fp32. dtype="bfloat16" is not implemented yet (vdpbf16ps kernels exist at the op level).
+"""
+
+import json
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .qops import ATTR, plain_func
+
+_AFFINE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
+
+
+def _const(expr):
+    return isinstance(expr, tvm.ir.expr.Constant)
+
+
+def _np(expr):
+    return expr.value.numpy()
+
+
+def _bindings(func):
+    blocks = func.body.blocks
+    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+        raise ValueError("quantize expects a main function with one dataflow block (run "
+                         "relax.transform.Normalize / the frontend's default output)")
+    return list(blocks[0].bindings)
+
+
+def _uses(bindings, func):
+    count = {}
+
+    def visit(e):
+        if isinstance(e, relax.Var):
+            count[e] = count.get(e, 0) + 1
+
+    for b in bindings:
+        relax.analysis.post_order_visit(b.value, visit)
+    relax.analysis.post_order_visit(func.body.body, visit)
+    return count
+
+
+def _channel_vector(c, channels, axis, ndim):
+    """A constant that is one value per output channel (or a scalar): its [channels] vector."""
+    arr = np.asarray(c, np.float64)
+    if arr.size == 1:
+        return np.full(channels, float(arr.reshape(-1)[0]))
+    if arr.size != channels:
+        return None
+    shape = [1] * (ndim - arr.ndim) + list(arr.shape)
+    if shape[axis] != channels:
+        return None
+    return arr.reshape(-1)
+
+
+class _Chain:
+    """A quantizable op and the elementwise ops fused after it."""
+
+    def __init__(self, start, kind, x, weight, attrs):
+        self.start, self.kind, self.x, self.weight, self.attrs = start, kind, x, weight, attrs
+        self.scale = None
+        self.shift = None
+        self.residual = None
+        self.relu = False
+        self.end = start
+        self.members = [start]
+
+
+def _match_start(binding):
+    value = binding.value
+    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+        return None
+    name = value.op.name
+    if name == "relax.nn.conv2d" and _const(value.args[1]):
+        a = value.attrs
+        if (int(a.groups) != 1 or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW"
+                or str(value.args[0].ty.dtype) != "float32"):
+            return None
+        return _Chain(binding.var, "conv2d", value.args[0], _np(value.args[1]).astype(np.float64), a)
+    if name == "relax.matmul" and _const(value.args[1]) and len(value.args[1].ty.shape) == 2:
+        x = value.args[0]
+        if len(x.ty.shape) != 2 or str(x.ty.dtype) != "float32":
+            return None
+        return _Chain(binding.var, "dense", x, _np(value.args[1]).astype(np.float64).T, None)
+    return None
+
+
+def _grow(chain, by_var, users, uses):
+    """Follow single-use consumers: per-channel affine ops, tuple packing, residual add, relu."""
+    out_ch = chain.weight.shape[0]
+    axis, ndim = (1, 4) if chain.kind == "conv2d" else (-1, 2)
+    scale, shift = np.ones(out_ch), np.zeros(out_ch)
+    cur = chain.start
+    while uses.get(cur, 0) == 1 and cur in users:
+        b = users[cur]
+        v = b.value
+        if isinstance(v, relax.Tuple) and v.fields and v.fields[0].same_as(cur):
+            getter = users.get(b.var)
+            if (getter is None or uses.get(b.var, 0) != 1
+                    or not isinstance(getter.value, relax.TupleGetItem) or getter.value.index != 0):
+                break
+            chain.members += [b.var, getter.var]
+            cur = getter.var
+            continue
+        if not isinstance(v, relax.Call) or not isinstance(v.op, tvm.ir.Op):
+            break
+        name = v.op.name
+        if chain.residual is None and not chain.relu and name in _AFFINE:
+            other = v.args[1] if v.args[0].same_as(cur) else v.args[0]
+            vec = _channel_vector(_np(other), out_ch, axis, ndim) if _const(other) else None
+            if vec is not None and not (name in ("relax.subtract", "relax.divide")
+                                        and not v.args[0].same_as(cur)):
+                if name == "relax.add":
+                    shift = shift + vec
+                elif name == "relax.subtract":
+                    shift = shift - vec
+                elif name == "relax.multiply":
+                    scale, shift = scale * vec, shift * vec
+                else:
+                    scale, shift = scale / vec, shift / vec
+                chain.members.append(b.var)
+                cur = b.var
+                continue
+            if (name == "relax.add" and not _const(other) and not chain.relu
+                    and list(other.ty.shape) == list(v.ty.shape)):
+                chain.residual = other
+                chain.members.append(b.var)
+                cur = b.var
+                continue
+            break
+        if name == "relax.nn.relu" and not chain.relu:
+            chain.relu = True
+            chain.members.append(b.var)
+            cur = b.var
+            continue
+        break
+    chain.scale, chain.shift, chain.end = scale, shift, cur
+    return chain
+
+
+def find_chains(func):
+    """The quantizable ops of a Relax main function, each with its fusable epilogue."""
+    bindings = _bindings(func)
+    uses = _uses(bindings, func)
+    users = {}
+    for b in bindings:
+        def visit(e, b=b):
+            if isinstance(e, relax.Var) and e not in users:
+                users[e] = b
+        relax.analysis.post_order_visit(b.value, visit)
+    by_var = {b.var: b for b in bindings}
+    chains = []
+    taken = set()
+    for b in bindings:
+        if b.var in taken:
+            continue
+        chain = _match_start(b)
+        if chain is None:
+            continue
+        _grow(chain, by_var, users, uses)
+        # a residual must be computed before the chain ends (it is an argument of the fused op)
+        taken.update(chain.members)
+        chains.append(chain)
+    return chains
+
+
+# -- calibration ------------------------------------------------------------------------------
+def _observe(mod, chains, calibration_data, target):
+    """Run the fp32 model (TVM) on the calibration inputs; values of every chain input."""
+    func = mod["main"]
+    outputs = [c.x for c in chains]
+    bindings = _bindings(func)
+    bb = relax.BlockBuilder()
+    params = list(func.params)
+    with bb.function("main", params):
+        with bb.dataflow():
+            for b in bindings:
+                bb.emit_normalized(b)
+            out = bb.emit_output(relax.Tuple(outputs))
+        bb.emit_func_output(out)
+    cal = bb.get()
+    ex = tvm.compile(cal, target=target)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    seen = [[] for _ in chains]
+    for sample in calibration_data:
+        sample = sample if isinstance(sample, (list, tuple)) else [sample]
+        res = vm["main"](*[tvm.runtime.tensor(np.asarray(s), tvm.cpu()) for s in sample])
+        for i in range(len(chains)):
+            seen[i].append(res[i].numpy().reshape(-1))
+    return [np.concatenate(s) for s in seen]
+
+
+def _activation_qparams(values, method, percentile):
+    if method == "minmax":
+        lo, hi = float(values.min()), float(values.max())
+    elif method == "percentile":
+        lo, hi = (float(v) for v in np.percentile(values, [100 - percentile, percentile]))
+    else:
+        raise ValueError(f"calibration method must be 'minmax' or 'percentile', got {method!r}")
+    lo, hi = min(lo, 0.0), max(hi, 0.0)  # 0.0 must be exact (padding, relu)
+    scale = (hi - lo) / 255.0 if hi > lo else 1.0
+    zp = int(np.clip(round(-lo / scale), 0, 255))
+    return scale, zp
+
+
+def _recipe(chain, x_scale, x_zp):
+    x_shape = [int(s) for s in chain.x.ty.shape]
+    out_shape = [int(s) for s in chain.end_shape]
+    recipe = {"kind": chain.kind, "in_shape": x_shape, "w_shape": list(chain.wq.shape),
+              "out_shape": out_shape, "out_channels": int(chain.wq.shape[0]),
+              "x_scale": float(x_scale), "x_zp": int(x_zp), "relu": bool(chain.relu),
+              "residual": chain.residual is not None}
+    if chain.kind == "conv2d":
+        a = chain.attrs
+        recipe.update(stride=[int(v) for v in a.strides], dilation=[int(v) for v in a.dilation],
+                      padding=[int(v) for v in a.padding])
+    return recipe
+
+
+def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="minmax",
+             percentile=99.99, target=None):
+    """Quantize `mod` (Relax IRModule with fp32 main) to int8 compute; returns the new module.
+
+    params: {name: array} bound into main as constants first (None when weights are already
+    constants). calibration_data: iterable of inputs (arrays or tuples of arrays) for main.
+    Each quantized op becomes a call_tir of an int8 PrimFunc carrying its recipe (attr
+    "unit_tvm.recipe"), scheduled by TVM's defaults; UnitTensorize then tensorizes them.
+    """
+    from ..target import as_target
+
+    if dtype != "int8":
+        raise NotImplementedError(f"dtype={dtype!r}: only int8 is implemented in the graph pass")
+    target = as_target(target)
+    if params:
+        mod = relax.transform.BindParams("main", params)(mod)
+    mod = relax.transform.DecomposeOpsForInference()(mod)
+    mod = relax.transform.FoldConstant()(mod)
+    func = mod["main"]
+    chains = find_chains(func)
+    if not chains:
+        return mod
+    samples = list(calibration_data)
+    if not samples:
+        raise ValueError("calibration_data is empty: at least one input is needed")
+    values = _observe(mod, chains, samples, target)
+    by_end = {}
+    for chain, vals in zip(chains, values):
+        w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
+        w_scale = np.maximum(np.abs(w).reshape(w.shape[0], -1).max(axis=1), 1e-12) / 127.0
+        chain.wq = np.clip(np.round(w / w_scale.reshape((-1,) + (1,) * (w.ndim - 1))), -127,
+                           127).astype(np.int8)
+        x_scale, x_zp = _activation_qparams(vals, method, percentile)
+        chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
+        recipe = _recipe(chain, x_scale, x_zp)
+        wsum = chain.wq.reshape(chain.wq.shape[0], -1).astype(np.int64).sum(axis=1)
+        consts = [chain.wq, (x_zp * wsum).astype(np.int32),
+                  (x_scale * w_scale).astype(np.float32), chain.shift.astype(np.float32)]
+        by_end[chain.end] = (chain, recipe, consts)
+    return _rewrite(mod, chains, by_end)
+
+
+def _struct_shape(func, var):
+    for b in _bindings(func):
+        if b.var.same_as(var):
+            return b.var.ty.shape
+    raise KeyError(var)
+
+
+def _rewrite(mod, chains, by_end):
+    func = mod["main"]
+    removed = set()
+    for c in chains:
+        removed.update(m for m in c.members if not m.same_as(c.end))
+    bb = relax.BlockBuilder()
+    remap = {}
+    attrs = {k: v for k, v in func.attrs.items()} if func.attrs is not None else None
+    with bb.function("main", list(func.params), attrs=attrs):
+        with bb.dataflow():
+            for b in _bindings(func):
+                if b.var in removed:
+                    continue
+                if b.var in by_end:
+                    chain, recipe, consts = by_end[b.var]
+                    name = f"q{recipe['kind']}_{len(remap)}"
+                    gv = bb.add_func(plain_func(recipe).with_attr("global_symbol", name), name)
+                    args = [_sub(chain.x, remap)] + [relax.const(c) for c in consts]
+                    if chain.residual is not None:
+                        args.append(_sub(chain.residual, remap))
+                    call = relax.call_tir(gv, args, relax.TensorType(recipe["out_shape"],
+                                                                           "float32"))
+                    new = (bb.emit(call) if isinstance(b.var, relax.DataflowVar)
+                           else bb.emit_output(call))
+                else:
+                    value = _sub(b.value, remap)
+                    new = (bb.emit(value) if isinstance(b.var, relax.DataflowVar)
+                           else bb.emit_output(value))
+                remap[b.var] = new
+            out = _sub(func.body.body, remap)
+            if not isinstance(out, relax.Var) or out not in [v for v in remap.values()]:
+                out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    new_mod = bb.get()
+    for gv, f in mod.functions.items():
+        if gv.name_hint != "main" and gv.name_hint not in [g.name_hint for g in new_mod.get_global_vars()]:
+            new_mod[gv] = f
+    return relax.transform.DeadCodeElimination()(new_mod)
+
+
+def _sub(expr, remap):
+    """expr with vars replaced per remap (a structural copy)."""
+    import tvm_ffi
+
+    if not remap:
+        return expr
+
+    def on_var(v, m):
+        for old, new in remap.items():
+            if v.same_as(old):
+                return new
+        return v
+
+    return tvm_ffi.structural_mutate(expr, [(relax.Var, on_var), (relax.DataflowVar, on_var)])
+
+
+def recipes(mod):
+    """[(name, recipe)] of the quantized ops in a module."""
+    out = []
+    for gv, f in mod.functions.items():
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and ATTR in f.attrs:
+            out.append((gv.name_hint, json.loads(str(f.attrs[ATTR]))))
+    return out
