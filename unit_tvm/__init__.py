@@ -27,8 +27,17 @@ from .build import FallbackWarning, build  # noqa: E402
 from .inspector import explain, inspect  # noqa: E402
 from .mapping import LoopMatch, Mapping, OperandAccess  # noqa: E402
 from .rewriter import rewrite  # noqa: E402
+from .tuner import tune  # noqa: E402
+
+
+def compile(mod, target=None, **kwargs):  # noqa: A001 - the public API name
+    """Compile a Relax model, quantized and tensorized (see unit_tvm.compiler.compile)."""
+    from .compiler import compile as _compile
+
+    return _compile(mod, target, **kwargs)
 
 __version__ = "0.1.0"
-__all__ = ["intrinsics", "target", "inspect", "explain", "rewrite", "build", "Mapping",
+__all__ = ["intrinsics", "target", "inspect", "explain", "rewrite", "build", "tune", "compile",
+           "Mapping",
            "LoopMatch", "OperandAccess", "FallbackWarning", "DependencyError", "TVM_VERSION",
            "TVM_FFI_VERSION"]

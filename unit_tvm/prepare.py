@@ -38,6 +38,7 @@ class Prepared:
     shifted: str = ""  # name of the operand shifted by +128, if any
     original: object = None  # the op as given (reference for checking candidates)
     original_mapping: object = None  # the Mapping on the op as given (padding, fit)
+    reference: object = None  # the output computed from the op as given (no packing, no core)
 
     @property
     def tensors(self):
@@ -398,9 +399,12 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
 
     if epilogue is None:
         output = te.compute([int(s) for s in op.shape], lambda *vs: value(vs), name=op.op.name)
+        reference = op
     else:
         shape, _dtype, fn, name = epilogue
         output = te.compute(list(shape), lambda *vs: fn(value, vs), name=name)
+        reference = te.compute(list(shape), lambda *vs: fn(lambda idx: op(*idx), vs),
+                               name=name + "_reference")
     core_maps = [m for m in inspect(core, intrin)
                  if not m.padded and all(a.contiguous for a in m.operands)
                  and [x.op_loop for x in m.loops if x.kind == "S"] == [
@@ -414,4 +418,5 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
             params) != len(found_params):
         raise ValueError(f"inputs {[t.op.name for t in params]} are not the placeholders "
                          f"{[t.op.name for t in found_params]} that {op.op.name} reads")
-    return Prepared(params, core, output, core_maps[0], tuple(stages), shifted_name, op, mapping)
+    return Prepared(params, core, output, core_maps[0], tuple(stages), shifted_name, op, mapping,
+                    reference)

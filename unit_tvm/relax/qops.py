@@ -36,6 +36,8 @@ def _epilogue(recipe, comp, mult, bias, residual):
             v = v + residual(*out_idx)
         if recipe["relu"]:
             v = tirx.max(v, tirx.const(0.0, "float32"))
+        if recipe.get("clip_max") is not None:
+            v = tirx.min(v, tirx.const(float(recipe["clip_max"]), "float32"))
         return v
 
     return fn

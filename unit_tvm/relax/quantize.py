@@ -20,6 +20,15 @@ from tvm import relax
 from .qops import ATTR, plain_func
 
 _AFFINE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
+_TMP = "__unit_tvm_main"
+
+
+def _as_main(mod):
+    """The module with the function built as _TMP installed as main (replacing the old one)."""
+    funcs = {gv: f for gv, f in mod.functions.items() if gv.name_hint not in ("main", _TMP)}
+    new = tvm.IRModule(funcs, attrs=mod.attrs)
+    new["main"] = mod[_TMP].with_attr("global_symbol", "main")
+    return new
 
 
 def _const(expr):
@@ -73,8 +82,21 @@ class _Chain:
         self.shift = None
         self.residual = None
         self.relu = False
+        self.clip_max = None
         self.end = start
         self.members = [start]
+
+
+def _prim_value(expr):
+    """Float value of a scalar argument (IntImm/FloatImm, PrimValue or constant), or None."""
+    v = getattr(expr, "value", None)
+    for _ in range(3):
+        if isinstance(v, (int, float)):
+            return float(v)
+        if hasattr(v, "numpy"):
+            return float(v.numpy())
+        v = getattr(v, "value", None)
+    return None
 
 
 def _match_start(binding):
@@ -90,19 +112,20 @@ def _match_start(binding):
         return _Chain(binding.var, "conv2d", value.args[0], _np(value.args[1]).astype(np.float64), a)
     if name == "relax.matmul" and _const(value.args[1]) and len(value.args[1].ty.shape) == 2:
         x = value.args[0]
-        if len(x.ty.shape) != 2 or str(x.ty.dtype) != "float32":
+        if len(x.ty.shape) < 2 or str(x.ty.dtype) != "float32":
             return None
         return _Chain(binding.var, "dense", x, _np(value.args[1]).astype(np.float64).T, None)
     return None
 
 
-def _grow(chain, by_var, users, uses):
-    """Follow single-use consumers: per-channel affine ops, tuple packing, residual add, relu."""
+def _grow(chain, by_var, users, uses, taken=frozenset()):
+    """Follow single-use consumers: per-channel affine ops, tuple packing, residual add, relu.
+    Bindings already fused into another chain (`taken`) end the chain."""
     out_ch = chain.weight.shape[0]
     axis, ndim = (1, 4) if chain.kind == "conv2d" else (-1, 2)
     scale, shift = np.ones(out_ch), np.zeros(out_ch)
     cur = chain.start
-    while uses.get(cur, 0) == 1 and cur in users:
+    while uses.get(cur, 0) == 1 and cur in users and users[cur].var not in taken:
         b = users[cur]
         v = b.value
         if isinstance(v, relax.Tuple) and v.fields and v.fields[0].same_as(cur):
@@ -144,6 +167,13 @@ def _grow(chain, by_var, users, uses):
             chain.members.append(b.var)
             cur = b.var
             continue
+        if name == "relax.clip" and not chain.relu and len(v.args) == 3:
+            lo, hi = (_prim_value(a) for a in v.args[1:])
+            if lo == 0.0 and hi is not None:
+                chain.relu, chain.clip_max = True, hi
+                chain.members.append(b.var)
+                cur = b.var
+                continue
         break
     chain.scale, chain.shift, chain.end = scale, shift, cur
     return chain
@@ -168,7 +198,7 @@ def find_chains(func):
         chain = _match_start(b)
         if chain is None:
             continue
-        _grow(chain, by_var, users, uses)
+        _grow(chain, by_var, users, uses, taken)
         # a residual must be computed before the chain ends (it is an argument of the fused op)
         taken.update(chain.members)
         chains.append(chain)
@@ -181,15 +211,15 @@ def _observe(mod, chains, calibration_data, target):
     func = mod["main"]
     outputs = [c.x for c in chains]
     bindings = _bindings(func)
-    bb = relax.BlockBuilder()
+    bb = relax.BlockBuilder(mod)  # the module's other functions stay callable
     params = list(func.params)
-    with bb.function("main", params):
+    with bb.function(_TMP, params):
         with bb.dataflow():
             for b in bindings:
                 bb.emit_normalized(b)
             out = bb.emit_output(relax.Tuple(outputs))
         bb.emit_func_output(out)
-    cal = bb.get()
+    cal = _as_main(bb.get())
     ex = tvm.compile(cal, target=target)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     seen = [[] for _ in chains]
@@ -220,7 +250,11 @@ def _recipe(chain, x_scale, x_zp):
     recipe = {"kind": chain.kind, "in_shape": x_shape, "w_shape": list(chain.wq.shape),
               "out_shape": out_shape, "out_channels": int(chain.wq.shape[0]),
               "x_scale": float(x_scale), "x_zp": int(x_zp), "relu": bool(chain.relu),
-              "residual": chain.residual is not None}
+              "clip_max": chain.clip_max, "residual": chain.residual is not None}
+    if chain.kind == "dense" and len(x_shape) > 2:  # leading dims flattened into rows
+        rows = int(np.prod(x_shape[:-1]))
+        recipe.update(in_shape=[rows, x_shape[-1]], out_shape=[rows, out_shape[-1]],
+                      nd_in_shape=x_shape, nd_out_shape=out_shape)
     if chain.kind == "conv2d":
         a = chain.attrs
         recipe.update(stride=[int(v) for v in a.strides], dilation=[int(v) for v in a.dilation],
@@ -277,44 +311,78 @@ def _struct_shape(func, var):
     raise KeyError(var)
 
 
+def _free_vars(expr):
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.Var):
+            found.append(e)
+
+    relax.analysis.post_order_visit(expr, visit)
+    return found
+
+
 def _rewrite(mod, chains, by_end):
+    """Re-emit main with every chain replaced by its int8 call. Emission follows dependencies:
+    a chain is emitted where it ends, after its inputs (a residual may be defined later in the
+    original order, e.g. a downsample branch)."""
     func = mod["main"]
     removed = set()
     for c in chains:
         removed.update(m for m in c.members if not m.same_as(c.end))
-    bb = relax.BlockBuilder()
+    by_var = {b.var: b for b in _bindings(func)}
+    bb = relax.BlockBuilder(mod)
     remap = {}
-    attrs = {k: v for k, v in func.attrs.items()} if func.attrs is not None else None
-    with bb.function("main", list(func.params), attrs=attrs):
+    counter = [0]
+
+    def emit_var(var):
+        if var in remap or var not in by_var:
+            return
+        b = by_var[var]
+        if var in by_end:
+            chain, recipe, consts = by_end[var]
+            deps = [chain.x] + ([chain.residual] if chain.residual is not None else [])
+        else:
+            deps = _free_vars(b.value)
+        for d in deps:
+            emit_var(d)
+        if var in by_end:
+            remap[var] = _emit_chain(bb, chain, recipe, consts, remap, counter, b.var)
+        else:
+            value = _sub(b.value, remap)
+            remap[var] = (bb.emit(value) if isinstance(b.var, relax.DataflowVar)
+                          else bb.emit_output(value))
+
+    attrs = {k: v for k, v in func.attrs.items() if k != "global_symbol"} if func.attrs else None
+    with bb.function(_TMP, list(func.params), attrs=attrs):
         with bb.dataflow():
             for b in _bindings(func):
-                if b.var in removed:
-                    continue
-                if b.var in by_end:
-                    chain, recipe, consts = by_end[b.var]
-                    name = f"q{recipe['kind']}_{len(remap)}"
-                    gv = bb.add_func(plain_func(recipe).with_attr("global_symbol", name), name)
-                    args = [_sub(chain.x, remap)] + [relax.const(c) for c in consts]
-                    if chain.residual is not None:
-                        args.append(_sub(chain.residual, remap))
-                    call = relax.call_tir(gv, args, relax.TensorType(recipe["out_shape"],
-                                                                           "float32"))
-                    new = (bb.emit(call) if isinstance(b.var, relax.DataflowVar)
-                           else bb.emit_output(call))
-                else:
-                    value = _sub(b.value, remap)
-                    new = (bb.emit(value) if isinstance(b.var, relax.DataflowVar)
-                           else bb.emit_output(value))
-                remap[b.var] = new
+                if b.var not in removed:
+                    emit_var(b.var)
             out = _sub(func.body.body, remap)
-            if not isinstance(out, relax.Var) or out not in [v for v in remap.values()]:
+            if not isinstance(out, relax.Var) or out not in list(remap.values()):
                 out = bb.emit_output(out)
         bb.emit_func_output(out)
-    new_mod = bb.get()
-    for gv, f in mod.functions.items():
-        if gv.name_hint != "main" and gv.name_hint not in [g.name_hint for g in new_mod.get_global_vars()]:
-            new_mod[gv] = f
-    return relax.transform.DeadCodeElimination()(new_mod)
+    return relax.transform.DeadCodeElimination()(_as_main(bb.get()))
+
+
+def _emit_chain(bb, chain, recipe, consts, remap, counter, var):
+    name = f"q{recipe['kind']}_{counter[0]}"
+    counter[0] += 1
+    gv = bb.add_func(plain_func(recipe).with_attr("global_symbol", name), name)
+    x_arg = _sub(chain.x, remap)
+    residual = _sub(chain.residual, remap) if chain.residual is not None else None
+    if "nd_in_shape" in recipe:  # N-D dense: rows flattened around the kernel
+        x_arg = bb.emit(relax.op.reshape(x_arg, recipe["in_shape"]))
+        if residual is not None:
+            residual = bb.emit(relax.op.reshape(residual, recipe["out_shape"]))
+    args = [x_arg] + [relax.const(c) for c in consts]
+    if residual is not None:
+        args.append(residual)
+    call = relax.call_tir(gv, args, relax.TensorType(recipe["out_shape"], "float32"))
+    if "nd_in_shape" in recipe:
+        call = relax.op.reshape(bb.emit(call), recipe["nd_out_shape"])
+    return bb.emit(call) if isinstance(var, relax.DataflowVar) else bb.emit_output(call)
 
 
 def _sub(expr, remap):

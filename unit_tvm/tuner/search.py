@@ -53,7 +53,7 @@ def _inputs(prepared, intrin, rng):
 
 def reference_output(prepared, arrays, target):
     """The op computed by TVM's default schedule (no unit-tvm code involved)."""
-    func = te.create_prim_func(list(prepared.params) + [prepared.original])
+    func = te.create_prim_func(list(prepared.params) + [prepared.reference])
     lib = tvm.tirx.build(func, target=as_target(target))
     out = np.zeros([int(s) for s in prepared.output.shape], measure.numpy_dtype(prepared.output.dtype))
     args = measure.to_device(arrays + [out], tvm.cpu())
@@ -87,7 +87,7 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
     t0 = time.time()
     if database is not None and not isinstance(database, Database):
         database = Database(database)
-    func = te.create_prim_func(list(prepared.params) + [prepared.original])
+    func = te.create_prim_func(list(prepared.params) + [prepared.reference])
     key = workload_key(func)
     threads = int(target.attrs.get("num-cores", 1))
     extents = outer_extents(prepared)

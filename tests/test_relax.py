@@ -1,0 +1,160 @@
+"""Models end to end: quantize + UnitTensorize + compile + run, against the fp32 model."""
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from torch import nn
+from tvm import relax
+
+import unit_tvm
+from unit_tvm import frontends, zoo
+from unit_tvm.compiler import build_relax
+from unit_tvm.relax import UnitTensorize, quantize, recipes
+
+from .conftest import require_host
+
+torch.manual_seed(0)
+
+
+class SmallCNN(nn.Module):
+    """conv + bn + relu, a residual block, a depthwise conv, pooling, a dense layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 32, 3, padding=1, bias=False)
+        self.b1 = nn.BatchNorm2d(32)
+        self.c2 = nn.Conv2d(32, 32, 3, padding=1)
+        self.b2 = nn.BatchNorm2d(32)
+        self.dw = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.pw = nn.Conv2d(32, 64, 1)
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        y = torch.relu(self.b2(self.c2(y)) + y)
+        y = nn.functional.relu6(self.pw(self.dw(y)))
+        y = nn.functional.adaptive_avg_pool2d(nn.functional.max_pool2d(y, 2), 1).flatten(1)
+        return self.fc(y)
+
+
+class TinyTransformer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = zoo.EncoderLayer(hidden=64, heads=4, ffn=128)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+def _prepare(model, shape, n_cal=3):
+    zoo._randomize(model, 0)
+    model.eval()
+    cal = zoo.inputs(shape, n_cal, seed=1)
+    xs = zoo.inputs(shape, 3, seed=2)
+    with torch.no_grad():
+        refs = [model(torch.tensor(x)).numpy() for x in xs]
+    return cal, xs, refs
+
+
+def _run(ex, xs):
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    outs = []
+    for x in xs:
+        out = vm["main"](tvm.runtime.tensor(x, tvm.cpu()))
+        outs.append(out[0].numpy() if not hasattr(out, "numpy") else out.numpy())
+    return outs
+
+
+def _cos(a, b):
+    a, b = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
+    return a @ b / np.linalg.norm(a) / np.linalg.norm(b)
+
+
+def _asm(ex):
+    mods = [ex.mod] if hasattr(ex, "mod") else []
+    text = ""
+    while mods:
+        m = mods.pop()
+        if m.kind == "llvm":
+            text += m.inspect_source("asm")
+        mods += list(m.imports)
+    return text
+
+
+def test_small_cnn_quantized_tensorized_close_to_fp32():
+    require_host("x86.vpdpbusd")
+    model = SmallCNN()
+    cal, xs, refs = _prepare(model, (1, 3, 16, 16))
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    qmod = quantize(mod, calibration_data=cal)
+    kinds = [(r["kind"], r["relu"], r["residual"], r.get("clip_max")) for _, r in recipes(qmod)]
+    # c1 (+bn+relu), c2 (+bn+residual+relu), pw (+relu6), fc; the depthwise conv stays fp32
+    assert kinds == [("conv2d", True, False, None), ("conv2d", True, True, None),
+                     ("conv2d", True, False, 6.0), ("dense", False, False, None)]
+    tpass = UnitTensorize(unit_tvm.target.host())
+    ex = build_relax(tpass(qmod), unit_tvm.target.host())
+    assert all(instr for _, instr, _ in tpass.report)
+    asm = _asm(ex)
+    assert "vpdpbusd" in asm or "tdpbusd" in asm  # really tensorized on this host
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, ref in zip(_run(ex, xs), plain, refs):
+        # tensorized == TVM's plain int8 (same integer arithmetic), both close to fp32
+        np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
+        assert _cos(got, ref) > 0.995
+
+
+def test_transformer_block_and_percentile_calibration():
+    require_host("x86.vpdpbusd")
+    model = TinyTransformer()
+    cal, xs, refs = _prepare(model, (1, 16, 64))
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    ex = unit_tvm.compile(mod, quantize={"calibration_data": cal, "method": "percentile",
+                                         "percentile": 99.9})
+    for got, ref in zip(_run(ex, xs), refs):
+        assert got.shape == ref.shape and _cos(got, ref) > 0.99
+
+
+def test_onnx_frontend_path(tmp_path):
+    require_host("x86.vpdpbusd")
+    model = SmallCNN()
+    cal, xs, refs = _prepare(model, (1, 3, 16, 16))
+    path = frontends.export_onnx(model, [torch.tensor(xs[0])], str(tmp_path / "m.onnx"))
+    mod = frontends.from_onnx(path)
+    qmod = quantize(mod, calibration_data=cal)
+    assert len(recipes(qmod)) >= 3
+    ex = build_relax(UnitTensorize()(qmod), unit_tvm.target.host())
+    for got, ref in zip(_run(ex, xs), refs):
+        assert _cos(got, ref) > 0.995
+
+
+def test_model_without_quantizable_ops_still_compiles():
+    class Pool(nn.Module):
+        def forward(self, x):
+            return torch.softmax(nn.functional.max_pool2d(x, 2).flatten(1), -1)
+
+    x = np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype("float32")
+    mod = frontends.from_torch(Pool(), [torch.tensor(x)])
+    ex = unit_tvm.compile(mod, quantize={"calibration_data": [x]})
+    (got,) = _run(ex, [x])
+    np.testing.assert_allclose(got, Pool()(torch.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_quantize_needs_calibration_and_rejects_bf16():
+    model = SmallCNN()
+    _, xs, _ = _prepare(model, (1, 3, 16, 16))
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    with pytest.raises(ValueError, match="calibration_data is empty"):
+        quantize(mod, calibration_data=[])
+    with pytest.raises(NotImplementedError, match="bfloat16"):
+        quantize(mod, calibration_data=xs, dtype="bfloat16")
+
+
+def test_zoo_models_are_deterministic():
+    a, shape = zoo.get("resnet18")
+    b, _ = zoo.get("resnet18")
+    x = torch.tensor(zoo.inputs(shape, 1)[0])
+    with torch.no_grad():
+        np.testing.assert_array_equal(a(x).numpy(), b(x).numpy())
+    with pytest.raises(KeyError, match="resnet50"):
+        zoo.get("vgg")

@@ -1,0 +1,39 @@
+"""unit_tvm.compile: a Relax model -> a VM executable, quantized and tensorized on the way."""
+
+import tvm
+
+from .target import as_target
+
+
+def compile(mod, target=None, *, quantize=None, tune=False, database=None, trials=None):  # noqa: A001
+    """Compile a Relax IRModule for `target` (None: this host); returns a relax Executable.
+
+    quantize: None keeps the model's precision; a dict of unit_tvm.relax.quantize keyword
+    arguments (at least calibration_data) quantizes it to int8 first. The UnitTensorize pass
+    then tensorizes every quantized op, using tuned configs from `database` (a path or
+    Database) and tuning missing ones when tune=True; the rest is TVM's own pipeline.
+    Run with relax.VirtualMachine(ex, tvm.cpu()).
+    """
+    from .relax import UnitTensorize
+    from .relax import quantize as quantize_fn
+    from .tuner import Database
+
+    target = as_target(target)
+    if quantize is not None:
+        mod = quantize_fn(mod, target=target, **quantize)
+    if isinstance(database, str):
+        database = Database(database)
+    mod = UnitTensorize(target, database=database, tune=tune, trials=trials)(mod)
+    return build_relax(mod, target)
+
+
+def build_relax(mod, target):
+    """tvm.compile, with the leftover operators given a parallel CPU schedule first."""
+    from tvm import relax
+
+    from .relax.cpu_default import DefaultCPUSchedule
+
+    if target.kind.name == "llvm":
+        mod = relax.transform.LegalizeOps()(mod)
+        mod = DefaultCPUSchedule()(mod)
+    return tvm.compile(mod, target=target)

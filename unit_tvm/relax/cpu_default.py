@@ -1,0 +1,65 @@
+"""A default CPU schedule for the operators no instruction covers (pooling, softmax, layer norm,
+elementwise ops left by legalization): TVM's legalized TIR is a serial loop nest, which at batch 1
+can cost more than all the tensorized convolutions. Each block's leading data-parallel loops are
+fused and parallelised, and its innermost data-parallel loop vectorised when it is the last loop.
+"""
+
+import tvm
+from tvm import relax, s_tir
+
+from .qops import ATTR
+
+MIN_PARALLEL = 64  # below this many iterations threads cost more than they save
+
+
+def _schedule(func):
+    sch = s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    for block in sch.get_child_blocks(root):
+        loops = sch.get_loops(block)
+        kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
+        if not loops or len(kinds) != len(loops):
+            continue
+        lead = 0
+        while lead < len(loops) and kinds[lead] == 0:
+            lead += 1
+        if lead == 0:
+            continue
+        extents = [int(sch.get(lp).extent) for lp in loops[:lead]]
+        # vectorise a pure data-parallel innermost loop, fuse+parallelise the rest
+        if lead == len(loops) and lead >= 2 and extents[-1] % 8 == 0:
+            _, vec = sch.split(loops[-1], [None, 8])
+            sch.vectorize(vec)
+            loops = sch.get_loops(block)
+        par, total = [], 1
+        for lp, ext in zip(loops[:lead - (1 if lead == len(loops) and lead >= 2 else 0)], extents):
+            par.append(lp)
+            total *= ext
+            if total >= 4 * MIN_PARALLEL:
+                break
+        if total < MIN_PARALLEL or not par:
+            continue
+        fused = sch.fuse(*par) if len(par) > 1 else par[0]
+        sch.parallel(fused)
+    return sch.mod["main"]
+
+
+@tvm.transform.module_pass(opt_level=0, name="UnitDefaultCPUSchedule")
+class DefaultCPUSchedule:
+    """tvm.transform.Pass: parallel/vector schedule for unscheduled CPU PrimFuncs of a module."""
+
+    def transform_module(self, mod, ctx):  # noqa: D401 - tvm pass hook
+        updates = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, tvm.tirx.PrimFunc):
+                continue
+            if func.attrs is not None and (ATTR in func.attrs or "tirx.is_scheduled" in func.attrs):
+                continue
+            try:
+                new = _schedule(func)
+            except (tvm.s_tir.ScheduleError, tvm.error.InternalError, ValueError):
+                continue  # keep TVM's loop nest for anything unusual
+            updates[gv] = new.with_attr("tirx.is_scheduled", True)
+        for gv, f in updates.items():
+            mod[gv] = f
+        return mod
