@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.unit-tvm-installed
 
-.PHONY: run test test-all clean cross-tools
+.PHONY: run demo test test-all clean cross-tools
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,7 +14,18 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-run: $(STAMP)
+BENCH_STAMP := $(VENV)/.unit-tvm-bench-installed
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+# The main job: resnet18 compiled by unit-tvm (int8, tensorized, short tuning kept in the
+# database) against TVM int8/fp32, PyTorch int8 and ONNX Runtime int8 on this host.
+run: $(BENCH_STAMP)
+	UNIT_TVM_QUIET=1 $(VENV)/bin/unit-tvm bench-model resnet18 --trials 16
+
+# The op-level job of the earlier issues: peaks, then one tensorized GEMM and conv2d.
+demo: $(STAMP)
 	$(VENV)/bin/unit-tvm demo
 
 # aarch64 kernels are executed under qemu: install the cross compiler and qemu-user when missing

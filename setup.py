@@ -26,10 +26,12 @@ setup(
         "ml_dtypes>=0.5",
         "xgboost==3.2.0",
         "tqdm>=4.66",
+        "onnx==1.23.2",
     ],
     extras_require={
-        "test": ["pytest==9.2.0"],
-        "bench": ["torch==2.13.0", "matplotlib>=3.8", "onnx", "onnxruntime"],
+        # the model tests use PyTorch (torch.export) and the ONNX exporter as model sources
+        "test": ["pytest==9.2.0", "torch==2.13.0", "onnxscript==0.7.2"],
+        "bench": ["torch==2.13.0", "matplotlib>=3.8", "onnxruntime==1.31.1", "onnxscript==0.7.2"],
     },
     entry_points={"console_scripts": ["unit-tvm=unit_tvm.cli:main"]},
 )

@@ -1,4 +1,4 @@
-"""`unit-tvm` command line: intrinsics, peak, inspect, demo (the main job)."""
+"""`unit-tvm` command line: intrinsics, peak, inspect, bench-op, bench-model, demo."""
 
 import argparse
 import json
@@ -126,6 +126,30 @@ def _cmd_bench_op(args):
     return 0
 
 
+def _cmd_bench_model(args):
+    from . import bench_e2e
+
+    quiet = args.json
+    log = (lambda *a: None) if quiet else print
+    engines = tuple(e for e in bench_e2e.ENGINES if e not in (args.skip or []))
+    results = []
+    for name in args.models:
+        log(f"{name}:")
+        results.append(bench_e2e.run_model(name, n_inputs=args.inputs, trials=args.trials,
+                                           tune=not args.no_tune, database=args.database,
+                                           engines=engines, log=log))
+    geo = bench_e2e.geomean_speedups(results)
+    paths = bench_e2e.write_outputs(results, args.out)
+    if args.json:
+        print(json.dumps({"results": results, "geomean_speedup": geo}, indent=1))
+    else:
+        if len(results) > 1:
+            print("geomean speedup of unit-tvm int8: " + ", ".join(
+                f"{v:.2f}x over {k}" for k, v in geo.items()))
+        print("wrote " + ", ".join(paths))
+    return 0
+
+
 def _cmd_demo(args):
     from . import demo
 
@@ -172,6 +196,17 @@ def main(argv=None):
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_op)
+    p = sub.add_parser("bench-model", help="batch-1 latency and int8 accuracy of zoo models")
+    p.add_argument("models", nargs="+", help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
+    p.add_argument("--inputs", type=int, default=8, help="random inputs for the accuracy check")
+    p.add_argument("--trials", type=int, help="most candidates measured per distinct op")
+    p.add_argument("--no-tune", action="store_true", help="database or default configs only")
+    p.add_argument("--skip", action="append", help="an engine to leave out (repeatable)")
+    p.add_argument("--database", help="tuning database (default: $UNIT_TVM_DATABASE or "
+                   "~/.cache/unit-tvm/tuning.jsonl)")
+    p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_bench_model)
     p = sub.add_parser("demo", help="the main job: peaks, then a tensorized GEMM and conv2d")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_demo)

@@ -16,16 +16,20 @@ def as_prim_func(op):
     return op
 
 
-def _parallel_stage(sch, block):
-    """Run a preparation stage (pack, shift, compensation) once, its outer loops in parallel."""
+def _parallel_stage(sch, block, min_extent=64):
+    """Run a preparation stage (pack, shift, compensation) once, its leading data-parallel loops
+    fused until there is enough parallel work (batch 1 and one channel block are extent 1)."""
     loops = sch.get_loops(block)
     kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
-    spatial = 0
-    while spatial < min(2, len(loops)) and kinds[spatial] == 0:  # leading data-parallel loops
-        spatial += 1
-    if spatial == 0:
+    if len(kinds) != len(loops):
         return
-    sch.parallel(sch.fuse(*loops[:spatial]) if spatial > 1 else loops[0])
+    lead, total = 0, 1
+    while lead < len(loops) and kinds[lead] == 0 and total < min_extent:
+        total *= int(sch.get(loops[lead]).extent)
+        lead += 1
+    if lead == 0 or total < 2:
+        return
+    sch.parallel(sch.fuse(*loops[:lead]) if lead > 1 else loops[0])
 
 
 def producer_stages(sch, prepared):
