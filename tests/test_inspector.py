@@ -140,11 +140,7 @@ def test_max_reduction():
 
 
 def test_rowwise_dot_needs_per_lane_address():
-    A = te.placeholder((64, 64), "uint8", name="A")
-    B = te.placeholder((64, 64), "int8", name="B")
-    r = te.reduce_axis((0, 64), name="k")
-    op = te.compute((64,), lambda i: te.sum(A[i, r].astype("int32") * B[i, r].astype("int32"), axis=r),
-                    name="rowdot")
+    op = _rowdot()
     assert unit_tvm.inspect(op, "x86.vpdpbusd") == []
     msg = unit_tvm.explain(op, "x86.vpdpbusd")
     assert "S'(A)" in msg and "not a subset of S(a)" in msg

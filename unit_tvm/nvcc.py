@@ -25,42 +25,36 @@ def cuda_source(lib):
     raise ValueError("module has no CUDA device code")
 
 
-def ptx(source, arch="sm_80"):
-    """PTX text for CUDA `source` compiled by nvcc for `arch`; RuntimeError with nvcc's output."""
+def _nvcc(source, arch, flags, output):
+    """Run nvcc on CUDA `source`; returns (the output file's text or None, nvcc's stderr)."""
     nvcc = find_nvcc()
     if nvcc is None:
         raise FileNotFoundError("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "kernel.cu")
-        out = os.path.join(tmp, "kernel.ptx")
+        out = os.path.join(tmp, output)
         with open(src, "w") as f:
             f.write(source)
-        proc = subprocess.run(
-            [nvcc, "-ptx", f"-arch={arch}", "-O3", "-o", out, src], capture_output=True, text=True
-        )
+        proc = subprocess.run([nvcc, *flags, f"-arch={arch}", "-O3", "-o", out, src],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
-        with open(out) as f:
-            return f.read()
+        text = open(out).read() if output.endswith(".ptx") else None
+        return text, proc.stderr
+
+
+def ptx(source, arch="sm_80"):
+    """PTX text for CUDA `source` compiled by nvcc for `arch`; RuntimeError with nvcc's output."""
+    return _nvcc(source, arch, ["-ptx"], "kernel.ptx")[0]
 
 
 def resources(source, arch="sm_80"):
     """{kernel name: {'registers': int, 'shared': bytes}} from ptxas -v for CUDA `source`."""
     import re
 
-    nvcc = find_nvcc()
-    if nvcc is None:
-        raise FileNotFoundError("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "kernel.cu")
-        with open(src, "w") as f:
-            f.write(source)
-        proc = subprocess.run([nvcc, "-cubin", f"-arch={arch}", "-O3", "--ptxas-options=-v", "-o",
-                               os.path.join(tmp, "k.cubin"), src], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"nvcc failed for {arch}:\n{proc.stderr[-4000:]}")
+    _, log = _nvcc(source, arch, ["-cubin", "--ptxas-options=-v"], "kernel.cubin")
     out, current = {}, None
-    for line in proc.stderr.splitlines():
+    for line in log.splitlines():
         m = re.search(r"Compiling entry function '(\w+)'", line)
         if m:
             current = out.setdefault(m.group(1), {"registers": 0, "shared": 0})

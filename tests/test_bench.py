@@ -1,0 +1,59 @@
+"""Benchmark plumbing: instruction choice, accuracy metrics, outputs; one real run when slow."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from unit_tvm import bench_e2e, bench_ops, intrinsics
+from unit_tvm.target import host
+
+
+def test_bench_op_workloads_are_table1_and_gemms():
+    w = bench_ops.workloads()
+    assert len(w) == 21 and w[0] == ("L1", "conv", (288, 35, 384, 3, 2))
+    assert ("GEMM 4096x4096x4096", "gemm", (4096, 4096, 4096)) in w
+
+
+def test_bench_op_candidates_follow_the_host():
+    got = [i.name for i, _, _ in bench_ops.candidates("conv", (128, 16, 128, 3, 1), host())]
+    usable = {i.name for i in intrinsics.for_target(host())}
+    assert set(got) <= usable
+    if "x86.tdpbusd" in usable:
+        assert got[0] == "x86.tdpbusd"
+    # 288 input channels are not a multiple of AMX's 64: only a vector instruction applies
+    assert all(i.name != "x86.tdpbusd" for i, _, _ in bench_ops.candidates(
+        "conv", (288, 35, 384, 3, 2), host()))
+
+
+def test_accuracy_metrics():
+    a = [np.array([[0.1, 0.9, 0.0]]), np.array([[1.0, 0.0, 0.0]])]
+    b = [np.array([[0.1, 0.8, 0.1]]), np.array([[0.0, 1.0, 0.0]])]
+    cos, top1 = bench_e2e._accuracy(a, b)
+    assert top1 == 0.5 and 0.4 < cos < 0.6
+
+
+def test_e2e_outputs_and_geomean(tmp_path):
+    res = [{"model": "m", "engines": {"unit-tvm int8": {"ms": 1.0, "cosine": 0.99,
+                                                         "top1_agreement": 1.0, "compile_s": 1},
+                                       "PyTorch int8": {"ms": 2.0, "cosine": 0.98,
+                                                        "top1_agreement": 1.0, "compile_s": 0}},
+            "speedup": {"PyTorch int8": 2.0}}]
+    assert bench_e2e.geomean_speedups(res) == {"PyTorch int8": 2.0}
+    paths = bench_e2e.write_outputs(res, str(tmp_path))
+    assert any(p.endswith(".png") for p in paths)
+    assert json.loads((tmp_path / "bench_e2e.json").read_text())["geomean_speedup"]["PyTorch int8"] == 2.0
+
+
+@pytest.mark.slow
+def test_bench_model_resnet18_runs(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "unit_tvm.cli", "bench-model", "resnet18",
+                           "--trials", "4", "--inputs", "2", "--skip", "TVM fp32", "--skip",
+                           "TVM int8", "--out", str(tmp_path), "--json"], capture_output=True,
+                          text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    eng = out["results"][0]["engines"]["unit-tvm int8"]
+    assert eng["ms"] > 0 and eng["cosine"] > 0.99
