@@ -158,3 +158,29 @@ def test_zoo_models_are_deterministic():
         np.testing.assert_array_equal(a(x).numpy(), b(x).numpy())
     with pytest.raises(KeyError, match="resnet50"):
         zoo.get("vgg")
+
+
+def test_requantization_between_quantized_ops():
+    """conv -> relu -> conv: the first writes uint8 in the second's quantization; the result stays
+    equal to TVM's plain int8 build and close to fp32."""
+    require_host("x86.vpdpbusd")
+
+    class Chain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(8, 16, 3, padding=1)
+            self.b = nn.Conv2d(16, 16, 3, padding=1)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    model = Chain()
+    cal, xs, refs = _prepare(model, (1, 8, 12, 12))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    (first, r1), (second, r2) = recipes(qmod)
+    assert r1["out_q"] == [r2["x_scale"], r2["x_zp"]] and r2["in_u8"]
+    ex = build_relax(UnitTensorize()(qmod), unit_tvm.target.host())
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, ref in zip(_run(ex, xs), plain, refs):
+        np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
+        assert _cos(got, ref) > 0.995

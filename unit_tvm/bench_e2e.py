@@ -10,7 +10,8 @@ Engines (same weights, same calibration inputs, same thread count):
 - ONNX Runtime int8: onnxruntime.quantization.quantize_static (QDQ, per-channel weights) of the
   exported fp32 model.
 Accuracy: each int8 engine's outputs vs PyTorch fp32 on the same N inputs: mean cosine
-similarity and top-1 agreement. Latency: minimum over repeats after warm-up.
+similarity and top-1 agreement (argmax of the last axis per row: per image, or per token for
+BERT). Latency: minimum over repeats after warm-up.
 """
 
 import csv
@@ -115,11 +116,15 @@ def _time_ort(sess, x, repeat):
 
 
 def _accuracy(outs, refs):
+    """(mean cosine similarity, top-1 agreement). Top-1 is the argmax over the last axis, per
+    row: per image for classifiers, per token for an encoder's [1, seq, hidden] output."""
     cos, top1 = [], []
     for o, r in zip(outs, refs):
-        o, r = np.asarray(o, np.float64).reshape(-1), np.asarray(r, np.float64).reshape(-1)
-        cos.append(float(o @ r / (np.linalg.norm(o) * np.linalg.norm(r) + 1e-30)))
-        top1.append(float(np.argmax(o) == np.argmax(r)))
+        o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
+        a, b = o.reshape(-1), r.reshape(-1)
+        cos.append(float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30)))
+        rows_o, rows_r = o.reshape(-1, o.shape[-1]), r.reshape(-1, r.shape[-1])
+        top1.append(float(np.mean(rows_o.argmax(-1) == rows_r.argmax(-1))))
     return float(np.mean(cos)), float(np.mean(top1))
 
 

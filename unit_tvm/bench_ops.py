@@ -2,8 +2,8 @@
 
 For each workload every usable int8 instruction family (AMX tdpbusd when the channels are a
 multiple of 64, the best vector dot product otherwise) is tuned in the layout it reads directly
-(NCHW[x]c data, KCRS[x/4]c[y]k[4]c weights, pre-packed as a graph pass would), and the faster is
-reported. Columns: unit-tvm tuned, unit-tvm default breakpoints, TVM without tensorize (default schedule),
+(NCHW[x]c data, KCRS[x/4]c[y]k[4]c weights, pre-packed and channel-padded as a graph pass
+would; GOPS count the real channels), and the faster is reported. Columns: unit-tvm tuned, unit-tvm default breakpoints, TVM without tensorize (default schedule),
 PyTorch int8 (torch.ao quantized Conv2d / Linear, x86 backend = oneDNN, channels_last, same thread
 count). Every engine is warmed up; times are the minimum over repeats. unit-tvm's outputs are
 checked against TVM's default build by the tuner before they are timed.
@@ -50,14 +50,18 @@ INT8_CHOICES = (("x86.tdpbusd", 64, 16), ("x86.vpdpbusd", 4, 16), ("x86.vpdpbusd
                 ("x86.vpmaddubsw", 4, 16))
 
 
+MAX_CHANNEL_WASTE = 1.5
+
+
 def candidates(kind, p, target):
-    """[(Intrinsic, x, y)] usable for a workload on target: the best tile instruction (when the
-    channels fit its block) and the best vector one."""
+    """[(Intrinsic, x, y)] usable for a workload on target: the tile instruction (AMX) when its
+    64-wide reduction wastes at most MAX_CHANNEL_WASTE after channel padding (what the graph pass
+    does), and the first usable vector instruction."""
     out = []
+    reduce = p[0] if kind == "conv" else p[2]
     for name, x, y in INT8_CHOICES:
         intrin = intrinsics.get(name)
-        reduce = p[0] if kind == "conv" else p[2]
-        if not intrin.supported(target) or reduce % x:
+        if not intrin.supported(target) or -(-reduce // x) * x / reduce > MAX_CHANNEL_WASTE:
             continue
         if out and out[-1][0].lanes < 256 and intrin.lanes < 256:
             continue  # one vector instruction is enough: the first usable is the fastest
@@ -66,11 +70,12 @@ def candidates(kind, p, target):
 
 
 def _op(kind, p, x, y):
+    """The workload in the layout (x, y) reads, channels zero-padded to a multiple of x."""
     if kind == "conv":
         c, h, k, r, s = p
-        return ops.conv2d_nchwc(1, c, h, h, k, r, r, s, x=x, y=y)
+        return ops.conv2d_nchwc(1, -(-c // x) * x, h, h, k, r, r, s, x=x, y=y)
     m, n, k = p
-    return ops.dense_packed(m, n, k, y, x)
+    return ops.dense_packed(m, n, -(-k // x) * x, y, x)
 
 
 def _ops_count(kind, p):

@@ -25,22 +25,27 @@ def _schedule(func):
             lead += 1
         if lead == 0:
             continue
-        extents = [int(sch.get(lp).extent) for lp in loops[:lead]]
-        # vectorise a pure data-parallel innermost loop, fuse+parallelise the rest
-        if lead == len(loops) and lead >= 2 and extents[-1] % 8 == 0:
-            _, vec = sch.split(loops[-1], [None, 8])
-            sch.vectorize(vec)
-            loops = sch.get_loops(block)
+        extents = [int(sch.get(lp).extent) for lp in loops]
+        reduction = lead < len(loops)
+        # the last data-parallel loop is vectorised: innermost already for elementwise blocks; for
+        # reductions (matmul, softmax sums) the reduction loops move outside it
+        vec = lead - 1 if lead >= 2 and extents[lead - 1] % 8 == 0 else None
         par, total = [], 1
-        for lp, ext in zip(loops[:lead - (1 if lead == len(loops) and lead >= 2 else 0)], extents):
+        for lp, ext in zip(loops[:lead if vec is None else vec], extents):
             par.append(lp)
             total *= ext
             if total >= 4 * MIN_PARALLEL:
                 break
-        if total < MIN_PARALLEL or not par:
-            continue
-        fused = sch.fuse(*par) if len(par) > 1 else par[0]
-        sch.parallel(fused)
+        if vec is not None and reduction:
+            sch.reorder(*loops[:vec], *loops[lead:], loops[vec])
+        if total >= MIN_PARALLEL and par:
+            sch.parallel(sch.fuse(*par) if len(par) > 1 else par[0])
+        if vec is not None:
+            _, v = sch.split(loops[vec], [None, 8])
+            sch.vectorize(v)
+        if reduction and vec is not None:
+            # the init moves above the reduction loops (their RVs survive the fuse and split)
+            sch.decompose_reduction(block, loops[lead])
     return sch.mod["main"]
 
 

@@ -34,17 +34,34 @@ def _epilogue(recipe, comp, mult, bias, residual):
         v = (acc - comp[k]).astype("float32") * mult[k] + bias[k]
         if residual is not None:
             v = v + residual(*out_idx)
+        if recipe.get("gelu"):  # exact (erf) GELU, as torch.nn.functional.gelu
+            v = v * tirx.const(0.5, "float32") * (tirx.const(1.0, "float32") + tirx.erf(
+                v * tirx.const(0.7071067811865476, "float32")))
         if recipe["relu"]:
             v = tirx.max(v, tirx.const(0.0, "float32"))
         if recipe.get("clip_max") is not None:
             v = tirx.min(v, tirx.const(float(recipe["clip_max"]), "float32"))
+        if recipe.get("out_q"):  # requantize for the next quantized op
+            return _quantize(v, *recipe["out_q"])
         return v
 
     return fn
 
 
+def out_dtype(recipe):
+    """uint8 when the op requantizes for its consumer, else float32."""
+    return "uint8" if recipe.get("out_q") else "float32"
+
+
+def _load_input(x, recipe, idx):
+    """The uint8 activation at idx: x itself when the producer already requantized it."""
+    if recipe.get("in_u8"):
+        return x(*idx)
+    return _quantize(x(*idx), recipe["x_scale"], recipe["x_zp"])
+
+
 def _placeholders(recipe, x_shape, w_shape):
-    x = te.placeholder(x_shape, "float32", name="x")
+    x = te.placeholder(x_shape, "uint8" if recipe.get("in_u8") else "float32", name="x")
     w = te.placeholder(w_shape, "int8", name="w")
     k = recipe["out_channels"]
     comp = te.placeholder((k,), "int32", name="comp")
@@ -65,7 +82,7 @@ def plain_func(recipe):
         x, w, comp, mult, bias, res = _placeholders(recipe, recipe["in_shape"], recipe["w_shape"])
         xq = te.compute((n, c, h + pt + pb, w_ + pl + pr), lambda b, ci, i, j: tirx.if_then_else(
             tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl),
-            _quantize(x[b, ci, i - pt, j - pl], recipe["x_scale"], recipe["x_zp"]),
+            _load_input(x, recipe, (b, ci, i - pt, j - pl)),
             tirx.const(recipe["x_zp"], "uint8")), name="xq")
         rc, rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((c, "rc"), (r, "rr"), (s, "rs")))
         acc = te.compute(recipe["out_shape"], lambda b, f, i, j: te.sum(
@@ -73,12 +90,11 @@ def plain_func(recipe):
             * w[f, rc, rr, rs].astype("int32"), axis=[rc, rr, rs]), name="acc")
         fn = _epilogue(recipe, comp, mult, bias, res)
         out = te.compute(recipe["out_shape"], lambda b, f, i, j: fn(acc[b, f, i, j], f, (b, f, i, j)),
-                         name="out")
+                         name="out")  # float32, or uint8 when requantized
     else:
         m, kk = recipe["in_shape"]
         x, w, comp, mult, bias, res = _placeholders(recipe, recipe["in_shape"], recipe["w_shape"])
-        xq = te.compute((m, kk), lambda i, j: _quantize(x[i, j], recipe["x_scale"], recipe["x_zp"]),
-                        name="xq")
+        xq = te.compute((m, kk), lambda i, j: _load_input(x, recipe, (i, j)), name="xq")
         r = te.reduce_axis((0, kk), name="k")
         acc = te.compute(recipe["out_shape"], lambda i, j: te.sum(
             xq[i, r].astype("int32") * w[j, r].astype("int32"), axis=r), name="acc")
@@ -131,7 +147,7 @@ def tensorized_graph(recipe, intrin):
         # quantize, pad (with the zero point: real 0.0) and pack NCHW -> NCHW[x]c in one pass
         xq = te.compute((n, cp // x_blk, hp, wpd, x_blk), lambda b, co, i, j, ci: tirx.if_then_else(
             tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl, co * x_blk + ci < c),
-            _quantize(x[b, co * x_blk + ci, i - pt, j - pl], recipe["x_scale"], zp),
+            _load_input(x, recipe, (b, co * x_blk + ci, i - pt, j - pl)),
             tirx.const(zp, "uint8")), name="xq")
         rc, rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((cp, "rc"), (r, "rr"), (s, "rs")))
         acc = te.compute((n, kp // y_blk, oh, ow, y_blk), lambda b, ko, i, j, ki: te.sum(
@@ -150,7 +166,7 @@ def tensorized_graph(recipe, intrin):
         x, w, comp, mult, bias, res = _placeholders(
             recipe, recipe["in_shape"], (np_ // y_blk, kp // x_blk, x_blk // 4, y_blk, 4))
         xq = te.compute((m, kp), lambda i, j: tirx.if_then_else(
-            j < kk, _quantize(x[i, tirx.min(j, kk - 1)], recipe["x_scale"], zp),
+            j < kk, _load_input(x, recipe, (i, tirx.min(j, kk - 1))),
             tirx.const(zp, "uint8")), name="xq")
         r = te.reduce_axis((0, kp), name="k")
         acc = te.compute((m, np_), lambda i, j: te.sum(
@@ -164,7 +180,7 @@ def tensorized_graph(recipe, intrin):
 
     params = [x, w, comp, mult, bias] + ([res] if res is not None else [])
     prepared = prepare(acc, intrin, params=params,
-                       epilogue=(recipe["out_shape"], "float32", epi, "out"))
+                       epilogue=(recipe["out_shape"], out_dtype(recipe), epi, "out"))
     return prepared, (x_blk, y_blk)
 
 
