@@ -165,6 +165,12 @@ def _grow(chain, by_var, users, uses, taken=frozenset()):
                 cur = b.var
                 continue
             break
+        if (name == "relax.reshape" and chain.kind == "dense"
+                and int(v.ty.shape[-1]) == int(b.value.args[0].ty.shape[-1])):
+            # [rows, N] <-> [batch, seq, N]: transparent for a per-row epilogue
+            chain.members.append(b.var)
+            cur = b.var
+            continue
         if name == "relax.nn.gelu" and not chain.relu and not chain.gelu and chain.residual is None:
             chain.gelu = True
             chain.members.append(b.var)
@@ -260,10 +266,13 @@ def _recipe(chain, x_scale, x_zp):
               "x_scale": float(x_scale), "x_zp": int(x_zp), "relu": bool(chain.relu),
               "clip_max": chain.clip_max, "gelu": bool(chain.gelu),
               "residual": chain.residual is not None}
-    if chain.kind == "dense" and len(x_shape) > 2:  # leading dims flattened into rows
+    if chain.kind == "dense":  # leading dims flattened into rows around the kernel
         rows = int(np.prod(x_shape[:-1]))
-        recipe.update(in_shape=[rows, x_shape[-1]], out_shape=[rows, out_shape[-1]],
-                      nd_in_shape=x_shape, nd_out_shape=out_shape)
+        recipe.update(in_shape=[rows, x_shape[-1]], out_shape=[rows, out_shape[-1]])
+        if len(x_shape) != 2:
+            recipe["nd_in_shape"] = x_shape
+        if out_shape != recipe["out_shape"]:
+            recipe["nd_out_shape"] = out_shape
     if chain.kind == "conv2d":
         a = chain.attrs
         recipe.update(stride=[int(v) for v in a.strides], dilation=[int(v) for v in a.dilation],
@@ -328,7 +337,7 @@ def _requantize_edges(func, chains, by_end):
             continue
         _, recipe, _ = by_end[chain.end]
         _, next_recipe, _ = by_end[consumers[0].end]
-        if "nd_in_shape" in recipe or "nd_in_shape" in next_recipe:
+        if any(k in r for r in (recipe, next_recipe) for k in ("nd_in_shape", "nd_out_shape")):
             continue
         recipe["out_q"] = [next_recipe["x_scale"], next_recipe["x_zp"]]
         next_recipe["in_u8"] = True
@@ -404,13 +413,13 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var):
     residual = _sub(chain.residual, remap) if chain.residual is not None else None
     if "nd_in_shape" in recipe:  # N-D dense: rows flattened around the kernel
         x_arg = bb.emit(relax.op.reshape(x_arg, recipe["in_shape"]))
-        if residual is not None:
-            residual = bb.emit(relax.op.reshape(residual, recipe["out_shape"]))
+    if residual is not None and "nd_out_shape" in recipe:
+        residual = bb.emit(relax.op.reshape(residual, recipe["out_shape"]))
     args = [x_arg] + [relax.const(c) for c in consts]
     if residual is not None:
         args.append(residual)
     call = relax.call_tir(gv, args, relax.TensorType(recipe["out_shape"], out_dtype(recipe)))
-    if "nd_in_shape" in recipe:
+    if "nd_out_shape" in recipe:
         call = relax.op.reshape(bb.emit(call), recipe["nd_out_shape"])
     return bb.emit(call) if isinstance(var, relax.DataflowVar) else bb.emit_output(call)
 
