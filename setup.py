@@ -30,8 +30,8 @@ setup(
     ],
     extras_require={
         # the model tests use PyTorch (torch.export) and the ONNX exporter as model sources
-        "test": ["pytest==9.2.0", "torch==2.13.0", "onnxscript==0.7.2"],
-        "bench": ["torch==2.13.0", "matplotlib>=3.8", "onnxruntime==1.31.1", "onnxscript==0.7.2"],
+        "test": ["pytest==9.2.0", "torch==2.13.0", "onnxscript==0.7.2", "matplotlib==3.11.2"],
+        "bench": ["torch==2.13.0", "matplotlib==3.11.2", "onnxruntime==1.31.1", "onnxscript==0.7.2"],
     },
     entry_points={"console_scripts": ["unit-tvm=unit_tvm.cli:main"]},
 )
