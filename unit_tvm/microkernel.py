@@ -12,6 +12,7 @@ import tvm_ffi
 from tvm import s_tir, te, tirx
 
 from .measure import numpy_dtype
+from .prepare import _mutate_expr
 
 _TENSOR_LOAD = "te.tensor_load"
 
@@ -130,7 +131,8 @@ def peak_kernel(intrin, threads, rows=6, cols=4, steps=None, reps=None):
     out = te.compute(
         out_shape,
         lambda *vs: te.sum(
-            _substitute(red.source[0], list(out.op.axis), vs),
+            _mutate_expr(red.source[0], lambda t, idx: t(*idx),
+                         {ax.var.name: v for ax, v in zip(out.op.axis, vs)}),
             axis=[rep, step] + list(red.axis),
         ),
         name="peak",
@@ -152,18 +154,6 @@ def peak_kernel(intrin, threads, rows=6, cols=4, steps=None, reps=None):
     sch.tensorize(inner_sp[0], intrin.tensor_intrin)
     ops = threads * reps * steps * rows * cols * intrin.ops_per_instruction
     return sch.mod["main"], ins, out, ops
-
-
-def _substitute(expr, old_axes, new_vars):
-    mapping = [(ax.var, v) for ax, v in zip(old_axes, new_vars)]
-
-    def on_var(v, _m):
-        for old, new in mapping:
-            if v.same_as(old):
-                return new
-        return v
-
-    return tvm_ffi.structural_mutate(expr, [(tirx.Var, on_var)])
 
 
 def wmma_kernel(intrin, n):

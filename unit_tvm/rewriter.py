@@ -9,13 +9,6 @@ from .schedules import cpu, gpu
 from .target import as_target
 
 
-def as_prim_func(op):
-    """A te.Tensor (its inputs become parameters, in order, then the output) or a PrimFunc."""
-    if isinstance(op, te.Tensor):
-        return te.create_prim_func(list(op.op.input_tensors) + [op])
-    return op
-
-
 def _parallel_stage(sch, block, min_extent=64):
     """Run a preparation stage (pack, shift, compensation) once, its leading data-parallel loops
     fused until there is enough parallel work (batch 1 and one channel block are extent 1)."""
