@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-import unit_tvm
+import unit_tvm  # noqa: F401 - sets the thread count and checks pins before any test
 from unit_tvm import intrinsics
 from unit_tvm.target import host
 

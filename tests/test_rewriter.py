@@ -1,6 +1,5 @@
 """Rewriter + unit_tvm.build: tensorized kernels equal numpy on every kind of layout and size."""
 
-import warnings
 
 import numpy as np
 import pytest

@@ -1,7 +1,6 @@
 """Tuner: correct candidates only, database round trip, cost model, progress can be silenced."""
 
 import json
-import warnings
 
 import numpy as np
 import pytest

@@ -6,7 +6,6 @@ import tvm
 from tvm import te
 
 from . import intrinsics
-from .inspector import explain
 from .prepare import placeholders_of, prepare
 from .rewriter import schedule
 from .target import as_target
@@ -31,7 +30,8 @@ def _split(tensors):
 
 
 def choose(out, target=None, intrinsic=None, params=None):
-    """(Intrinsic, Prepared) for `out` on `target`, or (None, reason) when nothing applies.
+    """(Intrinsic, Prepared, default Schedule) for `out` on `target`, or (None, reason, None)
+    when nothing applies.
 
     Instructions are tried in registry order (fastest of each family first).
     """
@@ -46,21 +46,20 @@ def choose(out, target=None, intrinsic=None, params=None):
         try:
             prepared = prepare(out, intrin, params=params,
                                separable=target.kind.name == "cuda")
-            schedule(prepared, intrin, None, target)  # the default schedule must tensorize
+            sch = schedule(prepared, intrin, None, target)  # the default must tensorize
         except (ValueError, tvm.s_tir.ScheduleError) as e:
             reasons.append(str(e).splitlines()[0])
             continue
         waste = padding_waste(prepared)
         if waste <= MAX_WASTE:
-            return intrin, prepared
-        usable.append((waste, intrin, prepared))
+            return intrin, prepared, sch
+        usable.append((waste, intrin, prepared, sch))
         reasons.append(f"{intrin.name} would compute {waste:.1f}x the work (padding)")
     if usable:
-        _, intrin, prepared = min(usable, key=lambda u: u[0])
-        return intrin, prepared
+        return min(usable, key=lambda u: u[0])[1:]
     if not candidates:
         reasons.append(f"no registered instruction runs on {target}")
-    return None, "; ".join(reasons)
+    return None, "; ".join(reasons), None
 
 
 # An instruction is skipped for the next one when padding makes it compute this much more.
@@ -98,7 +97,7 @@ def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, data
     """
     target = as_target(target)
     inputs, out = _split(tensors)
-    intrin, prepared = choose(out, target, intrinsic, params=inputs)
+    intrin, prepared, sch = choose(out, target, intrinsic, params=inputs)
     if intrin is None:
         warnings.warn(f"unit_tvm.build: no tensorized instruction used: {prepared}",
                       FallbackWarning, stacklevel=2)
@@ -110,4 +109,5 @@ def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, data
 
         config = _tune(prepared, intrin, target, trials=trials, database=database,
                        measure=bool(tune)).config
-    return tvm.tirx.build(schedule(prepared, intrin, config, target).mod, target=target)
+        sch = schedule(prepared, intrin, config, target)
+    return tvm.tirx.build(sch.mod, target=target)

@@ -34,24 +34,10 @@ def _rebuild(intrin, shapes, index_of, out_shape, out_index, name):
         extra_axes = [ax for ax in red.axis]
 
     def body(*vs):
-        inner = out_index(vs)
-        var_map = [(ax.var, v) for ax, v in zip(sem.op.axis, inner)]
-
-        def on_call(call, m):
-            if call.op.name == _TENSOR_LOAD:
-                t = call.args[0]
-                idx = [m.mutate(x) for x in list(call.args)[1:]]
-                return by_name[t.op.name](*index_of(t.op.name, vs, idx))
-            return m.default_mutate(call)
-
-        def on_var(v, _m):
-            for old, new in var_map:
-                if v.same_as(old):
-                    return new
-            return v
-
+        var_map = {ax.var.name: v for ax, v in zip(sem.op.axis, out_index(vs))}
         src = red.source[0] if isinstance(red, tirx.Reduce) else red
-        src = tvm_ffi.structural_mutate(src, [(tvm.ir.expr.Call, on_call), (tirx.Var, on_var)])
+        src = _mutate_expr(src, lambda t, idx: by_name[t.op.name](*index_of(t.op.name, vs, idx)),
+                           var_map)
         return te.sum(src, axis=extra_axes) if extra_axes else src
 
     out = te.compute(out_shape, body, name=name)

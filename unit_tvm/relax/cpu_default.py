@@ -5,7 +5,7 @@ fused and parallelised, and its innermost data-parallel loop vectorised when it 
 """
 
 import tvm
-from tvm import relax, s_tir
+from tvm import s_tir
 
 from .qops import ATTR
 

@@ -201,8 +201,9 @@ def candidates(recipe, target):
     return [i for *_, i in sorted(out, key=lambda t: (t[0], t[1]))]
 
 
-def tensorized_func(recipe, intrin, target, config=None):
-    """(PrimFunc, (x, y)) of the recipe tensorized with intrin, scheduled with config."""
-    prepared, blocks = tensorized_graph(recipe, intrin)
+def tensorized_func(recipe, intrin, target, config=None, graph=None):
+    """(PrimFunc, (x, y), prepared) of the recipe tensorized with intrin, scheduled with config.
+    graph: tensorized_graph(recipe, intrin) when the caller already made it."""
+    prepared, blocks = graph or tensorized_graph(recipe, intrin)
     func = schedule(prepared, intrin, config, target).mod["main"]
     return func.with_attr(ATTR, json.dumps(recipe)), blocks, prepared

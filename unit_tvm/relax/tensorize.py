@@ -12,12 +12,11 @@ TVM's own legalization: this is one pass in TVM's pipeline, not a fork of tvm.co
 import json
 import warnings
 
-import numpy as np
 import tvm
 from tvm import relax
 
 from ..target import as_target
-from .qops import ATTR, candidates, pack_weight, tensorized_func
+from .qops import ATTR, candidates, pack_weight, tensorized_func, tensorized_graph
 
 
 def _recipe_of(mod, call):
@@ -30,13 +29,11 @@ def _recipe_of(mod, call):
     return None
 
 
-def _configs(recipe, intrin, target, database, tune, trials):
+def _configs(prepared, intrin, target, database, tune, trials):
     if database is None and not tune:
         return None
     from ..tuner import tune as run_tune
-    from .qops import tensorized_graph
 
-    prepared, _ = tensorized_graph(recipe, intrin)
     return run_tune(prepared, intrin, target, database=database, measure=bool(tune),
                     trials=trials).config
 
@@ -95,9 +92,10 @@ class UnitTensorize:
         reasons = []
         for intrin in candidates(recipe, self.target):
             try:
-                config = _configs(recipe, intrin, self.target, self.database, self.tune,
+                graph = tensorized_graph(recipe, intrin)
+                config = _configs(graph[0], intrin, self.target, self.database, self.tune,
                                   self.trials)
-                func, blocks, _ = tensorized_func(recipe, intrin, self.target, config)
+                func, blocks, _ = tensorized_func(recipe, intrin, self.target, config, graph)
             except (ValueError, RuntimeError, tvm.s_tir.ScheduleError) as e:
                 reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
                 continue
