@@ -2,7 +2,8 @@
 
 Besides the mma itself, a fragment must be loaded, zero-filled and stored; those three
 operand-preparation steps are registered as helper TensorIntrins of each instruction
-(`intrin.helper('load_a' | 'load_b' | 'fill' | 'store')`).
+(`intrin.helper('load_a' | 'load_b' | 'fill' | 'store' | 'store_shared')`; the last stores
+partial accumulators to shared memory for a split-K reduction).
 """
 
 from tvm import te, tirx
@@ -76,20 +77,31 @@ def _helpers(in_dtype, acc_dtype):
         return (lambda: derive_desc(out, scopes=scopes, offset_factor=16),
                 lambda: derive_impl(out, emit, scopes=scopes, offset_factor=16, strided=("dst",)))
 
-    def store():
-        out, scopes = _copy("store", acc_dtype, "wmma.accumulator", "global")
+    def store(dst_scope):
+        out, scopes = _copy("store", acc_dtype, "wmma.accumulator", dst_scope)
 
         def emit(bufs):
             src, dst = bufs["src"], bufs["dst"]
+            if dst_scope == "global":
+                ptr = dst.access_ptr("w", ptr_type=acc_dtype)
+            else:
+                # TVM's StorageRewrite may fold this shared buffer into an earlier one of another
+                # dtype, after which a typed access_ptr fails to lower; address_of survives it
+                ptr = tirx.address_of(dst)
             T.evaluate(tirx.tvm_store_matrix_sync(
-                src.data, M, N, K, fragment_index(src, M, N),
-                dst.access_ptr("w", ptr_type=acc_dtype), dst.strides[0], "row_major"))
+                src.data, M, N, K, fragment_index(src, M, N), ptr, dst.strides[0], "row_major"))
+            if dst_scope == "shared":
+                # other threads read these partials next, and TVM's barrier insertion cannot see
+                # a write through address_of; every thread runs the same stores, so this
+                # barrier is reached uniformly
+                T.evaluate(tirx.op.tvm_storage_sync("shared"))
 
         return (lambda: derive_desc(out, scopes=scopes, offset_factor=16),
                 lambda: derive_impl(out, emit, scopes=scopes, offset_factor=16,
                                     strided=("src", "dst")))
 
-    return {"load_a": load("a"), "load_b": load("b"), "fill": fill(), "store": store()}
+    return {"load_a": load("a"), "load_b": load("b"), "fill": fill(), "store": store("global"),
+            "store_shared": store("shared")}
 
 
 def _wmma(name, in_dtype, acc_dtype, requires, doc):

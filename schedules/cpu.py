@@ -11,7 +11,10 @@ loop, the factor kept below the second breakpoint; `CpuConfig.parallel` how many
 fused into the parallel loop.
 """
 
+import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 # x86-64 AVX-512 has 32 vector registers; the instruction needs one for the shared operand and
 # one or two for broadcasts, so at most ~28 accumulators stay in registers.
@@ -164,3 +167,63 @@ def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_b
     first = reduce_loops[0] if reduce_loops else (inner[0] if inner else intrin_loops[0])
     sch.decompose_reduction(block, first)
     return outer[-1] if outer else None
+
+
+# -- the tuning interface every strategy offers (the tuner calls only these) --------------------
+def outer_extents(prepared):
+    """Extents of the core's data-parallel loops left outside the instruction (strategy input)."""
+    core = prepared.core.op
+    mapped = {m.op_index: m for m in prepared.mapping.loops}
+    out = []
+    for idx, ax in enumerate(core.axis):
+        ext = int(ax.dom.extent)
+        m = mapped.get(idx)
+        if m is None:
+            out.append(ext)
+        elif m.op_extent != m.intrin_extent:
+            out.append(ext // m.intrin_extent)
+    return out
+
+
+def _threads(target):
+    return int(target.attrs.get("num-cores", 1))
+
+
+def default(prepared, target):
+    """The default breakpoint pair for a Prepared op on `target`."""
+    return default_config(outer_extents(prepared), _threads(target))
+
+
+def space(prepared, target):
+    """Every config the tuner may try for a Prepared op, the default first."""
+    first = default(prepared, target)
+    return [first] + [c for c in config_space(outer_extents(prepared), _threads(target))
+                      if c != first]
+
+
+def from_key(d):
+    """The config a database record's key describes."""
+    return CpuConfig.from_key(d)
+
+
+MAX_LOOPS = 8  # unroll factors of at most this many outer loops are features
+
+
+def features(config, prepared, target):
+    """Numeric features of a CpuConfig for a Prepared op (input of the tuner's cost model)."""
+    extents, threads = outer_extents(prepared), _threads(target)
+    unroll = dict(config.unroll)
+    factors = [unroll.get(i, 1) for i in range(len(extents))]
+    rem = [e // f for e, f in zip(extents, factors)]
+    par = min(config.parallel, len(rem))
+    fused = math.prod(rem[:par]) if par else 1
+    acc = math.prod(factors)
+    fs = sorted((f for f in factors if f > 1), reverse=True) + [1, 1]
+    reuse = fs[0] * fs[1] / (fs[0] + fs[1])
+    chunks = fused / threads
+    balance = fused / (math.ceil(fused / threads) * threads)
+    serial = math.prod(rem[par:]) if par < len(rem) else 1
+    pos = [math.log2(f) for f in factors][-MAX_LOOPS:]
+    pos = [0.0] * (MAX_LOOPS - len(pos)) + pos
+    return np.array(pos + [acc, math.log2(acc), reuse, par, math.log2(max(fused, 1)),
+                           math.log2(max(chunks, 1e-3)), balance, math.log2(serial)], np.float32)

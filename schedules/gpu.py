@@ -6,12 +6,18 @@ The Rewriter's prepared core has the instruction's m x n fragment loops innermos
   of A and p of B loaded per reduction step feed p*p mma), so every fragment is reused p times;
 - shared memory: per reduction step, the block's A and B tiles are staged in shared memory by all
   threads and reused by every warp of the block;
-- options: `fuse_spatial` folds every data-parallel loop outside M/N into the block index (the
-  paper's H/W fusion for small layers), `k_step` reduction fragments staged per shared tile.
-Split-K (a reduction split across warps with a shared-memory reduction) is not implemented.
+- options: `fuse_spatial` folds every data-parallel loop outside M/N (a conv's output rows) into
+  one block index with the M/N tiles (off: they go to blockIdx.y); `k_step` reduction fragments
+  staged per shared tile. Fragments do not span output rows: M is the output width (padded to 16);
+- split-K: `split_k` groups of warps each accumulate one slice of the reduction (rfactor), store
+  their partial fragments to shared memory, and the block's threads sum the slices from there.
 """
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
+import tvm
 
 FRAGMENT = 16
 MAX_THREADS = 1024
@@ -20,27 +26,41 @@ SHARED_LIMIT = 48 * 1024
 
 @dataclass(frozen=True)
 class GpuConfig:
-    """p: fragments per warp along M and N; warps_m x warps_n warps per block; k_step: 16-wide
-    reduction fragments per shared-memory stage."""
+    """p: fragments per warp along M and N; warps_m x warps_n warps per block (times split_k);
+    k_step: 16-wide reduction fragments per shared-memory stage; split_k: reduction slices, each
+    accumulated by its own warps and summed through shared memory."""
 
     p: int = 2
     warps_m: int = 2
     warps_n: int = 2
     k_step: int = 2
     fuse_spatial: bool = True
+    split_k: int = 1
 
     def key(self):
         return {"p": self.p, "warps_m": self.warps_m, "warps_n": self.warps_n,
-                "k_step": self.k_step, "fuse_spatial": self.fuse_spatial}
+                "k_step": self.k_step, "fuse_spatial": self.fuse_spatial,
+                "split_k": self.split_k}
+
+    @staticmethod
+    def from_key(d):
+        """The config a database record's key describes."""
+        return GpuConfig(**d)
 
     def threads(self):
-        return 32 * self.warps_m * self.warps_n
+        return 32 * self.warps_m * self.warps_n * self.split_k
 
-    def shared_bytes(self, a_bytes, b_bytes):
-        """Shared memory of one block's A and B stages."""
-        k = self.k_step * FRAGMENT
-        return (self.warps_m * self.p * FRAGMENT * k * a_bytes
-                + self.warps_n * self.p * FRAGMENT * k * b_bytes)
+    def shared_bytes(self, a_bytes, b_bytes, acc_bytes=4):
+        """Shared memory of one block: the A and B stages of every slice, and with split-K the
+        slices' partial accumulators."""
+        k = self.k_step * FRAGMENT * self.split_k
+        stages = (self.warps_m * self.p * FRAGMENT * k * a_bytes
+                  + self.warps_n * self.p * FRAGMENT * k * b_bytes)
+        partial = 0
+        if self.split_k > 1:
+            partial = (self.split_k * self.warps_m * self.warps_n * (self.p * FRAGMENT) ** 2
+                       * acc_bytes)
+        return stages + partial
 
 
 def _largest_divisor(n, limit):
@@ -52,23 +72,88 @@ def fit(config, m_tiles, n_tiles, k_tiles):
     p = min(config.p, _largest_divisor(m_tiles, config.p), _largest_divisor(n_tiles, config.p))
     wm = _largest_divisor(m_tiles // p, config.warps_m)
     wn = _largest_divisor(n_tiles // p, config.warps_n)
-    ks = _largest_divisor(k_tiles, config.k_step)
-    return GpuConfig(p, wm, wn, ks, config.fuse_spatial)
+    sk = _largest_divisor(k_tiles, config.split_k)
+    ks = _largest_divisor(k_tiles // sk, config.k_step)
+    return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk)
 
 
-def config_space(m_tiles, n_tiles, k_tiles, a_bytes=2, b_bytes=2):
+def fits_device(config, a_bytes, b_bytes, acc_bytes=4):
+    """Whether a block of this config stays within the thread and shared-memory limits."""
+    return (config.threads() <= MAX_THREADS
+            and config.shared_bytes(a_bytes, b_bytes, acc_bytes) <= SHARED_LIMIT)
+
+
+def config_space(m_tiles, n_tiles, k_tiles, a_bytes=2, b_bytes=2, acc_bytes=4):
     """Distinct fitted configs within the thread and shared-memory limits: p in 1, 2, 4; warps
-    1-4 per side; k_step 1, 2, 4."""
+    1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4; spatial fusion on and off."""
     out = []
     for p in (1, 2, 4):
         for wm in (1, 2, 4):
             for wn in (1, 2, 4):
                 for ks in (1, 2, 4):
-                    c = fit(GpuConfig(p, wm, wn, ks), m_tiles, n_tiles, k_tiles)
-                    if (c not in out and c.threads() <= MAX_THREADS
-                            and c.shared_bytes(a_bytes, b_bytes) <= SHARED_LIMIT):
-                        out.append(c)
+                    for sk in (1, 2, 4):
+                        for fuse in (True, False):
+                            c = fit(GpuConfig(p, wm, wn, ks, fuse, sk), m_tiles, n_tiles, k_tiles)
+                            if c not in out and fits_device(c, a_bytes, b_bytes, acc_bytes):
+                                out.append(c)
     return out
+
+
+def tiles(prepared):
+    """(M, N, K) of a Prepared op's core in 16-wide fragments."""
+    core_op = prepared.core.op
+    _, _, k_match = prepared.mapping.loops
+    orig = prepared.original_mapping.loops
+    m_tiles = int(core_op.axis[orig[0].op_index].dom.extent)
+    n_tiles = int(core_op.axis[orig[1].op_index].dom.extent)
+    k_ext = int(core_op.reduce_axis[k_match.op_index - len(core_op.axis)].dom.extent)
+    return m_tiles, n_tiles, k_ext // FRAGMENT
+
+
+def _operand_bytes(prepared):
+    a, b = (tvm.DataType(str(t.dtype)).bits // 8 for t in prepared.core.op.input_tensors[:2])
+    return a, b, tvm.DataType(str(prepared.core.dtype)).bits // 8
+
+
+def _other_blocks(prepared):
+    """Thread blocks from the data-parallel loops outside M and N."""
+    core_op = prepared.core.op
+    m_match, n_match, _ = prepared.mapping.loops
+    orig = prepared.original_mapping.loops
+    skip = {m_match.op_index, n_match.op_index, orig[0].op_index, orig[1].op_index}
+    return math.prod(int(ax.dom.extent) for i, ax in enumerate(core_op.axis) if i not in skip)
+
+
+# -- the tuning interface every strategy offers (the tuner calls only these) --------------------
+def default(prepared, target=None):
+    """The default config, fitted to a Prepared op."""
+    return fit(GpuConfig(), *tiles(prepared))
+
+
+def space(prepared, target=None):
+    """Every config the tuner may try for a Prepared op (p, warps, k_step, split-K, spatial
+    fusion), the default first."""
+    first = default(prepared, target)
+    rest = config_space(*tiles(prepared), *_operand_bytes(prepared))
+    return [first] + [c for c in rest if c != first]
+
+
+def from_key(d):
+    """The config a database record's key describes."""
+    return GpuConfig.from_key(d)
+
+
+def features(config, prepared, target=None):
+    """Numeric features of a GpuConfig for a Prepared op (input of the tuner's cost model)."""
+    m_tiles, n_tiles, k_tiles = tiles(prepared)
+    c = fit(config, m_tiles, n_tiles, k_tiles)
+    blocks = (m_tiles // (c.p * c.warps_m)) * (n_tiles // (c.p * c.warps_n)) * _other_blocks(
+        prepared)
+    steps = k_tiles // (c.k_step * c.split_k)
+    return np.array([c.p, c.warps_m, c.warps_n, c.k_step, c.split_k, float(c.fuse_spatial),
+                     c.threads(), c.shared_bytes(*_operand_bytes(prepared)) / 1024.0,
+                     math.log2(max(blocks, 1)), math.log2(max(steps, 1)),
+                     c.p * c.p / (2 * c.p)], np.float32)
 
 
 def _bind_copy(sch, block, threads_y):
@@ -95,6 +180,31 @@ def _read_index(sch, block, name):
     raise ValueError(f"{name} is not read by the core")
 
 
+def _tensorize_tile_copy(sch, block, helper):
+    """Tensorize a fragment load/store: its last two loops split into 16 x 16 tiles."""
+    loops = sch.get_loops(block)
+    r_o, r_i = sch.split(loops[-2], [None, FRAGMENT])
+    c_o, c_i = sch.split(loops[-1], [None, FRAGMENT])
+    sch.reorder(r_o, c_o, r_i, c_i)
+    sch.tensorize(r_i, helper)
+
+
+def _sum_slices(sch, write_back, block_loop, threads_y):
+    """The split-K write-back (sum of the slices' partials in shared memory) per thread block:
+    every thread sums the slices of some output elements."""
+    sch.reverse_compute_at(write_back, block_loop, preserve_unit_loops=True)
+    loops = sch.get_loops(write_back)
+    kinds = [iv.iter_type for iv in sch.get(write_back).iter_vars]
+    inner = loops[len(loops) - len(kinds):]
+    spatial = [lp for lp, kind in zip(inner, kinds) if kind == 0]
+    reduce = [lp for lp, kind in zip(inner, kinds) if kind != 0]
+    sch.reorder(*spatial, *reduce)
+    fused = sch.fuse(*spatial)
+    _, ty, tx = sch.split(fused, [None, threads_y, 32])
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+
+
 def apply(sch, prepared, intrin, config):
     """Schedule a Prepared graph for a CUDA target; returns the (fitted) config used."""
     mapping = prepared.mapping
@@ -111,51 +221,62 @@ def apply(sch, prepared, intrin, config):
     orig = prepared.original_mapping.loops
     m_pos, n_pos = orig[0].op_index, orig[1].op_index  # M/N tile loops of the core
     outer_spatial = [i for i in range(n_spatial) if i not in (m_match.op_index, n_match.op_index)]
-    m_tiles = int(core_op.axis[m_pos].dom.extent)
-    n_tiles = int(core_op.axis[n_pos].dom.extent)
-    k_ext = int(core_op.reduce_axis[k_match.op_index - n_spatial].dom.extent)
-    config = fit(config, m_tiles, n_tiles, k_ext // FRAGMENT)
-    p, wm, wn, ks = config.p, config.warps_m, config.warps_n, config.k_step
+    config = fit(config, *tiles(prepared))
+    p, wm, wn, ks, sk = config.p, config.warps_m, config.warps_n, config.k_step, config.split_k
+    warps = wm * wn * sk
 
+    k_pos = k_match.op_index
+    # the slices interleave per shared stage (k = ((ko * sk + slice) * ks + kk) * 16 + ki) so the
+    # stage of all slices is one dense tile
+    write_back = None
+    if sk > 1:
+        ko, kz, kk, ki = sch.split(loops[k_pos], [None, sk, ks, FRAGMENT])
+        # each slice of warps accumulates its part of the reduction into a shared partial; the
+        # rfactor block gets its own loop nest, with the same loops
+        write_back, block = block, sch.rfactor(kz, 0)
+        sch.set_scope(block, 0, "shared")
+        loops = sch.get_loops(block)
+        ko, kz, kk, ki = loops[k_pos:k_pos + 4]
+        k_loops = set(range(k_pos, k_pos + 4))
+    else:
+        ko, kk, ki = sch.split(loops[k_pos], [None, ks, FRAGMENT])
+        k_loops = {k_pos}
     bm, tym, pm = sch.split(loops[m_pos], [None, wm, p])
     bn, tyn, pn = sch.split(loops[n_pos], [None, wn, p])
-    ko, kk, ki = sch.split(loops[k_match.op_index], [None, ks, FRAGMENT])
     others = [loops[i] for i in outer_spatial if i not in (m_pos, n_pos)]
-    red_others = [loops[i] for i in range(n_spatial, len(loops)) if i != k_match.op_index]
+    red_others = [loops[i] for i in range(n_spatial, len(loops)) if i not in k_loops]
     im, jn = loops[m_match.op_index], loops[n_match.op_index]
-    sch.reorder(*others, bm, bn, tym, tyn, *red_others, ko, kk, pm, pn, im, jn, ki)
-    block_loops = others + [bm, bn] if config.fuse_spatial else [bm, bn]
-    bx = sch.fuse(*block_loops)
+    slices = [kz] if sk > 1 else []
+    sch.reorder(*others, bm, bn, *slices, tym, tyn, *red_others, ko, kk, pm, pn, im, jn, ki)
+    if config.fuse_spatial or not others:
+        bx = sch.fuse(*others, bm, bn)
+    else:
+        sch.bind(sch.fuse(*others) if len(others) > 1 else others[0], "blockIdx.y")
+        bx = sch.fuse(bm, bn)
     sch.bind(bx, "blockIdx.x")
-    ty = sch.fuse(tym, tyn)
+    ty = sch.fuse(*slices, tym, tyn)
     sch.bind(ty, "threadIdx.y")
 
     # accumulators: a p x p window of fragments per warp, stored back through the helper
     acc = sch.cache_write(block, 0, "wmma.accumulator")
     sch.reverse_compute_at(acc, ty)
+    if write_back is not None:
+        _sum_slices(sch, write_back, bx, warps)
     a_name = next(o.op_tensor for o in mapping.operands if o.intrin_operand == "a")
     b_name = next(o.op_tensor for o in mapping.operands if o.intrin_operand == "b")
     for name, frag_scope, helper in ((a_name, "wmma.matrix_a", "load_a"),
                                      (b_name, "wmma.matrix_b", "load_b")):
         shared = sch.cache_read(block, _read_index(sch, block, name), "shared")
         sch.compute_at(shared, ko)
-        _bind_copy(sch, shared, wm * wn)
+        _bind_copy(sch, shared, warps)
         frag = sch.cache_read(block, _read_index(sch, block, shared_name(sch, shared)), frag_scope)
         sch.compute_at(frag, kk)
-        f_loops = sch.get_loops(frag)
-        r_o, r_i = sch.split(f_loops[-2], [None, FRAGMENT])
-        c_o, c_i = sch.split(f_loops[-1], [None, FRAGMENT])
-        sch.reorder(r_o, c_o, r_i, c_i)
-        sch.tensorize(r_i, intrin.helper(helper))
+        _tensorize_tile_copy(sch, frag, intrin.helper(helper))
     init = sch.decompose_reduction(block, red_others[0] if red_others else ko)
     i_loops = sch.get_loops(init)
     sch.tensorize(i_loops[-2], intrin.helper("fill"))
     sch.tensorize(im, intrin.tensor_intrin)
-    a_loops = sch.get_loops(acc)
-    r_o, r_i = sch.split(a_loops[-2], [None, FRAGMENT])
-    c_o, c_i = sch.split(a_loops[-1], [None, FRAGMENT])
-    sch.reorder(r_o, c_o, r_i, c_i)
-    sch.tensorize(r_i, intrin.helper("store"))
+    _tensorize_tile_copy(sch, acc, intrin.helper("store_shared" if sk > 1 else "store"))
     return config
 
 

@@ -57,3 +57,21 @@ def test_inspect_prints_mapping_or_reason_for_every_instruction():
 def test_inspect_rejects_wrong_shape_arity():
     proc = _cli("inspect", "dense", "64", "64")
     assert proc.returncode == 2 and "M N K" in proc.stderr
+
+
+def test_bench_gpu_says_it_needs_a_gpu():
+    import tvm
+
+    try:
+        has_gpu = tvm.cuda(0).exist
+    except Exception:  # noqa: BLE001
+        has_gpu = False
+    if has_gpu:
+        import pytest
+
+        pytest.skip("a GPU is present: bench-gpu would run the whole benchmark")
+    proc = _cli("bench-gpu", "--quick")
+    assert proc.returncode == 2
+    assert "GPU" in proc.stderr and "Traceback" not in proc.stderr
+    bad = _cli("bench-gpu", "--dtype", "bfloat16")
+    assert bad.returncode == 2

@@ -1,4 +1,4 @@
-"""`unit-tvm` command line: intrinsics, peak, inspect, bench-op, bench-model, demo."""
+"""`unit-tvm` command line: intrinsics, peak, inspect, bench-op, bench-gpu, bench-model, demo."""
 
 import argparse
 import json
@@ -126,6 +126,20 @@ def _cmd_bench_op(args):
     return 0
 
 
+def _cmd_bench_gpu(args):
+    from . import bench_gpu
+
+    quiet = args.json
+    rows, meta = bench_gpu.run(dtype=args.dtype, quick=args.quick, trials=args.trials,
+                               database=args.database, log=(lambda *a: None) if quiet else print,
+                               progress=False if quiet else None)
+    if args.json:
+        print(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    else:
+        print(f"geomean vs cuDNN fp16: {meta['geomean_vs_cudnn']}")
+    return 0
+
+
 def _cmd_bench_model(args):
     from . import bench_e2e
 
@@ -196,6 +210,14 @@ def main(argv=None):
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_op)
+    p = sub.add_parser("bench-gpu", help="Table I convs on Tensor Cores vs cuDNN (needs a GPU)")
+    p.add_argument("--dtype", default="float16", help="float16 (vs cuDNN fp16) or int8")
+    p.add_argument("--quick", action="store_true", help="the first 4 layers")
+    p.add_argument("--trials", type=int, help="most candidates measured per layer")
+    p.add_argument("--database", help="tuning database (default: $UNIT_TVM_DATABASE or "
+                   "~/.cache/unit-tvm/tuning.jsonl)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_bench_gpu)
     p = sub.add_parser("bench-model", help="batch-1 latency and int8 accuracy of zoo models")
     p.add_argument("models", nargs="+", help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
     p.add_argument("--inputs", type=int, default=8, help="random inputs for the accuracy check")
@@ -213,7 +235,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         return args.fn(args)
-    except (KeyError, ValueError) as e:
+    except (KeyError, ValueError, RuntimeError) as e:
         print(f"unit-tvm: error: {e.args[0] if e.args else e}", file=sys.stderr)
         return 2
 

@@ -114,15 +114,17 @@ def conv2d_nchw(c, h, k, r, stride=1, dilation=1, groups=1, a="uint8", b="int8")
         * kern[f, rc, ry, rx].astype("int32"), axis=[rc, ry, rx]), name="conv2d")
 
 
-def conv2d_nhwc(c, h, k, r, a="uint8", b="int8"):
-    """conv2d, NHWC x RSCK (HWIO), batch 1, square, no padding."""
+def conv2d_nhwc(c, h, k, r, a="uint8", b="int8", out="int32", stride=1):
+    """conv2d, NHWC x RSCK (HWIO), batch 1, square, no padding, accumulated in `out`."""
     data = te.placeholder((1, h, h, c), a, name="data")
     kern = te.placeholder((r, r, c, k), b, name="kernel")
     rc = te.reduce_axis((0, c), name="rc")
     ry = te.reduce_axis((0, r), name="ry")
     rx = te.reduce_axis((0, r), name="rx")
-    return te.compute((1, h - r + 1, h - r + 1, k), lambda n, y, x, f: te.sum(
-        data[n, y + ry, x + rx, rc].astype("int32") * kern[ry, rx, rc, f].astype("int32"),
+    o = (h - r) // stride + 1
+    return te.compute((1, o, o, k), lambda n, y, x, f: te.sum(
+        data[n, y * stride + ry, x * stride + rx, rc].astype(out)
+        * kern[ry, rx, rc, f].astype(out),
         axis=[rc, ry, rx]), name="conv2d_nhwc")
 
 

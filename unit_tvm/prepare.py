@@ -203,14 +203,22 @@ def _max_index(idx, extents):
     return _eval(idx, {name: ext - 1 for name, ext in extents.items()})
 
 
-def _pack_layout(plan, shape, op_idx, extents):
-    """[(kind, payload, extent)] of the pack's dimensions, outermost first."""
+def _pack_layout(plan, shape, op_idx, extents, separable=False):
+    """[(kind, payload, extent)] of the pack's dimensions, outermost first.
+
+    separable: an unmapped dimension whose index mixes loops (y + ry, 2 * y + ry) is gathered
+    into one pack dimension per loop, so that every index of the pack is a single loop.
+    """
     by_dim = {p[2]: p for p in plan if p[2] is not None}
     outer, row, inner = [], [], []
     for d, ext in enumerate(shape):
         entry = by_dim.get(d)
         if entry is None:
-            outer.append(("dim", d, max(ext, _max_index(op_idx[d], extents) + 1)))
+            mixed = sorted(_vars_in(op_idx[d]))
+            if separable and len(mixed) > 1:
+                outer += [("loop", v, extents[v]) for v in mixed]
+            else:
+                outer.append(("dim", d, max(ext, _max_index(op_idx[d], extents) + 1)))
             continue
         _, ol, _, iext, how, extra = entry
         if how == "split":
@@ -230,13 +238,13 @@ def _pack_layout(plan, shape, op_idx, extents):
     return outer + row + inner
 
 
-def _make_pack(tensor, plan, op_idx, extents):
+def _make_pack(tensor, plan, op_idx, extents, separable=False):
     """P: tensor in the instruction's layout (see _pack_plan), zero where no element exists.
 
     Every read is guarded by the tensor's real extent, so padded loops never read out of bounds.
     """
     shape = [int(s) for s in tensor.shape]
-    layout = _pack_layout(plan, shape, op_idx, extents)
+    layout = _pack_layout(plan, shape, op_idx, extents, separable)
 
     def fcompute(*q):
         loops, dims, outers = {}, {}, {}
@@ -274,10 +282,11 @@ def _make_pack(tensor, plan, op_idx, extents):
     return te.compute([e for *_, e in layout], fcompute, name=f"{tensor.op.name}_packed")
 
 
-def _pack_index(op_idx, plan, var_of, shape, extents):
-    """Index into a pack for the original op indices (vars already renamed to the core's)."""
+def _pack_index(op_idx, orig_idx, plan, var_of, shape, extents, separable=False):
+    """Index into a pack for the op indices op_idx (vars already renamed to the core's);
+    orig_idx: the same indices in the op's own vars (they decide the pack's layout)."""
     out = []
-    for kind, payload, _ in _pack_layout(plan, shape, op_idx, extents):
+    for kind, payload, _ in _pack_layout(plan, shape, orig_idx, extents, separable):
         if kind == "dim":
             out.append(op_idx[payload])
         elif kind == "outer":
@@ -300,8 +309,9 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
 
     mapping: a Mapping of intrin on op (default: the Inspector's best). params: the order of the
     function's input parameters (default: placeholders in first-read order); must be exactly op's
-    placeholders. separable: also pack operands whose mapped dimensions mix in other loops (a conv
-    window x + rx): needed where operands are staged through copies that are tensorized (GPU
+    placeholders. separable: also pack operands whose indices mix loops (a conv window x + rx,
+    y + ry), one pack dimension per loop: needed where operands are staged through copies that
+    are tensorized, whose bindings must then be single loops (GPU
     fragment loads), whose loop variables are then data coordinates.
     epilogue: (shape, dtype, fn, name) to fuse elementwise work into the write-back: the output is
     te.compute(shape, lambda *i: fn(value, i)) where value(op_indices) is op's result there.
@@ -341,15 +351,14 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     packs = {}
     for name, (tensor, op_idx, in_idx) in bind.items():
         reads_padded = any(_vars_in(i) & padded_loops for i in op_idx)
-        mixed = separable and any(len(_vars_in(i)) > 1 and _vars_in(i) & set(loop_of.values())
-                                  for i in op_idx)
+        mixed = separable and any(len(_vars_in(i)) > 1 for i in op_idx)
         if access[name].contiguous and not reads_padded and not mixed:
             continue
         plan = _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, name in intrin.strided)
         if plan is None:
             raise ValueError(f"{tensor.op.name} cannot be packed for {intrin.name}: no dimension "
                              "steps by one along the mapped loop")
-        packs[tensor.op.name] = (_make_pack(tensor, plan, op_idx, all_extents), plan,
+        packs[tensor.op.name] = (_make_pack(tensor, plan, op_idx, all_extents, separable), plan,
                                  op_idx, [int(x) for x in tensor.shape])
         stages.append(f"{tensor.op.name}_packed")
 
@@ -376,7 +385,8 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
         def on_load(tensor, idx):
             if tensor.op.name in packs:
                 pack, plan, orig_idx, shape = packs[tensor.op.name]
-                return pack(*_pack_index(idx, plan, var_of, shape, all_extents))
+                return pack(*_pack_index(idx, orig_idx, plan, var_of, shape, all_extents,
+                                          separable))
             return tensor(*idx)
 
         return te.sum(_mutate_expr(red.source[0], on_load, var_of), axis=new_red)

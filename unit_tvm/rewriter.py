@@ -34,21 +34,6 @@ def producer_stages(sch, prepared):
             if sch.get(b).name_hint not in skip]
 
 
-def outer_extents(prepared):
-    """Extents of the core's data-parallel loops left outside the instruction (strategy input)."""
-    core = prepared.core.op
-    mapped = {m.op_index: m for m in prepared.mapping.loops}
-    out = []
-    for idx, ax in enumerate(core.axis):
-        ext = int(ax.dom.extent)
-        m = mapped.get(idx)
-        if m is None:
-            out.append(ext)
-        elif m.op_extent != m.intrin_extent:
-            out.append(ext // m.intrin_extent)
-    return out
-
-
 def schedule(prepared, intrin, config=None, target=None):
     """s_tir.Schedule of a Prepared graph: the CPU strategy (schedules/cpu.py) around the
     tensorized core, or the GPU strategy (schedules/gpu.py) for a CUDA target."""
@@ -78,7 +63,7 @@ def schedule(prepared, intrin, config=None, target=None):
     spatial = [outer[i] for i in sorted(outer) if i < n_spatial]
     reduce = [outer[i] for i in sorted(outer) if i >= n_spatial]
     if config is None:
-        config = cpu.default_config(outer_extents(prepared), int(target.attrs.get("num-cores", 1)))
+        config = cpu.default(prepared, target)
     epilogue = sch.get_sblock(prepared.output.op.name)
     if prepared.shifted:
         # the epilogue also reads the compensation, produced once at root; TVM can only compute a

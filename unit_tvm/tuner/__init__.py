@@ -1,8 +1,7 @@
 """Tuner: search over a strategy's knobs with an XGBoost cost model and a tuning database."""
 
-from .cost_model import CostModel, features
+from .cost_model import CostModel
 from .database import Database, DatabaseWarning, default_path, workload_key
 from .search import TuneResult, tune
 
-__all__ = ["tune", "TuneResult", "Database", "DatabaseWarning", "default_path", "workload_key", "CostModel",
-           "features"]
+__all__ = ["tune", "TuneResult", "Database", "DatabaseWarning", "default_path", "workload_key", "CostModel"]

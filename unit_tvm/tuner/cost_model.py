@@ -1,29 +1,6 @@
-"""XGBoost cost model over CPU-strategy configurations."""
-
-import math
+"""XGBoost cost model over a strategy's configurations (their features come from the strategy)."""
 
 import numpy as np
-
-MAX_LOOPS = 8
-
-
-def features(config, outer_extents, threads):
-    """Numeric features of a CpuConfig for a workload's outer data-parallel extents."""
-    unroll = dict(config.unroll)
-    factors = [unroll.get(i, 1) for i in range(len(outer_extents))]
-    rem = [e // f for e, f in zip(outer_extents, factors)]
-    par = min(config.parallel, len(rem))
-    fused = math.prod(rem[:par]) if par else 1
-    acc = math.prod(factors)
-    fs = sorted((f for f in factors if f > 1), reverse=True) + [1, 1]
-    reuse = fs[0] * fs[1] / (fs[0] + fs[1])
-    chunks = fused / threads
-    balance = fused / (math.ceil(fused / threads) * threads)
-    serial = math.prod(rem[par:]) if par < len(rem) else 1
-    pos = [math.log2(f) for f in factors][-MAX_LOOPS:]
-    pos = [0.0] * (MAX_LOOPS - len(pos)) + pos
-    return np.array(pos + [acc, math.log2(acc), reuse, par, math.log2(max(fused, 1)),
-                           math.log2(max(chunks, 1e-3)), balance, math.log2(serial)], np.float32)
 
 
 class CostModel:

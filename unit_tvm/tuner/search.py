@@ -1,4 +1,5 @@
-"""The tuner: search the CPU strategy's breakpoints, every candidate checked before it is timed."""
+"""The tuner: search a strategy's knobs (CPU breakpoints, GPU window/split-K/fusion), every
+candidate checked before it is timed."""
 
 import logging
 import os
@@ -11,10 +12,10 @@ import tvm
 from tvm import te
 
 from .. import measure
-from ..rewriter import outer_extents, schedule
-from ..schedules import cpu
-from ..target import as_target
-from .cost_model import CostModel, features
+from .. import schedules
+from ..rewriter import schedule
+from ..target import as_target, host
+from .cost_model import CostModel
 from .database import Database, workload_key
 
 log = logging.getLogger("unit_tvm.tuner")
@@ -24,7 +25,7 @@ log = logging.getLogger("unit_tvm.tuner")
 class TuneResult:
     """Outcome of tuning one workload."""
 
-    config: cpu.CpuConfig
+    config: object  # the strategy's config (schedules.cpu.CpuConfig or schedules.gpu.GpuConfig)
     gops: float
     from_database: bool
     measured: int = 0
@@ -52,9 +53,10 @@ def _inputs(prepared, intrin, rng):
 
 
 def reference_output(prepared, arrays, target):
-    """The op computed by TVM's default schedule (no unit-tvm code involved)."""
+    """The op computed by TVM's default schedule on this host's CPU (no unit-tvm code involved)."""
+    target = as_target(target)
     func = te.create_prim_func(list(prepared.params) + [prepared.reference])
-    lib = tvm.tirx.build(func, target=as_target(target))
+    lib = tvm.tirx.build(func, target=host() if target.kind.name == "cuda" else target)
     out = np.zeros([int(s) for s in prepared.output.shape], measure.numpy_dtype(prepared.output.dtype))
     args = measure.to_device(arrays + [out], tvm.cpu())
     lib(*args)
@@ -72,9 +74,26 @@ def _correct(got, expected):
     return np.allclose(got.astype(np.float64), expected.astype(np.float64), rtol=1e-3, atol=1e-3)
 
 
+def device_for(target):
+    """The device candidates run on: this CPU, or the first CUDA GPU (an error naming the
+    alternatives when there is none)."""
+    if target.kind.name != "cuda":
+        return tvm.cpu()
+    try:
+        dev = tvm.cuda(0)
+        present = dev.exist
+    except Exception:  # noqa: BLE001 - a runtime without CUDA has no cuda device at all
+        present = False
+    if not present:
+        raise RuntimeError("tuning a CUDA kernel measures it on a GPU and this machine has none; "
+                           "build with tune=False (the default config) or with a database "
+                           "tuned on a GPU")
+    return dev
+
+
 def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=True,
          progress=None, seed=0, top_k=6, patience=3, initial=10):
-    """Tune the CPU strategy of a Prepared op; returns a TuneResult.
+    """Tune the strategy of a Prepared op for `target` (CPU or CUDA); returns a TuneResult.
 
     database: a Database or a path; a hit returns its config without measuring anything.
     trials: most candidates measured (default: min(64, all)). measure=False with a database
@@ -89,28 +108,25 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
         database = Database(database)
     func = te.create_prim_func(list(prepared.params) + [prepared.reference])
     key = workload_key(func)
-    threads = int(target.attrs.get("num-cores", 1))
-    extents = outer_extents(prepared)
+    strategy = schedules.for_target(target)
     if database is not None:
         hit = database.lookup(key, target, intrin.name)
         if hit is not None:
-            return TuneResult(cpu.CpuConfig.from_key(hit["config"]), hit["gops"], True,
+            return TuneResult(strategy.from_key(hit["config"]), hit["gops"], True,
                               seconds=time.time() - t0)
-    default = cpu.default_config(extents, threads)
+    space = strategy.space(prepared, target)
+    default = space[0]
     if not measure:
         return TuneResult(default, 0.0, False, seconds=time.time() - t0)
-    space = cpu.config_space(extents, threads)
-    if default not in space:
-        space.insert(0, default)
+    dev = device_for(target)
     trials = min(trials or 64, len(space))
     rng = random.Random(seed)
     data_rng = np.random.default_rng(seed)
     arrays = _inputs(prepared, intrin, data_rng)
     expected = reference_output(prepared, arrays, target)
-    dev = tvm.cpu()
     n_ops = _ops(prepared)
     measured, rejected, history = {}, [], []
-    feats = {c: features(c, extents, threads) for c in space}
+    feats = {c: strategy.features(c, prepared, target) for c in space}
     model = CostModel(seed)
     show = progress if progress is not None else not os.environ.get("UNIT_TVM_QUIET")
     bar = tqdm.tqdm(total=trials, desc=f"tune {prepared.original.op.name} [{intrin.name}]",

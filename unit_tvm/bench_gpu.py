@@ -1,0 +1,99 @@
+"""GPU op benchmark (`unit-tvm bench-gpu`, scripts/bench_gpu.py): UNIT Table I on Tensor Cores.
+
+Each Table I layer (batch 1, NHWC, fp16 x fp16 -> fp32 by default, or int8 x int8 -> int32) goes
+through the same Inspector, preparation and Rewriter as on CPU, with the GPU strategy
+(schedules/gpu.py) tuned on the GPU over p, warps, k_step, split-K and spatial fusion. Every
+candidate is checked against TVM's default CPU build before it is timed. Baseline: PyTorch's
+cuDNN conv2d in fp16, channels_last, when torch sees the GPU. Times are the minimum over repeats.
+Needs a CUDA GPU; without one it stops with an error that says so.
+"""
+
+import math
+import time
+
+import numpy as np
+import tvm
+
+from . import intrinsics, measure, ops
+from .bench_ops import TABLE_I
+from .prepare import prepare
+from .rewriter import schedule
+from .tuner import Database, default_path, tune
+from .tuner.search import device_for
+
+DTYPES = {"float16": ("cuda.wmma.f16f32", "float32"), "int8": ("cuda.wmma.s8s32", "int32")}
+
+
+def _arch(dev):
+    return "sm_" + dev.compute_version.replace(".", "")
+
+
+def _time_torch_cudnn(c, h, k, r, stride, repeat):
+    """Seconds of PyTorch's fp16 conv2d (cuDNN, channels_last), or None without torch CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cudnn.benchmark = True
+    conv = torch.nn.Conv2d(c, k, r, stride=stride, bias=False).cuda().half()
+    conv = conv.to(memory_format=torch.channels_last)
+    x = torch.randn(1, c, h, h, device="cuda", dtype=torch.half)
+    x = x.contiguous(memory_format=torch.channels_last)
+    best = math.inf
+    with torch.inference_mode():
+        for _ in range(5):
+            conv(x)
+        torch.cuda.synchronize()
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            for _ in range(20):
+                conv(x)
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - t0) / 20)
+    return best
+
+
+def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=print,
+        progress=None):
+    """Rows of the benchmark (one per Table I layer) and a meta dict."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, not {dtype!r}")
+    intrin_name, acc = DTYPES[dtype]
+    intrin = intrinsics.get(intrin_name)
+    dev = device_for(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}))
+    target = tvm.target.Target({"kind": "cuda", "arch": _arch(dev)})
+    db = Database(database or default_path())
+    rng = np.random.default_rng(0)
+    layers = TABLE_I[:4] if quick else TABLE_I
+    rows = []
+    for i, (c, h, k, r, s) in enumerate(layers, 1):
+        op = ops.conv2d_nhwc(c, h, k, r, dtype, dtype, acc, stride=s)
+        prepared = prepare(op, intrin, separable=True)
+        t0 = time.time()
+        result = tune(prepared, intrin, target, trials=trials, database=db, progress=progress)
+        seconds = time.time() - t0
+        lib = tvm.tirx.build(schedule(prepared, intrin, result.config, target).mod, target=target)
+        tensors = prepared.tensors
+        arrays = [measure.random_array(t.shape, t.dtype, rng) for t in tensors[:-1]]
+        arrays.append(np.zeros([int(x) for x in op.shape], acc))
+        args = measure.to_device(arrays, dev)
+        secs = measure.best_seconds(lib, args, dev, number=20, repeat=repeat)
+        o = (h - r) // s + 1
+        gop = 2 * o * o * k * c * r * r / 1e9
+        torch_secs = _time_torch_cudnn(c, h, k, r, s, repeat) if dtype == "float16" else None
+        row = {"workload": f"L{i}", "shape": [c, h, k, r, s], "gops": gop / secs,
+               "ms": secs * 1e3, "torch_ms": torch_secs * 1e3 if torch_secs else None,
+               "speedup_vs_cudnn": torch_secs / secs if torch_secs else None,
+               "tuning_s": seconds, "from_database": result.from_database,
+               "config": result.config.key()}
+        rows.append(row)
+        log(f"L{i:<3} C={c:<5} H={h:<3} K={k:<4} R={r} s={s}: {row['gops']:8.0f} GOPS "
+            f"{row['ms']:.4f} ms  cuDNN {row['torch_ms'] or float('nan'):.4f} ms  "
+            f"x{row['speedup_vs_cudnn'] or float('nan'):.2f}  tuned {seconds:.0f}s")
+    ratios = [r["speedup_vs_cudnn"] for r in rows if r["speedup_vs_cudnn"]]
+    meta = {"device": str(dev.device_name), "arch": _arch(dev), "dtype": dtype,
+            "intrinsic": intrin_name, "repeat": repeat, "statistic": "min",
+            "geomean_vs_cudnn": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None}
+    return rows, meta
