@@ -160,13 +160,16 @@ class Intrinsic:
     strided: operands whose first (row) dimension may have any stride (the instruction takes a
         row stride: AMX tiles, wmma fragments); their other dimensions must be dense.
     operand_ranges: operand name -> (lo, hi) where the instruction is exact only on that range.
+    family: instructions that are forms of one hardware instruction (e.g. AMX tdpbusd alone and
+        chained): among a family the form that pads an op least is used (default: its own name).
     doc: one paragraph describing the instruction.
     """
 
     def __init__(self, name, *, arch, requires, semantics, emit, doc, scopes=None,
                  offset_factor=1, strided=(), operand_ranges=None, helpers=None,
-                 host_check=None):
+                 host_check=None, family=None):
         self.name = name
+        self.family = family or name
         self.arch = arch
         self.requires = tuple(tuple(alt) for alt in requires)
         self._semantics = semantics

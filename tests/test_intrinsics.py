@@ -9,7 +9,7 @@ from unit_tvm.target import host
 
 from .conftest import HOST_X86, require_host
 
-NAMES = ["x86.tdpbusd", "x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps", "arm.sdot",
+NAMES = ["x86.tdpbusd.x4", "x86.tdpbusd.x2", "x86.tdpbusd", "x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps", "arm.sdot",
          "arm.udot", "arm.smmla", "cuda.wmma.f16f32", "cuda.wmma.s8s32"]
 
 
@@ -84,17 +84,23 @@ def test_adding_an_instruction_needs_only_semantics_and_emit():
     assert "vpdpbusd" in tvm.tirx.build(func, target=host()).inspect_source("asm")
 
 
-def test_amx_tdpbusd_bit_exact(rng):
-    require_host("x86.tdpbusd")
-    intrin = intrinsics.get("x86.tdpbusd")
+@pytest.mark.parametrize("name,steps", [("x86.tdpbusd", 1), ("x86.tdpbusd.x2", 2),
+                                        ("x86.tdpbusd.x4", 4)])
+def test_amx_tdpbusd_bit_exact(name, steps, rng):
+    require_host(name)
+    intrin = intrinsics.get(name)
+    assert intrin.family == "x86.amx-int8" and intrin.reduction_width == 64 * steps
     func, (a_t, b_t), out = microkernel.instruction_kernel(intrin, 8)
     lib = tvm.tirx.build(func, target=host())
-    assert "tdpbusd" in lib.inspect_source("asm")
+    asm = lib.inspect_source("asm")
+    # a chain keeps the accumulator in its tile: one load and one store per `steps` tdpbusd
+    n_mma, n_store = asm.count("\ttdpbusd\t"), asm.count("\ttilestored\t")
+    assert n_mma >= steps and n_mma == steps * n_store
     a = measure.random_array(a_t.shape, "uint8", rng)
     b = measure.random_array(b_t.shape, "int8", rng)
     args = measure.to_device([a, b, np.zeros((8, 16, 16), "int32")], tvm.cpu())
     lib(*args)
-    bk = b.astype(np.int64).transpose(0, 1, 3, 2).reshape(8, 64, 16)  # [x, k, n]
+    bk = b.astype(np.int64).transpose(0, 1, 3, 2).reshape(8, 64 * steps, 16)  # [x, k, n]
     np.testing.assert_array_equal(args[-1].numpy(), np.einsum("xmk,xkn->xmn", a.astype(np.int64), bk))
 
 

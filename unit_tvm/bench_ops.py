@@ -46,17 +46,17 @@ def workloads(quick=False):
 
 # The int8 instructions tried for every workload, with the packed layout each reads directly:
 # (name, input-channel block x, output-channel block y). The faster (tuned) one is reported.
-INT8_CHOICES = (("x86.tdpbusd", 64, 16), ("x86.vpdpbusd", 4, 16), ("x86.vpdpbusd.256", 4, 8),
-                ("x86.vpmaddubsw", 4, 16))
+INT8_CHOICES = (("x86.tdpbusd.x4", 256, 16), ("x86.tdpbusd.x2", 128, 16), ("x86.tdpbusd", 64, 16),
+                ("x86.vpdpbusd", 4, 16), ("x86.vpdpbusd.256", 4, 8), ("x86.vpmaddubsw", 4, 16))
 
 
 MAX_CHANNEL_WASTE = 1.5
 
 
 def candidates(kind, p, target):
-    """[(Intrinsic, x, y)] usable for a workload on target: the tile instruction (AMX) when its
-    64-wide reduction wastes at most MAX_CHANNEL_WASTE after channel padding (what the graph pass
-    does), and the first usable vector instruction."""
+    """[(Intrinsic, x, y)] usable for a workload on target: each form of the tile instruction (AMX
+    tdpbusd alone or chained, 64 to 256 wide) whose reduction wastes at most MAX_CHANNEL_WASTE
+    after channel padding (what the graph pass does), and the first usable vector instruction."""
     out = []
     reduce = p[0] if kind == "conv" else p[2]
     for name, x, y in INT8_CHOICES:

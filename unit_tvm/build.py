@@ -33,7 +33,9 @@ def choose(out, target=None, intrinsic=None, params=None):
     """(Intrinsic, Prepared, default Schedule) for `out` on `target`, or (None, reason, None)
     when nothing applies.
 
-    Instructions are tried in registry order (fastest of each family first).
+    Instructions are tried in registry order (fastest first). The first whose padding wastes at
+    most MAX_WASTE wins, except that among the forms of one family (Intrinsic.family, e.g. AMX
+    tdpbusd alone or chained) the one that pads least is used.
     """
     target = as_target(target)
     if intrinsic is not None:
@@ -41,8 +43,10 @@ def choose(out, target=None, intrinsic=None, params=None):
                       else intrinsic]
     else:
         candidates = intrinsics.for_target(target)
-    reasons, usable = [], []
+    reasons, usable, fits = [], [], []
     for intrin in candidates:
+        if fits and intrin.family != fits[0][1].family:
+            continue  # a faster family already fits; only its other forms are still compared
         try:
             prepared = prepare(out, intrin, params=params,
                                separable=target.kind.name == "cuda")
@@ -52,9 +56,12 @@ def choose(out, target=None, intrinsic=None, params=None):
             continue
         waste = padding_waste(prepared)
         if waste <= MAX_WASTE:
-            return intrin, prepared, sch
+            fits.append((waste, intrin, prepared, sch))
+            continue
         usable.append((waste, intrin, prepared, sch))
         reasons.append(f"{intrin.name} would compute {waste:.1f}x the work (padding)")
+    if fits:  # the form of the family that pads least (ties: the first registered)
+        return min(fits, key=lambda u: u[0])[1:]
     if usable:
         return min(usable, key=lambda u: u[0])[1:]
     if not candidates:

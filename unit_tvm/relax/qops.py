@@ -185,11 +185,12 @@ def tensorized_graph(recipe, intrin):
 
 
 def candidates(recipe, target):
-    """Instructions that can run the recipe on target, least padding waste first (ties: registry
-    order, i.e. tile before vector)."""
+    """Instructions that can run the recipe on target: those whose channel padding wastes at most
+    1.5x first, in registry order (tile before vector), the forms of one family (AMX tdpbusd
+    alone or chained) by least padding; then the rest."""
     c = recipe["in_shape"][1]
     k = recipe["out_channels"]
-    out = []
+    out, family_order = [], {}
     for order, intrin in enumerate(intrinsics.for_target(target)):
         if intrin.input_dtypes != ("uint8", "int8") or intrin.output_dtype != "int32":
             continue
@@ -197,8 +198,9 @@ def candidates(recipe, target):
             continue  # vpmaddubsw needs u7 activations; the quantizer produces u8
         x_blk, y_blk = layout_for(intrin)
         waste = (_round_up(c, x_blk) / c) * (_round_up(k, y_blk) / k)
-        out.append((waste > 1.5, order, intrin))
-    return [i for *_, i in sorted(out, key=lambda t: (t[0], t[1]))]
+        family = family_order.setdefault(intrin.family, order)
+        out.append(((waste > 1.5, family, waste, order), intrin))
+    return [i for _, i in sorted(out, key=lambda t: t[0])]
 
 
 def tensorized_func(recipe, intrin, target, config=None, graph=None):
