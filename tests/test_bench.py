@@ -24,9 +24,20 @@ def test_bench_op_candidates_follow_the_host():
     if "x86.tdpbusd" in usable:
         # 128 channels: AMX alone and chained twice fit exactly; chained 4x would pad 2x
         assert got[:2] == ["x86.tdpbusd.x2", "x86.tdpbusd"]
-    # 80 input channels would be padded to 128 for AMX (1.6x the work): only a vector one
-    assert all(not i.name.startswith("x86.tdpbusd") for i, _, _ in bench_ops.candidates(
-        "conv", (80, 73, 192, 3, 1), host()))
+    # 80 input channels are padded to 128 for AMX (1.6x the work, tried and timed); 288 would be
+    # padded to 512 by the 4x chain (1.8x), 1056 to 2560 by nothing (a vector one stays)
+    got80 = [i.name for i, _, _ in bench_ops.candidates("conv", (80, 73, 192, 3, 1), host())]
+    if "x86.tdpbusd" in usable:
+        assert got80[:2] == ["x86.tdpbusd.x2", "x86.tdpbusd"] and len(got80) == 3
+    assert all(-(-80 // x) * x / 80 <= bench_ops.MAX_CHANNEL_WASTE
+               for _, x, _ in bench_ops.candidates("conv", (80, 73, 192, 3, 1), host()))
+
+
+def test_bench_op_only_selects_a_kind():
+    assert {k for _, k, _ in bench_ops.workloads(only="conv")} == {"conv"}
+    assert len(bench_ops.workloads(only="gemm")) == 5
+    with pytest.raises(ValueError):
+        bench_ops.workloads(only="pool")
 
 
 def test_accuracy_metrics():

@@ -117,7 +117,7 @@ def _cmd_bench_op(args):
     rows, meta = bench_ops.run(quick=args.quick, with_tvm_default=not args.no_tvm,
                                with_torch=not args.no_torch, trials=args.trials,
                                database=args.database, log=(lambda *a: None) if quiet else print,
-                               progress=False if quiet else None)
+                               progress=False if quiet else None, only=args.only)
     paths = bench_ops.write_outputs(rows, meta, args.out)
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))
@@ -202,6 +202,7 @@ def main(argv=None):
     p.set_defaults(fn=_cmd_inspect)
     p = sub.add_parser("bench-op", help="Table I convs and GEMMs vs TVM and PyTorch int8")
     p.add_argument("--quick", action="store_true", help="4 convs and one GEMM")
+    p.add_argument("--only", choices=("conv", "gemm"), help="Table I convs or GEMMs only")
     p.add_argument("--no-tvm", action="store_true", help="skip TVM's untensorized build")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     p.add_argument("--trials", type=int, help="most candidates measured per workload")

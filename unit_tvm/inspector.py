@@ -353,11 +353,15 @@ def _as_op(op):
 
 
 def _rank(mapping, n_loops):
-    """Best first: no padding, operands contiguous, innermost op loops (the paper's default)."""
-    pad = sum(m.padding for m in mapping.loops)
+    """Best first: least padded work (the factor padding multiplies the op's work by: 16 rows
+    padded onto a 17-wide loop cost less than onto a batch of 1), operands contiguous, innermost
+    op loops (the paper's default)."""
+    waste = 1.0
+    for m in mapping.loops:
+        waste *= (m.op_extent + m.padding) / m.op_extent
     strided = sum(not a.contiguous for a in mapping.operands)
     depth = sum(n_loops - m.op_index for m in mapping.loops)
-    return (strided, pad > 0, depth, pad)
+    return (round(waste, 6), strided, depth)
 
 
 def _get_intrin(intrinsic):
