@@ -24,32 +24,42 @@ _XFEATURE_XTILEDATA = 18
 _SYS_ARCH_PRCTL = 158
 
 
-def _chain_ir(steps, fname):
-    """LLVM IR of `steps` tdpbusd into one accumulator tile: C is loaded once, the A and B tiles
-    of every step (A: the next 64 bytes of each row, B: the next 16 rows) are loaded and
-    multiplied in, and C is stored once. The shape arguments of tdpbusd are rows, C's column
-    bytes and A's column bytes."""
+def _chain_ir(steps, fname, cols=1):
+    """LLVM IR of `steps` tdpbusd into each of `cols` accumulator tiles side by side (C is 16 x
+    16*cols s32, B 16*cols columns wide). The C tiles are loaded once; per step the A tile (the
+    next 64 bytes of each row) is loaded once and shared by the `cols` B tiles (the next 16 rows,
+    one 64-byte column block each); the C tiles are stored once. The shape arguments of tdpbusd
+    are rows, C's column bytes and A's column bytes."""
     lines = [
         "declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)",
         "declare x86_amx @llvm.x86.tdpbusd.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)",
         "declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)",
         f"define void @{fname}(ptr %c, i64 %cs, ptr %a, i64 %as, ptr %b, i64 %bs) {{",
-        "  %c0 = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, ptr %c, i64 %cs)",
     ]
+    for j in range(cols):
+        lines += [f"  %cp{j} = getelementptr i8, ptr %c, i64 {64 * j}",
+                  f"  %c{j}_0 = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
+                  f"ptr %cp{j}, i64 %cs)"]
     for i in range(steps):
         lines += [
             f"  %ap{i} = getelementptr i8, ptr %a, i64 {K * i}",
-            f"  %bo{i} = mul i64 %bs, {16 * i}",
-            f"  %bp{i} = getelementptr i8, ptr %b, i64 %bo{i}",
             f"  %at{i} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, ptr %ap{i}, "
             "i64 %as)",
-            f"  %bt{i} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, ptr %bp{i}, "
-            "i64 %bs)",
-            f"  %c{i + 1} = call x86_amx @llvm.x86.tdpbusd.internal(i16 16, i16 64, i16 64, "
-            f"x86_amx %c{i}, x86_amx %at{i}, x86_amx %bt{i})",
+            f"  %bo{i} = mul i64 %bs, {16 * i}",
         ]
-    lines += [f"  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, ptr %c, i64 %cs, "
-              f"x86_amx %c{steps})", "  ret void", "}"]
+        for j in range(cols):
+            lines += [
+                f"  %bq{i}_{j} = add i64 %bo{i}, {64 * j}",
+                f"  %bp{i}_{j} = getelementptr i8, ptr %b, i64 %bq{i}_{j}",
+                f"  %bt{i}_{j} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
+                f"ptr %bp{i}_{j}, i64 %bs)",
+                f"  %c{j}_{i + 1} = call x86_amx @llvm.x86.tdpbusd.internal(i16 16, i16 64, "
+                f"i16 64, x86_amx %c{j}_{i}, x86_amx %at{i}, x86_amx %bt{i}_{j})",
+            ]
+    for j in range(cols):
+        lines.append(f"  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, ptr %cp{j}, "
+                     f"i64 %cs, x86_amx %c{j}_{steps})")
+    lines += ["  ret void", "}"]
     return "\n".join(lines) + "\n"
 
 
@@ -63,13 +73,13 @@ def request_tile_permission():
         return False
 
 
-def _semantics(steps):
+def _semantics(steps, cols):
     def semantics():
-        k_total = K * steps
-        a, b = placeholders(a=((M, k_total), "uint8"), b=((k_total // 4, N, 4), "int8"))
+        k_total, n_total = K * steps, N * cols
+        a, b = placeholders(a=((M, k_total), "uint8"), b=((k_total // 4, n_total, 4), "int8"))
         k = te.reduce_axis((0, k_total), name="k")
         return te.compute(
-            (M, N),
+            (M, n_total),
             lambda m, n: te.sum(a[m, k].astype("int32") * b[k // 4, n, k % 4].astype("int32"),
                                 axis=k),
             name="d",
@@ -83,44 +93,61 @@ def _ptr(buf, dtype, row_elems, mask):
     return tirx.tvm_access_ptr(tirx.type_annotation(dtype), buf.data, buf.elem_offset, extent, mask)
 
 
-def _emit(steps):
-    fname = "unit_tvm_tdpbusd" if steps == 1 else f"unit_tvm_tdpbusd_x{steps}"
-    ir = _chain_ir(steps, fname)
+def _form_name(steps, cols, prefix):
+    sep = "." if prefix == "x86" else "_"
+    name = f"{prefix}{sep}tdpbusd"
+    if steps > 1:
+        name += f"{sep}x{steps}"
+    if cols > 1:
+        name += f"{sep}n{cols}"
+    return name
+
+
+def _emit(steps, cols):
+    fname = _form_name(steps, cols, "unit_tvm")
+    ir = _chain_ir(steps, fname, cols)
 
     def emit(bufs):
         a, b, d = bufs["a"], bufs["b"], bufs["d"]
         with T.attr(tirx.const(0, "int32"), "pragma_import_llvm", tvm.ir.expr.StringImm(ir)):
             T.evaluate(tirx.call_extern(
                 "void", fname,
-                _ptr(d, "int32", N, 3), (d.strides[0] * 4).astype("int64"),
+                _ptr(d, "int32", N * cols, 3), (d.strides[0] * 4).astype("int64"),
                 _ptr(a, "uint8", K * steps, 1), a.strides[0].astype("int64"),
-                _ptr(b, "int8", N * 4, 1), b.strides[0].astype("int64")))
+                _ptr(b, "int8", N * cols * 4, 1), b.strides[0].astype("int64")))
 
     return emit
 
 
-def _tdpbusd(steps):
-    name = "x86.tdpbusd" if steps == 1 else f"x86.tdpbusd.x{steps}"
+def _tdpbusd(steps, cols=1):
+    name = _form_name(steps, cols, "x86")
     chain = "" if steps == 1 else (
-        f" {steps} tdpbusd chained on one accumulator tile (loaded and stored once, not per "
+        f" {steps} tdpbusd chained on each accumulator tile (loaded and stored once, not per "
         f"instruction), so the reduction is {steps * K} wide.")
+    if cols > 1:
+        chain += (f" {cols} accumulator tiles side by side share each A tile (C is "
+                  f"16x{N * cols}).")
     return Intrinsic(
         name,
         arch="x86_64",
         requires=[("amx-int8", "amx-tile")],
-        semantics=_semantics(steps),
-        emit=_emit(steps),
+        semantics=_semantics(steps, cols),
+        emit=_emit(steps, cols),
         strided=("a", "b", "d"),
         family="x86.amx-int8",
         host_check=lambda: None if request_tile_permission() else
         "OS permission for AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM refused)",
-        doc=f"Intel AMX-INT8 tdpbusd: C[16x16 s32] += A[16x{K * steps} u8] . B[{K * steps}x16 s8] "
-            f"(B packed as [{K * steps // 4}][16][4]); rows of every tile may be strided." + chain,
+        doc=f"Intel AMX-INT8 tdpbusd: C[16x{N * cols} s32] += A[16x{K * steps} u8] . "
+            f"B[{K * steps}x{N * cols} s8] (B packed as [{K * steps // 4}][{N * cols}][4]); rows "
+            "of every tile may be strided." + chain,
     )
 
 
-# Longer chains first: the one whose reduction fits the op with the least padding is used.
+# Longer chains first: the one whose reduction fits the op with the least padding is used. The
+# two-column forms (C 16x32) come after: ties go to the single column, which pads output channels
+# less; they are for callers that measure (bench-op tunes every form).
 TDPBUSD_X4, TDPBUSD_X2, TDPBUSD = _tdpbusd(4), _tdpbusd(2), _tdpbusd(1)
-INTRINSICS = [TDPBUSD_X4, TDPBUSD_X2, TDPBUSD]
+TDPBUSD_X4_N2, TDPBUSD_X2_N2 = _tdpbusd(4, 2), _tdpbusd(2, 2)
+INTRINSICS = [TDPBUSD_X4, TDPBUSD_X2, TDPBUSD, TDPBUSD_X4_N2, TDPBUSD_X2_N2]
 
 request_tile_permission()

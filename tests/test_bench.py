@@ -28,7 +28,7 @@ def test_bench_op_candidates_follow_the_host():
     # padded to 512 by the 4x chain (1.8x), 1056 to 2560 by nothing (a vector one stays)
     got80 = [i.name for i, _, _ in bench_ops.candidates("conv", (80, 73, 192, 3, 1), host())]
     if "x86.tdpbusd" in usable:
-        assert got80[:2] == ["x86.tdpbusd.x2", "x86.tdpbusd"] and len(got80) == 3
+        assert got80[:2] == ["x86.tdpbusd.x2", "x86.tdpbusd"] and "x86.tdpbusd.x4" not in got80
     assert all(-(-80 // x) * x / 80 <= bench_ops.MAX_CHANNEL_WASTE
                for _, x, _ in bench_ops.candidates("conv", (80, 73, 192, 3, 1), host()))
 

@@ -49,6 +49,7 @@ def workloads(quick=False, only=None):
 # The int8 instructions tried for every workload, with the packed layout each reads directly:
 # (name, input-channel block x, output-channel block y). The faster (tuned) one is reported.
 INT8_CHOICES = (("x86.tdpbusd.x4", 256, 16), ("x86.tdpbusd.x2", 128, 16), ("x86.tdpbusd", 64, 16),
+                ("x86.tdpbusd.x4.n2", 256, 32), ("x86.tdpbusd.x2.n2", 128, 32),
                 ("x86.vpdpbusd", 4, 16), ("x86.vpdpbusd.256", 4, 8), ("x86.vpmaddubsw", 4, 16))
 
 
@@ -59,14 +60,18 @@ MAX_CHANNEL_WASTE = 1.75
 
 def candidates(kind, p, target):
     """[(Intrinsic, x, y)] usable for a workload on target: each form of the tile instruction (AMX
-    tdpbusd alone or chained, 64 to 256 wide) whose reduction wastes at most MAX_CHANNEL_WASTE
-    after channel padding (what the graph pass does), and the first usable vector instruction."""
+    tdpbusd alone or chained, 64 to 256 wide, one or two accumulator columns) whose reduction
+    wastes at most MAX_CHANNEL_WASTE after channel padding (what the graph pass does), and the
+    first usable vector instruction."""
     out = []
     reduce = p[0] if kind == "conv" else p[2]
+    columns = p[2] if kind == "conv" else p[1]
     for name, x, y in INT8_CHOICES:
         intrin = intrinsics.get(name)
         if not intrin.supported(target) or -(-reduce // x) * x / reduce > MAX_CHANNEL_WASTE:
             continue
+        if columns % y:
+            continue  # the packed layouts here do not pad output channels
         if out and out[-1][0].lanes < 256 and intrin.lanes < 256:
             continue  # one vector instruction is enough: the first usable is the fastest
         out.append((intrin, x, y))
