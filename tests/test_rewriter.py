@@ -157,3 +157,29 @@ def test_target_without_instruction_says_which_feature():
     with pytest.raises(ValueError, match="avx512vnni"):
         unit_tvm.build([*op.op.input_tensors, op], {"kind": "llvm", "mcpu": "skylake"},
                        intrinsic="x86.vpdpbusd")
+
+
+@pytest.mark.parametrize("intrin,x,y", [("x86.tdpbusd.x2", 128, 16), ("x86.tdpbusd.x4", 256, 16),
+                                        ("x86.tdpbusd.x4.n2", 256, 32)])
+def test_amx_chained_forms_build_exact_convs(intrin, x, y, rng):
+    """The chained and two-column AMX forms through the whole Rewriter: packed operands, odd
+    output width (padded M), channels a multiple of the chain, bit-exact against numpy."""
+    require_host(intrin)
+    c, h, k, r = 2 * x, 9, 2 * y, 3
+    op = ops.conv2d_nchwc(1, c, h, h, k, r, r, 1, x=x, y=y)
+    d = rng.integers(0, 256, (1, c, h, h)).astype("uint8")
+    w = rng.integers(-128, 128, (k, c, r, r)).astype("int8")
+    got = _run([*op.op.input_tensors, op], [reference.pack_nchwc(d, x), reference.pack_kcrs(w, y, x)],
+               intrinsic=intrin)
+    np.testing.assert_array_equal(reference.unpack_nchwc(got).astype(np.int64),
+                                  reference.conv2d_nchw(d, w, 1))
+
+
+def test_build_picks_the_amx_form_that_pads_least():
+    require_host("x86.tdpbusd")
+    from unit_tvm.build import choose
+
+    for c, want in ((128, "x86.tdpbusd.x2"), (256, "x86.tdpbusd.x4"), (192, "x86.tdpbusd")):
+        op = ops.dense_packed(64, 64, c, 16, c)  # one channel block: every form reads rows
+        intrin, prepared, _ = choose(op)
+        assert intrin.name == want, (c, intrin.name)
