@@ -248,6 +248,17 @@ def _varies_within_tile(indices, shape, loop, ext):
         return True
 
 
+def _dims_varying(op_idx, f_inv, loop_extent):
+    """How many of the op's index dimensions change over one instruction tile (from its origin)."""
+    varying = set()
+    for op_loop, il in f_inv.items():
+        origin = [_eval(i, {}) for i in op_idx]
+        for t in range(1, loop_extent[il]):
+            here = [_eval(i, {op_loop: t}) for i in op_idx]
+            varying.update(d for d, (a, b) in enumerate(zip(origin, here)) if a != b)
+    return len(varying)
+
+
 def _access(intrin, name, bind, f_inv, loop_extent, op_shape_of):
     """(S'(u) ⊆ S(v) holds?, OperandAccess, reason) for one operand under a loop map."""
     tensor, op_idx, in_idx = bind[name]
@@ -302,6 +313,11 @@ def _access(intrin, name, bind, f_inv, loop_extent, op_shape_of):
         strides.append(steps[1] if steps and ext > 1 else 0)
     if row_stride is not None and row_stride < row_size:
         contiguous = False  # rows would overlap
+    if contiguous and _dims_varying(op_idx, f_inv, loop_extent) > len(in_shape):
+        # tensorize binds the instruction's buffer to the trailing dimensions of the op's, one to
+        # one: a tile whose rows run on across two op dimensions (a 128-wide reduction over
+        # 64-channel blocks) has the right addresses but no such binding
+        contiguous = False
     broadcast = tuple(sorted(s_v - s_u))
     if broadcast:
         contiguous = False
