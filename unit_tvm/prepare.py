@@ -174,6 +174,8 @@ def _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
     operand does not depend on the loop. None when the operand cannot be packed.
     """
     plan = []
+    reads = set().union(*[_vars_in(i) for i in in_idx]) if in_idx else set()
+    broadcast = {ol: extent_of[il] for il, ol in loop_of.items() if il not in reads}
     for pos, iidx in enumerate(in_idx):
         (il,) = _vars_in(iidx) or (None,)
         if il is None:
@@ -194,6 +196,9 @@ def _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
         if row_strided and pos == 0:
             plan.append((il, ol, d, extent_of[il], "row", () if simple else extra + (ol,)))
         else:
+            # a mapped loop the operand is constant along within a tile (a grouped conv's
+            # f // 16 * 16 + rc) gathers by tile, (loop, extent), so the pack stays broadcast
+            extra = tuple((v, broadcast[v]) if v in broadcast else v for v in extra)
             plan.append((il, ol, d, extent_of[il], "split" if simple else "gather", extra))
     return plan
 
@@ -224,7 +229,8 @@ def _pack_layout(plan, shape, op_idx, extents, separable=False):
         if how == "split":
             outer.append(("outer", d, -(-ext // iext)))
         elif how == "gather":
-            outer += [("loop", v, extents[v]) for v in extra]
+            outer += [("loop_outer", v, -(-extents[v[0]] // v[1])) if isinstance(v, tuple)
+                      else ("loop", v, extents[v]) for v in extra]
             outer.append(("loop_outer", (ol, iext), -(-extents[ol] // iext)))
         elif how == "row" and not extra:
             row.append(("dim", d, max(ext, _max_index(op_idx[d], extents) + 1)))
