@@ -1,13 +1,11 @@
 """A default CPU schedule for the operators no instruction covers (pooling, softmax, layer norm,
-elementwise ops left by legalization): TVM's legalized TIR is a serial loop nest, which at batch 1
+elementwise ops left by legalization, int8 depthwise convs): TVM's TIR is a serial loop nest, which at batch 1
 can cost more than all the tensorized convolutions. Each block's leading data-parallel loops are
 fused and parallelised, and its innermost data-parallel loop vectorised when it is the last loop.
 """
 
 import tvm
 from tvm import s_tir
-
-from .qops import ATTR
 
 MIN_PARALLEL = 64  # below this many iterations threads cost more than they save
 
@@ -58,8 +56,8 @@ class DefaultCPUSchedule:
         for gv, func in mod.functions.items():
             if not isinstance(func, tvm.tirx.PrimFunc):
                 continue
-            if func.attrs is not None and (ATTR in func.attrs or "tirx.is_scheduled" in func.attrs):
-                continue
+            if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
+                continue  # tensorized kernels (and anything scheduled before us)
             try:
                 new = _schedule(func)
             except (tvm.s_tir.ScheduleError, tvm.error.InternalError, ValueError):

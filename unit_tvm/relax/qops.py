@@ -84,9 +84,11 @@ def plain_func(recipe):
             tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl),
             _load_input(x, recipe, (b, ci, i - pt, j - pl)),
             tirx.const(recipe["x_zp"], "uint8")), name="xq")
-        rc, rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((c, "rc"), (r, "rr"), (s, "rs")))
+        groups = recipe.get("groups", 1)
+        cg, kg = c // groups, k // groups  # input / output channels per group
+        rc, rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((cg, "rc"), (r, "rr"), (s, "rs")))
         acc = te.compute(recipe["out_shape"], lambda b, f, i, j: te.sum(
-            xq[b, rc, i * sh + rr * dh, j * sw + rs * dw].astype("int32")
+            xq[b, f // kg * cg + rc, i * sh + rr * dh, j * sw + rs * dw].astype("int32")
             * w[f, rc, rr, rs].astype("int32"), axis=[rc, rr, rs]), name="acc")
         fn = _epilogue(recipe, comp, mult, bias, res)
         out = te.compute(recipe["out_shape"], lambda b, f, i, j: fn(acc[b, f, i, j], f, (b, f, i, j)),
@@ -132,6 +134,9 @@ def pack_weight(recipe, w, x, y):
 
 def tensorized_graph(recipe, intrin):
     """(prepared graph, (x, y)) computing the recipe with `intrin`; weights arrive packed."""
+    if recipe.get("groups", 1) != 1:
+        raise ValueError(f"grouped conv ({recipe['groups']} groups): no packed layout for "
+                         "dot-product instructions here; it keeps TVM's int8 loop nest")
     x_blk, y_blk = layout_for(intrin)
     zp = recipe["x_zp"]
     if recipe["kind"] == "conv2d":
@@ -208,4 +213,5 @@ def tensorized_func(recipe, intrin, target, config=None, graph=None):
     graph: tensorized_graph(recipe, intrin) when the caller already made it."""
     prepared, blocks = graph or tensorized_graph(recipe, intrin)
     func = schedule(prepared, intrin, config, target).mod["main"]
-    return func.with_attr(ATTR, json.dumps(recipe)), blocks, prepared
+    func = func.with_attr(ATTR, json.dumps(recipe)).with_attr("tirx.is_scheduled", True)
+    return func, blocks, prepared

@@ -1,6 +1,7 @@
 """Post-training static quantization of a Relax model (fp32 -> int8 compute).
 
-Every conv2d (groups=1) and dense/matmul whose weight is a constant becomes one int8 operator:
+Every conv2d (grouped and depthwise included) and dense/matmul whose weight is a constant becomes
+one int8 operator:
 - weights: per-output-channel symmetric int8, after folding the per-channel affine ops that
   follow (bias add, inference batch norm: add/subtract/multiply/divide by constants);
 - activations: per-tensor asymmetric uint8 (u8 x s8 is what vpdpbusd and AMX take), range from
@@ -9,8 +10,10 @@ Every conv2d (groups=1) and dense/matmul whose weight is a constant becomes one 
   residual add and a relu / relu6 / gelu that follow are fused into the operator's epilogue;
 - requantization between quantized ops: a quantized op whose only consumer is another one
   writes uint8 in the consumer's quantization.
-Ops that do not fit (depthwise/grouped convs, activation x activation matmuls, pooling, softmax)
-stay fp32. dtype="bfloat16" is not implemented yet (vdpbf16ps kernels exist at the op level).
+Grouped and depthwise convs are int8 with TVM's plain loop nest (no dot-product instruction fits a
+depthwise window; UnitTensorize leaves them to the default CPU schedule), so the activations
+around them stay uint8. Activation x activation matmuls, pooling and softmax stay fp32.
+dtype="bfloat16" is not implemented yet (vdpbf16ps kernels exist at the op level).
 """
 
 import json
@@ -109,7 +112,7 @@ def _match_start(binding):
     name = value.op.name
     if name == "relax.nn.conv2d" and _const(value.args[1]):
         a = value.attrs
-        if (int(a.groups) != 1 or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW"
+        if (str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW"
                 or str(value.args[0].ty.dtype) != "float32"):
             return None
         return _Chain(binding.var, "conv2d", value.args[0], _np(value.args[1]).astype(np.float64), a)
@@ -279,6 +282,8 @@ def _recipe(chain, x_scale, x_zp):
         a = chain.attrs
         recipe.update(stride=[int(v) for v in a.strides], dilation=[int(v) for v in a.dilation],
                       padding=[int(v) for v in a.padding])
+        if int(a.groups) != 1:
+            recipe["groups"] = int(a.groups)
     return recipe
 
 

@@ -5,8 +5,9 @@ picks the instruction (Inspector: least padding, tile before vector), converts t
 activations are quantized, zero-padded and packed to NCHW[x]c inside the kernel, constant weights
 are packed to KCRS[x/4]c[y]k[4]c at compile time — and replaces the call with the Rewriter's
 tensorized kernel, its epilogue (dequantization, bias, residual, relu) fused into the write-back.
-Tuned configurations come from the tuning database when present. Everything else is left for
-TVM's own legalization: this is one pass in TVM's pipeline, not a fork of tvm.compile.
+Tuned configurations come from the tuning database when present. Grouped/depthwise int8 convs keep
+their plain int8 loop nest (scheduled later by the default CPU schedule). Everything else is left
+for TVM's own legalization: this is one pass in TVM's pipeline, not a fork of tvm.compile.
 """
 
 import json
@@ -89,6 +90,12 @@ class UnitTensorize:
     def _build(self, recipe):
         """(tensorized PrimFunc, (x, y)), or None with the reason reported."""
         label = f"{recipe['kind']} {recipe['in_shape']}->{recipe['out_shape']}"
+        if recipe.get("groups", 1) != 1:
+            # expected, not a warning: no dot-product instruction fits a depthwise window; the
+            # int8 loop nest gets the default CPU schedule
+            self.report.append((label, None, f"grouped conv ({recipe['groups']} groups): "
+                                             "int8 without a tensorized instruction"))
+            return None
         reasons = []
         for intrin in candidates(recipe, self.target):
             try:
