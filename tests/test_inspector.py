@@ -226,3 +226,12 @@ def test_agrees_with_tvm_auto_tensorize_analysis(label, build, intrin):
         assert (ours, theirs) == expected, label
     else:
         assert ours == theirs, f"{label}: ours={ours}\n{unit_tvm.explain(op, intrin)}"
+
+
+def test_padding_goes_where_it_costs_least():
+    """UNIT Table I L1 (stride 2, 17 output columns): AMX's 16 rows pad the 17-wide column loop
+    to 32 (1.9x), not the batch loop of extent 1 to 16 (16x), though both add 15 iterations."""
+    op = ops.conv2d_nchwc(1, 64, 35, 35, 32, 3, 3, 2, x=64, y=16)
+    best = unit_tvm.inspect(op, "x86.tdpbusd")[0]
+    rows = next(m for m in best.loops if m.intrin_loop == "m")
+    assert (rows.op_extent, rows.padding) == (17, 15) and rows.op_loop != "b"
