@@ -22,6 +22,7 @@ from tvm import te
 from . import intrinsics, measure, ops
 from .peak import host_threads, peak
 from .prepare import prepare
+from .relax.qops import layout_for
 from .rewriter import schedule
 from .target import host
 from .tuner import Database, default_path, tune
@@ -46,11 +47,10 @@ def workloads(quick=False, only=None):
     return (convs if only != "gemm" else []) + (gemms if only != "conv" else [])
 
 
-# The int8 instructions tried for every workload, with the packed layout each reads directly:
-# (name, input-channel block x, output-channel block y). The faster (tuned) one is reported.
-INT8_CHOICES = (("x86.tdpbusd.x4", 256, 16), ("x86.tdpbusd.x2", 128, 16), ("x86.tdpbusd", 64, 16),
-                ("x86.tdpbusd.x4.n2", 256, 32), ("x86.tdpbusd.x2.n2", 128, 32),
-                ("x86.vpdpbusd", 4, 16), ("x86.vpdpbusd.256", 4, 8), ("x86.vpmaddubsw", 4, 16))
+# The int8 instructions tried for every workload, each in the packed layout (x, y) it reads
+# directly (relax.qops.layout_for). The faster (tuned) one is reported.
+INT8_CHOICES = ("x86.tdpbusd.x4", "x86.tdpbusd.x2", "x86.tdpbusd", "x86.tdpbusd.x4.n2",
+                "x86.tdpbusd.x2.n2", "x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw")
 
 
 # Channel padding up to 1.75x is tried: every candidate is tuned and timed and the fastest is
@@ -66,8 +66,9 @@ def candidates(kind, p, target):
     out = []
     reduce = p[0] if kind == "conv" else p[2]
     columns = p[2] if kind == "conv" else p[1]
-    for name, x, y in INT8_CHOICES:
+    for name in INT8_CHOICES:
         intrin = intrinsics.get(name)
+        x, y = layout_for(intrin)
         if not intrin.supported(target) or -(-reduce // x) * x / reduce > MAX_CHANNEL_WASTE:
             continue
         if columns % y:
@@ -147,7 +148,7 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
     """Run the benchmark; returns (rows, meta)."""
     target = host()
     threads = host_threads()
-    usable = [intrinsics.get(n) for n, _, _ in INT8_CHOICES if intrinsics.get(n).supported(target)]
+    usable = [intrinsics.get(n) for n in INT8_CHOICES if intrinsics.get(n).supported(target)]
     if not usable:
         raise ValueError("this host has no int8 dot-product instruction")
     database = Database(database or default_path())
