@@ -93,18 +93,13 @@ def _ptr(buf, dtype, row_elems, mask):
     return tirx.tvm_access_ptr(tirx.type_annotation(dtype), buf.data, buf.elem_offset, extent, mask)
 
 
-def _form_name(steps, cols, prefix):
-    sep = "." if prefix == "x86" else "_"
-    name = f"{prefix}{sep}tdpbusd"
-    if steps > 1:
-        name += f"{sep}x{steps}"
-    if cols > 1:
-        name += f"{sep}n{cols}"
-    return name
+def _form_name(steps, cols):
+    """x86.tdpbusd, x86.tdpbusd.x4, x86.tdpbusd.x4.n2, ..."""
+    return "x86.tdpbusd" + (f".x{steps}" if steps > 1 else "") + (f".n{cols}" if cols > 1 else "")
 
 
 def _emit(steps, cols):
-    fname = _form_name(steps, cols, "unit_tvm")
+    fname = "unit_tvm_" + _form_name(steps, cols)[len("x86."):].replace(".", "_")
     ir = _chain_ir(steps, fname, cols)
 
     def emit(bufs):
@@ -120,7 +115,7 @@ def _emit(steps, cols):
 
 
 def _tdpbusd(steps, cols=1):
-    name = _form_name(steps, cols, "x86")
+    name = _form_name(steps, cols)
     chain = "" if steps == 1 else (
         f" {steps} tdpbusd chained on each accumulator tile (loaded and stored once, not per "
         f"instruction), so the reduction is {steps * K} wide.")
