@@ -175,6 +175,13 @@ def _cmd_demo(args):
     return 0 if all(k["correct"] for k in out["kernels"]) else 1
 
 
+def _tuning_args(p, unit):
+    """--trials and --database, shared by the benchmark commands."""
+    p.add_argument("--trials", type=int, help=f"most candidates measured {unit}")
+    p.add_argument("--database", help="tuning database (default: $UNIT_TVM_DATABASE or "
+                   "~/.cache/unit-tvm/tuning.jsonl)")
+
+
 def main(argv=None):
     """Entry point of the `unit-tvm` console script."""
     parser = argparse.ArgumentParser(prog="unit-tvm", description=__doc__)
@@ -205,28 +212,22 @@ def main(argv=None):
     p.add_argument("--only", choices=("conv", "gemm"), help="Table I convs or GEMMs only")
     p.add_argument("--no-tvm", action="store_true", help="skip TVM's untensorized build")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch")
-    p.add_argument("--trials", type=int, help="most candidates measured per workload")
-    p.add_argument("--database", help="tuning database (default: $UNIT_TVM_DATABASE or "
-                   "~/.cache/unit-tvm/tuning.jsonl)")
+    _tuning_args(p, "per workload")
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_op)
     p = sub.add_parser("bench-gpu", help="Table I convs on Tensor Cores vs cuDNN (needs a GPU)")
     p.add_argument("--dtype", default="float16", help="float16 (vs cuDNN fp16) or int8")
     p.add_argument("--quick", action="store_true", help="the first 4 layers")
-    p.add_argument("--trials", type=int, help="most candidates measured per layer")
-    p.add_argument("--database", help="tuning database (default: $UNIT_TVM_DATABASE or "
-                   "~/.cache/unit-tvm/tuning.jsonl)")
+    _tuning_args(p, "per layer")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_gpu)
     p = sub.add_parser("bench-model", help="batch-1 latency and int8 accuracy of zoo models")
     p.add_argument("models", nargs="+", help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
     p.add_argument("--inputs", type=int, default=8, help="random inputs for the accuracy check")
-    p.add_argument("--trials", type=int, help="most candidates measured per distinct op")
+    _tuning_args(p, "per distinct op")
     p.add_argument("--no-tune", action="store_true", help="database or default configs only")
     p.add_argument("--skip", action="append", help="an engine to leave out (repeatable)")
-    p.add_argument("--database", help="tuning database (default: $UNIT_TVM_DATABASE or "
-                   "~/.cache/unit-tvm/tuning.jsonl)")
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_model)
