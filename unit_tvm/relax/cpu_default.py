@@ -1,17 +1,76 @@
 """A default CPU schedule for the operators no instruction covers (pooling, softmax, layer norm,
 elementwise ops left by legalization, int8 depthwise convs): TVM's TIR is a serial loop nest, which at batch 1
 can cost more than all the tensorized convolutions. Each block's leading data-parallel loops are
-fused and parallelised, and its innermost data-parallel loop vectorised when it is the last loop.
+fused and parallelised, and its innermost data-parallel loop vectorised when it is the last loop;
+exp and erf become arithmetic that vectorises (unit_tvm.fastmath) instead of libm calls.
 """
 
 import tvm
 from tvm import s_tir
 
+from .. import fastmath
+
 MIN_PARALLEL = 64  # below this many iterations threads cost more than they save
+RF_LANES = 16  # partial results per row of a vectorised row reduction: one zmm of float32
+
+
+def _gathers(block, var):
+    """Whether vectorising `var` would gather: something read with a reduction variable on its
+    last (contiguous) axis has `var` on another axis."""
+    red = {iv.var.name for iv in block.iter_vars if iv.iter_type == 2}
+
+    def names(expr):
+        return {v.name for v in tvm.tirx.analysis.undefined_vars(expr)}
+
+    for region in block.reads:
+        axes = [names(r.min) for r in region.region]
+        if axes and axes[-1] & red and any(var in a for a in axes[:-1]):
+            return True
+    return False
+
+
+def _contiguous_reduction(block):
+    """Whether the reduction variable is the last (contiguous) axis of everything it indexes."""
+    red = {iv.var.name for iv in block.iter_vars if iv.iter_type == 2}
+    seen = False
+    for region in block.reads:
+        for i, r in enumerate(region.region):
+            if {v.name for v in tvm.tirx.analysis.undefined_vars(r.min)} & red:
+                if i != len(region.region) - 1:
+                    return False
+                seen = True
+    return seen
+
+
+def _parallel_prefix(loops, extents):
+    """The leading loops worth fusing into one parallel loop ([] when too little work)."""
+    par, total = [], 1
+    for lp, ext in zip(loops, extents):
+        par.append(lp)
+        total *= ext
+        if total >= 4 * MIN_PARALLEL:
+            break
+    return par if total >= MIN_PARALLEL else []
+
+
+def _vectorize_by_rfactor(sch, block, loops, lead):
+    """A row reduction (softmax max/sum, layer-norm moments) as RF_LANES partial results per
+    row, accumulated with contiguous vector loads, then summed per row: both run row-parallel."""
+    extents = [int(sch.get(lp).extent) for lp in loops]
+    _, ki = sch.split(loops[lead], [None, RF_LANES])
+    rf = sch.rfactor(ki, factor_axis=lead)
+    for blk in (rf, block):
+        lps = sch.get_loops(blk)
+        par = _parallel_prefix(lps[:lead], extents)
+        if par:
+            sch.parallel(sch.fuse(*par) if len(par) > 1 else par[0])
+    lps = sch.get_loops(rf)
+    sch.vectorize(lps[-1])
+    sch.decompose_reduction(rf, lps[-2])
 
 
 def _schedule(func):
-    sch = s_tir.Schedule(func)
+    sch = s_tir.Schedule(fastmath.vectorizable(func))
     root = sch.get_sblock("root")
     for block in sch.get_child_blocks(root):
         loops = sch.get_loops(block)
@@ -26,17 +85,21 @@ def _schedule(func):
         extents = [int(sch.get(lp).extent) for lp in loops]
         reduction = lead < len(loops)
         # the last data-parallel loop is vectorised: innermost already for elementwise blocks; for
-        # reductions (matmul, softmax sums) the reduction loops move outside it
+        # reductions across rows (matmul) the reduction loops move outside it. A reduction along
+        # memory rows (softmax, layer norm: the last axis) would make that vector a strided gather
+        # and leave too few outer loops to parallelise: its rows run in parallel instead.
         vec = lead - 1 if lead >= 2 and extents[lead - 1] % 8 == 0 else None
-        par, total = [], 1
-        for lp, ext in zip(loops[:lead if vec is None else vec], extents):
-            par.append(lp)
-            total *= ext
-            if total >= 4 * MIN_PARALLEL:
-                break
+        if vec is not None and reduction and _gathers(
+                sch.get(block), sch.get(block).iter_vars[vec].var.name):
+            vec = None
+        if vec is None and len(loops) == lead + 1 and extents[lead] % RF_LANES == 0 \
+                and extents[lead] >= 4 * RF_LANES and _contiguous_reduction(sch.get(block)):
+            _vectorize_by_rfactor(sch, block, loops, lead)
+            continue
+        par = _parallel_prefix(loops[:lead if vec is None else vec], extents)
         if vec is not None and reduction:
             sch.reorder(*loops[:vec], *loops[lead:], loops[vec])
-        if total >= MIN_PARALLEL and par:
+        if par:
             sch.parallel(sch.fuse(*par) if len(par) > 1 else par[0])
         if vec is not None:
             _, v = sch.split(loops[vec], [None, 8])

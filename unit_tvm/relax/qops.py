@@ -13,7 +13,7 @@ import json
 import numpy as np
 from tvm import te, tirx
 
-from .. import intrinsics
+from .. import fastmath, intrinsics
 from ..prepare import prepare
 from ..rewriter import schedule
 
@@ -35,7 +35,7 @@ def _epilogue(recipe, comp, mult, bias, residual):
         if residual is not None:
             v = v + residual(*out_idx)
         if recipe.get("gelu"):  # exact (erf) GELU, as torch.nn.functional.gelu
-            v = v * tirx.const(0.5, "float32") * (tirx.const(1.0, "float32") + tirx.erf(
+            v = v * tirx.const(0.5, "float32") * (tirx.const(1.0, "float32") + fastmath.erf(
                 v * tirx.const(0.7071067811865476, "float32")))
         if recipe["relu"]:
             v = tirx.max(v, tirx.const(0.0, "float32"))

@@ -1,0 +1,123 @@
+"""The default CPU schedule of leftover operators, and the vectorizable exp/erf it relies on."""
+
+import math
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, te, tirx
+
+from unit_tvm import fastmath
+from unit_tvm.relax.cpu_default import DefaultCPUSchedule
+
+
+def _run_elementwise(fn, xs, host_target):
+    n = xs.size
+    x = te.placeholder((n,), "float32", name="x")
+    y = te.compute((n,), lambda i: fn(x[i]), name="y")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    (i,) = sch.get_loops(sch.get_sblock("y"))
+    _, v = sch.split(i, [None, 16])
+    sch.vectorize(v)
+    lib = tvm.compile(sch.mod, target=host_target)
+    out = tvm.runtime.tensor(np.zeros(n, "float32"))
+    lib(tvm.runtime.tensor(xs), out)
+    return out.numpy()
+
+
+def _samples():
+    rng = np.random.default_rng(0)
+    return np.concatenate([np.linspace(-90, 90, 4001), rng.standard_normal(4000) * 3,
+                           [0.0, -0.0, 1e-8, -1e-8]]).astype("float32")
+
+
+def test_fast_exp_is_accurate(host_target):
+    xs = _samples()
+    got = _run_elementwise(fastmath.exp, xs, host_target)
+    keep = (xs > -87) & (xs < 88)
+    ref = np.exp(xs[keep].astype("float64"))
+    assert np.max(np.abs(got[keep] - ref) / ref) < 1e-6
+    # saturates instead of overflowing or flushing to zero
+    assert np.isfinite(got).all() and (got > 0).all()
+
+
+def test_fast_erf_is_accurate(host_target):
+    xs = _samples()
+    got = _run_elementwise(fastmath.erf, xs, host_target)
+    ref = np.array([math.erf(float(v)) for v in xs])
+    assert np.max(np.abs(got - ref)) < 1e-6
+
+
+def test_vectorizable_replaces_libm_calls(host_target):
+    x = te.placeholder((64,), "float32", name="x")
+    y = te.compute((64,), lambda i: tirx.exp(x[i]) + tirx.erf(x[i]), name="y")
+    d = te.placeholder((64,), "float64", name="d")
+    z = te.compute((64,), lambda i: tirx.exp(d[i]), name="z")
+    func = fastmath.vectorizable(te.create_prim_func([x, d, y, z]))
+    text = func.script()
+    assert "T.erf" not in text
+    assert text.count("T.exp(") == 1  # float64 keeps the libm call
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=host_target)
+    xs = np.linspace(-3, 3, 64).astype("float32")
+    out_y = tvm.runtime.tensor(np.zeros(64, "float32"))
+    out_z = tvm.runtime.tensor(np.zeros(64, "float64"))
+    lib(tvm.runtime.tensor(xs), tvm.runtime.tensor(xs.astype("float64")), out_y, out_z)
+    ref = np.exp(xs.astype("float64")) + np.array([math.erf(float(v)) for v in xs])
+    np.testing.assert_allclose(out_y.numpy(), ref, rtol=1e-6, atol=1e-6)
+
+
+def _leftover_module(shape, build):
+    """A one-op Relax module (op built by build(x)), legalized and given the default schedule."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(build(x))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return DefaultCPUSchedule()(mod)
+
+
+def _numpy_layer_norm(a):
+    mean = a.mean(-1, keepdims=True)
+    return (a - mean) / np.sqrt(a.var(-1, keepdims=True) + 1e-5)
+
+
+def _softmax(a):
+    e = np.exp(a - a.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+CASES = {
+    "softmax": ((2, 4, 32, 64), lambda x: relax.op.nn.softmax(x, axis=-1), _softmax),
+    "layer_norm": ((1, 128, 96), lambda x: relax.op.nn.layer_norm(
+        x, relax.const(np.ones(96, "float32")), relax.const(np.zeros(96, "float32")), axes=[-1]),
+        _numpy_layer_norm),
+    "q_kt": ((4, 40, 64), lambda x: relax.op.matmul(x, relax.op.permute_dims(x, [0, 2, 1])),
+             lambda a: a @ a.transpose(0, 2, 1)),
+    "channel_mean": ((4, 48, 32, 16), lambda x: relax.op.mean(x, axis=[1]), lambda a: a.mean(1)),
+    "gelu": ((128, 256), lambda x: relax.op.nn.gelu(x),
+             lambda a: a * 0.5 * (1 + np.vectorize(math.erf)(a / math.sqrt(2)))),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_default_schedule_is_correct_and_parallel(case, host_target, rng):
+    shape, build, ref = CASES[case]
+    mod = _leftover_module(shape, build)
+    prims = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert prims and all("tirx.is_scheduled" in f.attrs for f in prims)
+    text = "".join(f.script() for f in prims)
+    assert "T.parallel" in text
+    assert "T.exp(" not in text and "T.erf(" not in text
+    ex = tvm.compile(mod, target=host_target)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    a = rng.standard_normal(shape).astype("float32")
+    got = vm["main"](tvm.runtime.tensor(a)).numpy()
+    np.testing.assert_allclose(got, ref(a.astype("float64")), rtol=2e-5, atol=2e-5)
+
+
+def test_row_reductions_are_vectorised_by_rfactor():
+    mod = _leftover_module((1, 128, 96), CASES["layer_norm"][1])
+    text = "".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    assert "_rf" in text and "T.vectorized(T.int64(16))" in text
