@@ -99,7 +99,13 @@ def test_small_cnn_quantized_tensorized_close_to_fp32():
     u8 = [(bool(r.get("in_u8")), bool(r.get("out_q"))) for _, r in recipes(qmod)]
     assert u8[1][1] and u8[2] == (True, True) and u8[3][0]
     tpass = UnitTensorize(unit_tvm.target.host())
-    ex = build_relax(tpass(qmod), unit_tvm.target.host())
+    tmod = tpass(qmod)
+    # the uint8 edges c2 -> dw -> pw stay in NCHW16c: written blocked, read blocked
+    blocks = [(r.get("in_block"), r.get("out_block")) for _, r in recipes(tmod)
+              if r["kind"] == "conv2d"]
+    assert sorted(blocks, key=str) == sorted([(None, None), (None, 16), (16, 16), (16, None)],
+                                             key=str)
+    ex = build_relax(tmod, unit_tvm.target.host())
     # every op but the depthwise conv is tensorized; that one is int8 in TVM's loop nest, so the
     # activations around it stay uint8
     assert [bool(instr) for _, instr, _ in tpass.report] == [True, True, False, True, True]
@@ -192,3 +198,37 @@ def test_requantization_between_quantized_ops():
     for got, base, ref in zip(_run(ex, xs), plain, refs):
         np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
         assert _cos(got, ref) > 0.995
+
+
+def test_packed_edges_pad_channels_exactly():
+    """Blocked (NCHW16c) uint8 edges whose channel counts are not multiples of 16 (24, 20), through
+    a strided depthwise conv: equal to TVM's plain int8 build of the same quantized model."""
+    require_host("x86.vpdpbusd")
+
+    class Blocks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(8, 24, 1)
+            self.dw = nn.Conv2d(24, 24, 3, stride=2, padding=1, groups=24)
+            self.b = nn.Conv2d(24, 20, 1)
+            self.c = nn.Conv2d(20, 12, 3)
+
+        def forward(self, x):
+            y = nn.functional.relu6(self.a(x))
+            y = nn.functional.relu6(self.dw(y))
+            return self.c(torch.relu(self.b(y)))
+
+    model = Blocks()
+    cal, xs, refs = _prepare(model, (1, 8, 13, 13))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    tmod = UnitTensorize()(qmod)
+    blocks = [(r.get("in_block"), r.get("out_block")) for _, r in recipes(tmod)]
+    # every edge is blocked, each producer by its instruction's output block (20 channels pick
+    # a 8-lane form where one exists)
+    assert blocks[0] == (None, 16) and blocks[1] == (16, 16) and blocks[3][1] is None
+    assert blocks[2][0] == 16 and blocks[2][1] == blocks[3][0] in (8, 16)
+    ex = build_relax(tmod, unit_tvm.target.host())
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, ref in zip(_run(ex, xs), plain, refs):
+        np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
+        assert _cos(got, ref) > 0.99

@@ -53,11 +53,48 @@ def out_dtype(recipe):
     return "uint8" if recipe.get("out_q") else "float32"
 
 
+def packed_shape(shape, block):
+    """NCHW -> NCHW[block]c: (n, ceil(c / block), h, w, block)."""
+    n, c, h, w = shape
+    return [n, -(-c // block), h, w, block]
+
+
+def in_shape(recipe):
+    """Shape of the op's activation argument: NCHW, or NCHW[in_block]c on a packed edge."""
+    blk = recipe.get("in_block")
+    return packed_shape(recipe["in_shape"], blk) if blk else recipe["in_shape"]
+
+
+def out_shape(recipe):
+    """Shape of the op's result: NCHW (or [rows, n]), or NCHW[out_block]c on a packed edge."""
+    blk = recipe.get("out_block")
+    return packed_shape(recipe["out_shape"], blk) if blk else recipe["out_shape"]
+
+
 def _load_input(x, recipe, idx):
-    """The uint8 activation at idx: x itself when the producer already requantized it."""
+    """The uint8 activation at the logical (NCHW or [rows, k]) index idx, whatever x's layout:
+    x itself when the producer already requantized it, else quantized here."""
+    blk = recipe.get("in_block")
+    if blk:
+        b, c, i, j = idx
+        idx = (b, c // blk, i, j, c % blk)
     if recipe.get("in_u8"):
         return x(*idx)
     return _quantize(x(*idx), recipe["x_scale"], recipe["x_zp"])
+
+
+def _packed_output(recipe, fn, acc_at):
+    """te body of a NCHW[out_block]c uint8 result: channel f = ko * block + ki from
+    fn(acc_at(f), f, nchw index); the padding channels hold the output's zero point (real 0)."""
+    blk, k = recipe["out_block"], recipe["out_channels"]
+    zp = tirx.const(int(recipe["out_q"][1]), "uint8")
+
+    def body(b, ko, i, j, ki):
+        f = ko * blk + ki
+        fc = tirx.min(f, k - 1)  # parameters of a padding channel are never used, but read
+        return tirx.if_then_else(f < k, fn(acc_at(b, ko, i, j, ki, fc), fc, (b, fc, i, j)), zp)
+
+    return body
 
 
 def _placeholders(recipe, x_shape, w_shape):
@@ -79,20 +116,46 @@ def plain_func(recipe):
         k, _, r, s = recipe["w_shape"]
         (sh, sw), (dh, dw) = recipe["stride"], recipe["dilation"]
         pt, pl, pb, pr = recipe["padding"]
-        x, w, comp, mult, bias, res = _placeholders(recipe, recipe["in_shape"], recipe["w_shape"])
-        xq = te.compute((n, c, h + pt + pb, w_ + pl + pr), lambda b, ci, i, j: tirx.if_then_else(
-            tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl),
-            _load_input(x, recipe, (b, ci, i - pt, j - pl)),
-            tirx.const(recipe["x_zp"], "uint8")), name="xq")
+        ob = recipe.get("out_block")
+        x, w, comp, mult, bias, res = _placeholders(recipe, in_shape(recipe),
+                                                    plain_weight_shape(recipe))
         groups = recipe.get("groups", 1)
         cg, kg = c // groups, k // groups  # input / output channels per group
         rc, rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((cg, "rc"), (r, "rr"), (s, "rs")))
-        acc = te.compute(recipe["out_shape"], lambda b, f, i, j: te.sum(
-            xq[b, f // kg * cg + rc, i * sh + rr * dh, j * sw + rs * dw].astype("int32")
-            * w[f, rc, rr, rs].astype("int32"), axis=[rc, rr, rs]), name="acc")
+        # padded (with the zero point: real 0.0) and quantized, in the input's own layout; on a
+        # packed edge the channel block stays innermost, so a depthwise conv vectorises over it
+        ib = recipe.get("in_block")
+        xq_shape = (in_shape(recipe)[:2] + [h + pt + pb, w_ + pl + pr] + ([ib] if ib else []))
+
+        def xq_body(b, co, i, j, *ci):
+            ch = co * ib + ci[0] if ib else co
+            inside = tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl, *([ch < c] if ib else []))
+            return tirx.if_then_else(inside, _load_input(x, recipe, (b, ch, i - pt, j - pl)),
+                                     tirx.const(recipe["x_zp"], "uint8"))
+
+        xq = te.compute(xq_shape, xq_body, name="xq")
+
+        def xq_at(b, ch, i, j):
+            return xq[b, ch // ib, i, j, ch % ib] if ib else xq[b, ch, i, j]
+
+        def conv_at(b, f, i, j, w_at):
+            return te.sum(xq_at(b, f // kg * cg + rc, i * sh + rr * dh, j * sw + rs * dw)
+                          .astype("int32") * w_at(rc, rr, rs).astype("int32"), axis=[rc, rr, rs])
+
         fn = _epilogue(recipe, comp, mult, bias, res)
-        out = te.compute(recipe["out_shape"], lambda b, f, i, j: fn(acc[b, f, i, j], f, (b, f, i, j)),
-                         name="out")  # float32, or uint8 when requantized
+        if ob:  # accumulators and weights in the output's blocked layout too: lanes = channels
+            def acc_body(b, ko, i, j, ki):
+                f = ko * ob + ki if k % ob == 0 else tirx.min(ko * ob + ki, k - 1)
+                return conv_at(b, f, i, j, lambda *a: w[(ko,) + a + (ki,)])
+
+            acc = te.compute(out_shape(recipe), acc_body, name="acc")
+            out = te.compute(out_shape(recipe), _packed_output(
+                recipe, fn, lambda b, ko, i, j, ki, _f: acc[b, ko, i, j, ki]), name="out")
+        else:
+            acc = te.compute(recipe["out_shape"], lambda b, f, i, j: conv_at(
+                b, f, i, j, lambda *a: w[(f,) + a]), name="acc")
+            out = te.compute(recipe["out_shape"], lambda b, f, i, j: fn(
+                acc[b, f, i, j], f, (b, f, i, j)), name="out")  # float32, or uint8 requantized
     else:
         m, kk = recipe["in_shape"]
         x, w, comp, mult, bias, res = _placeholders(recipe, recipe["in_shape"], recipe["w_shape"])
@@ -104,6 +167,27 @@ def plain_func(recipe):
         out = te.compute(recipe["out_shape"], lambda i, j: fn(acc[i, j], j, (i, j)), name="out")
     args = [x, w, comp, mult, bias] + ([res] if res is not None else []) + [out]
     return te.create_prim_func(args).with_attr(ATTR, json.dumps(recipe))
+
+
+def plain_weight_shape(recipe):
+    """Weight layout of plain_func: [K, C/groups, R, S] (or [N, K]); KCRS[b]k with b = out_block
+    on a packed edge, so that its lanes are output channels like the accumulators'."""
+    ob = recipe.get("out_block")
+    if not ob:
+        return recipe["w_shape"]
+    k, cg, r, s = recipe["w_shape"]
+    return [-(-k // ob), cg, r, s, ob]
+
+
+def plain_weight(recipe, w):
+    """int8 weights [K, C/groups, R, S] -> plain_weight_shape(recipe), zero-padded."""
+    ob = recipe.get("out_block")
+    if not ob:
+        return w
+    k, cg, r, s = w.shape
+    wp = np.zeros((_round_up(k, ob), cg, r, s), np.int8)
+    wp[:k] = w
+    return np.ascontiguousarray(wp.reshape(-1, ob, cg, r, s).transpose(0, 2, 3, 4, 1))
 
 
 def layout_for(intrin):
@@ -147,7 +231,7 @@ def tensorized_graph(recipe, intrin):
         cp, kp = _round_up(c, x_blk), _round_up(k, y_blk)
         _, oc, oh, ow = recipe["out_shape"]
         x, w, comp, mult, bias, res = _placeholders(
-            recipe, recipe["in_shape"], (kp // y_blk, cp // x_blk, r, s, x_blk // 4, y_blk, 4))
+            recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // 4, y_blk, 4))
         hp, wpd = h + pt + pb, w_ + pl + pr
         # quantize, pad (with the zero point: real 0.0) and pack NCHW -> NCHW[x]c in one pass
         xq = te.compute((n, cp // x_blk, hp, wpd, x_blk), lambda b, co, i, j, ci: tirx.if_then_else(
@@ -160,8 +244,16 @@ def tensorized_graph(recipe, intrin):
             * w[ko, rc // x_blk, rr, rs, rc % x_blk // 4, ki, rc % 4].astype("int32"),
             axis=[rc, rr, rs]), name="acc")
         fn = _epilogue(recipe, comp, mult, bias, res)
+        ob = recipe.get("out_block")
 
         def epi(value, idx):
+            if ob:
+                def acc_at(b, ko, i, j, ki, f):
+                    # the same blocking as the accumulators: read in place
+                    same = ob == y_blk
+                    return value((b, ko, i, j, ki) if same else (b, f // y_blk, i, j, f % y_blk))
+
+                return _packed_output(recipe, fn, acc_at)(*idx)
             b, f, i, j = idx
             return fn(value((b, f // y_blk, i, j, f % y_blk)), f, idx)
     else:
@@ -185,7 +277,7 @@ def tensorized_graph(recipe, intrin):
 
     params = [x, w, comp, mult, bias] + ([res] if res is not None else [])
     prepared = prepare(acc, intrin, params=params,
-                       epilogue=(recipe["out_shape"], out_dtype(recipe), epi, "out"))
+                       epilogue=(out_shape(recipe), out_dtype(recipe), epi, "out"))
     return prepared, (x_blk, y_blk)
 
 

@@ -17,7 +17,8 @@ import tvm
 from tvm import relax
 
 from ..target import as_target
-from .qops import ATTR, candidates, pack_weight, tensorized_func, tensorized_graph
+from .qops import (ATTR, candidates, layout_for, out_dtype, out_shape, pack_weight, plain_func,
+                   plain_weight, tensorized_func, tensorized_graph)
 
 
 def _recipe_of(mod, call):
@@ -63,29 +64,38 @@ class UnitTensorize:
                 calls.append(e)
 
         relax.analysis.post_order_visit(func.body, collect)
+        recipes = _with_packed_edges(mod, func, calls, self.target)
         bb = relax.BlockBuilder(mod)
-        built, replace = {}, {}
-        for call in calls:
-            recipe = _recipe_of(mod, call)
+        built, replace = {}, []
+        for call, recipe in zip(calls, recipes):
             key = json.dumps(recipe, sort_keys=True)
             if key not in built:
-                entry = self._build(recipe)
-                if entry is not None:
-                    func_t, blocks = entry
-                    name = f"unit_{recipe['kind']}_{len(built)}"
-                    entry = (bb.add_func(func_t.with_attr("global_symbol", name), name), blocks)
-                built[key] = entry
+                built[key] = self._entry(bb, recipe, _recipe_of(mod, call), len(built))
             if built[key] is None:
                 continue
-            gv, blocks = built[key]
+            gv, layout_weight = built[key]
             args = list(call.args[1].fields)
-            args[1] = relax.const(pack_weight(recipe, args[1].value.numpy(), *blocks))
-            replace[call] = relax.call_tir(gv, args, call.ty)
+            args[1] = relax.const(layout_weight(args[1].value.numpy()))
+            replace.append((call, gv, args, relax.TensorType(out_shape(recipe), out_dtype(recipe))))
         if not replace:
             return mod
         mod = bb.get()
-        mod["main"] = _replace_calls(mod["main"], replace)
-        return relax.transform.DeadCodeElimination()(mod)
+        mod["main"] = _Replace(mod, replace).visit_expr(mod["main"])
+        return _drop_unused_recipes(relax.transform.DeadCodeElimination()(mod))
+
+    def _entry(self, bb, recipe, original, index):
+        """(GlobalVar, weight layout function) of the function that computes recipe: tensorized,
+        else the plain int8 loop nest when the layout changed; None keeps the call as it is."""
+        entry = self._build(recipe)
+        name = f"unit_{recipe['kind']}_{index}"
+        if entry is not None:
+            func_t, blocks = entry
+            return (bb.add_func(func_t.with_attr("global_symbol", name), name),
+                    lambda w: pack_weight(recipe, w, *blocks))
+        if recipe != original:  # a packed edge: the plain loop nest reads / writes the blocks
+            func_p = plain_func(recipe).with_attr("global_symbol", name)
+            return bb.add_func(func_p, name), lambda w: plain_weight(recipe, w)
+        return None
 
     def _build(self, recipe):
         """(tensorized PrimFunc, (x, y)), or None with the reason reported."""
@@ -114,13 +124,63 @@ class UnitTensorize:
         return None
 
 
-def _replace_calls(func, replace):
-    import tvm_ffi
+def _drop_unused_recipes(mod):
+    """The module without the quantizer's int8 functions no call uses any more (DCE keeps them,
+    and each would still be compiled)."""
+    used = set()
 
-    def on_call(call, m):
-        for old, new in replace.items():
+    def visit(e):
+        if isinstance(e, tvm.ir.GlobalVar):
+            used.add(e.name_hint)
+
+    for f in mod.functions.values():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, visit)
+    for gv, f in list(mod.functions.items()):
+        if (isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and ATTR in f.attrs
+                and gv.name_hint not in used):
+            del mod[gv]
+    return mod
+
+
+@relax.expr_functor.mutator
+class _Replace(relax.PyExprMutator):
+    """Main with each listed call_tir replaced (new function, arguments, result type); bindings
+    whose type changes (a packed layout) get new variables, and their users follow."""
+
+    def __init__(self, mod, replace):
+        super().__init__(mod)
+        self.replace = replace
+
+    def visit_call_(self, call):
+        for old, gv, args, ty in self.replace:
             if call.same_as(old):
-                return new
-        return m.default_mutate(call)
+                return relax.call_tir(gv, [self.visit_expr(a) for a in args], ty)
+        return super().visit_call_(call)
 
-    return tvm_ffi.structural_mutate(func, [(relax.Call, on_call)])
+
+def _with_packed_edges(mod, func, calls, target):
+    """The recipes of calls, with NCHW[x]c edges marked: where a conv's uint8 result (requantized)
+    feeds exactly one conv, the producer writes NCHW[y]c (y: the output block of its first
+    candidate instruction, e.g. 16 for VNNI and AMX) and the consumer reads it, so neither a
+    scatter to NCHW nor a full repack sits between two int8 convs."""
+    recipes = [json.loads(json.dumps(_recipe_of(mod, c))) for c in calls]
+    producer_of = {}
+    for block in func.body.blocks:
+        for b in block.bindings:
+            for i, c in enumerate(calls):
+                if b.value.same_as(c):
+                    producer_of[b.var] = i
+    for j, (call, recipe) in enumerate(zip(calls, recipes)):
+        x = call.args[1].fields[0]
+        i = producer_of.get(x) if isinstance(x, relax.Var) else None
+        if i is None or not recipe.get("in_u8") or recipe["kind"] != "conv2d":
+            continue
+        prod = recipes[i]
+        if prod["kind"] != "conv2d" or not prod.get("out_q"):
+            continue
+        found = candidates(prod, target)
+        block = layout_for(found[0])[1] if found else 16
+        prod["out_block"] = block
+        recipe["in_block"] = block
+    return recipes
