@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import tvm
 
 # x86-64 AVX-512 has 32 vector registers; the instruction needs one for the shared operand and
 # one or two for broadcasts, so at most ~28 accumulators stay in registers.
@@ -129,6 +130,29 @@ def _order(n, front):
     return list(range(n)) if front < 0 else [front] + [p for p in range(n) if p != front]
 
 
+def _vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
+    """Vectorise the write-back's innermost loop when every buffer it touches along that loop is
+    contiguous there (its last axis only): an epilogue into a blocked layout (NCHW16c) reads the
+    accumulator lanes and writes the output lanes in place. Scattering writes keep scalar code."""
+    loops = sch.get_loops(block)
+    if not loops or int(sch.get(loops[-1]).extent) not in widths:
+        return
+    loop = sch.get(loops[-1])
+    realize = loop.body
+    stmt = sch.get(block)
+    if not hasattr(realize, "iter_values") or not realize.block.same_as(stmt):
+        return
+    bound = [iv.var for iv, value in zip(stmt.iter_vars, realize.iter_values)
+             if any(v.same_as(loop.loop_var) for v in tvm.tirx.analysis.undefined_vars(value))]
+    if len(bound) != 1:
+        return
+    for region in list(stmt.reads) + list(stmt.writes):
+        axes = [tvm.tirx.analysis.undefined_vars(r.min) for r in region.region]
+        if any(any(v.same_as(bound[0]) for v in a) for a in axes[:-1]):
+            return
+    sch.vectorize(loops[-1])
+
+
 def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_back=None):
     """Organise loops around the instruction loops per `config`.
 
@@ -161,6 +185,7 @@ def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_b
         if write_back is None:
             write_back = sch.cache_write(block, 0, "global")
         sch.reverse_compute_at(write_back, outer[-1])
+        _vectorize_lanes(sch, write_back)
         sch.parallel(outer[0])
     for loop in inner:
         sch.unroll(loop)

@@ -232,3 +232,28 @@ def test_packed_edges_pad_channels_exactly():
     for got, base, ref in zip(_run(ex, xs), plain, refs):
         np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
         assert _cos(got, ref) > 0.99
+
+
+def _conv_recipe(**extra):
+    recipe = {"kind": "conv2d", "in_shape": [1, 24, 10, 10], "w_shape": [32, 24, 1, 1],
+              "out_shape": [1, 32, 10, 10], "out_channels": 32, "stride": [1, 1],
+              "dilation": [1, 1], "padding": [0, 0, 0, 0], "x_scale": 0.1, "x_zp": 3,
+              "relu": True, "clip_max": None, "residual": False, "in_u8": True,
+              "out_q": [0.05, 0]}
+    recipe.update(extra)
+    return recipe
+
+
+@pytest.mark.parametrize("blocked", [True, False])
+def test_write_back_vectorised_only_into_blocked_layout(blocked):
+    """Into NCHW16c the epilogue reads accumulator lanes and writes output lanes in place: one
+    vector loop. Into NCHW the lanes scatter across rows: scalar code, no gathers."""
+    require_host("x86.vpdpbusd")
+    from unit_tvm.relax.qops import candidates, tensorized_func
+
+    target = unit_tvm.target.host()
+    recipe = _conv_recipe(**({"in_block": 16, "out_block": 16} if blocked else {}))
+    func, _, _ = tensorized_func(recipe, candidates(recipe, target)[0], target)
+    text = func.script()
+    out_block = text[text.index('T.sblock("out")') - 200:text.index('T.sblock("out")')]
+    assert ("T.vectorized(16)" in out_block) == blocked

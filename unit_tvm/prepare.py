@@ -402,11 +402,15 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     # 3. the epilogue: user layout, crop, compensation
     out_names = sp_names  # the working op (shifted or not) has the same axes as op
 
-    def value(op_indices):
-        """op's result at op_indices, read from the core (crop, unpack, compensation)."""
+    def value(op_indices, analyzer=None):
+        """op's result at op_indices, read from the core (crop, unpack, compensation).
+        analyzer: bounds of the output's loop variables, to simplify the core's indices (a block
+        that matches the core's lanes then reads them in place, which vectorises)."""
         var_of = dict(zip(out_names, op_indices))
         idx = [tirx.floordiv(var_of[n], split_sp[n]) if n in split_sp else var_of[n] for n in out_names]
         idx += [tirx.floormod(var_of[ol], ext) for _, ol, ext in out_loops]
+        if analyzer is not None:
+            idx = [analyzer.simplify(i) for i in idx]
         result = core(*idx)
         if comp is not None:
             tensor, names = comp
@@ -418,7 +422,14 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
         reference = op
     else:
         shape, _dtype, fn, name = epilogue
-        output = te.compute(list(shape), lambda *vs: fn(value, vs), name=name)
+
+        def out_body(*vs):
+            analyzer = tvm.sym.Analyzer()
+            for v, ext in zip(vs, shape):
+                analyzer.bind(v, tvm.ir.Range(0, int(ext)))
+            return fn(lambda idx: value(idx, analyzer), vs)
+
+        output = te.compute(list(shape), out_body, name=name)
         reference = te.compute(list(shape), lambda *vs: fn(lambda idx: op(*idx), vs),
                                name=name + "_reference")
     core_maps = [m for m in inspect(core, intrin)
