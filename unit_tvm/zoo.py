@@ -14,6 +14,13 @@ def _bn(c):
     return nn.BatchNorm2d(c)
 
 
+def _downsample(cin, out, stride):
+    """The projection shortcut of a residual block (1x1 conv + bn), or None for identity."""
+    if stride == 1 and cin == out:
+        return None
+    return nn.Sequential(nn.Conv2d(cin, out, 1, stride, bias=False), _bn(out))
+
+
 class BasicBlock(nn.Module):
     expansion = 1
 
@@ -23,9 +30,7 @@ class BasicBlock(nn.Module):
         self.bn1 = _bn(c)
         self.conv2 = nn.Conv2d(c, c, 3, 1, 1, bias=False)
         self.bn2 = _bn(c)
-        self.down = None
-        if stride != 1 or cin != c:
-            self.down = nn.Sequential(nn.Conv2d(cin, c, 1, stride, bias=False), _bn(c))
+        self.down = _downsample(cin, c, stride)
 
     def forward(self, x):
         identity = x if self.down is None else self.down(x)
@@ -45,9 +50,7 @@ class Bottleneck(nn.Module):
         self.bn2 = _bn(c)
         self.conv3 = nn.Conv2d(c, out, 1, bias=False)
         self.bn3 = _bn(out)
-        self.down = None
-        if stride != 1 or cin != out:
-            self.down = nn.Sequential(nn.Conv2d(cin, out, 1, stride, bias=False), _bn(out))
+        self.down = _downsample(cin, out, stride)
 
     def forward(self, x):
         identity = x if self.down is None else self.down(x)

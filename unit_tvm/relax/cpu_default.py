@@ -14,32 +14,26 @@ MIN_PARALLEL = 64  # below this many iterations threads cost more than they save
 RF_LANES = 16  # partial results per row of a vectorised row reduction: one zmm of float32
 
 
+def _read_axes(block):
+    """(reduction variable names, [per read: [names of the variables in each axis' index]])."""
+    red = {iv.var.name for iv in block.iter_vars if iv.iter_type == 2}
+    reads = [[{v.name for v in tvm.tirx.analysis.undefined_vars(r.min)} for r in region.region]
+             for region in block.reads]
+    return red, reads
+
+
 def _gathers(block, var):
     """Whether vectorising `var` would gather: something read with a reduction variable on its
     last (contiguous) axis has `var` on another axis."""
-    red = {iv.var.name for iv in block.iter_vars if iv.iter_type == 2}
-
-    def names(expr):
-        return {v.name for v in tvm.tirx.analysis.undefined_vars(expr)}
-
-    for region in block.reads:
-        axes = [names(r.min) for r in region.region]
-        if axes and axes[-1] & red and any(var in a for a in axes[:-1]):
-            return True
-    return False
+    red, reads = _read_axes(block)
+    return any(axes and axes[-1] & red and any(var in a for a in axes[:-1]) for axes in reads)
 
 
 def _contiguous_reduction(block):
     """Whether the reduction variable is the last (contiguous) axis of everything it indexes."""
-    red = {iv.var.name for iv in block.iter_vars if iv.iter_type == 2}
-    seen = False
-    for region in block.reads:
-        for i, r in enumerate(region.region):
-            if {v.name for v in tvm.tirx.analysis.undefined_vars(r.min)} & red:
-                if i != len(region.region) - 1:
-                    return False
-                seen = True
-    return seen
+    red, reads = _read_axes(block)
+    used = [(i, len(axes)) for axes in reads for i, a in enumerate(axes) if a & red]
+    return bool(used) and all(i == n - 1 for i, n in used)
 
 
 def _parallel_prefix(loops, extents):
@@ -70,7 +64,7 @@ def _vectorize_by_rfactor(sch, block, loops, lead):
 
 
 def _schedule(func):
-    sch = s_tir.Schedule(fastmath.vectorizable(func))
+    sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     for block in sch.get_child_blocks(root):
         loops = sch.get_loops(block)
@@ -121,11 +115,12 @@ class DefaultCPUSchedule:
                 continue
             if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
                 continue  # tensorized kernels (and anything scheduled before us)
+            # exp/erf become vector arithmetic whether or not the loops below can be scheduled
+            func = fastmath.vectorizable(func)
             try:
-                new = _schedule(func)
+                updates[gv] = _schedule(func).with_attr("tirx.is_scheduled", True)
             except (tvm.s_tir.ScheduleError, tvm.error.InternalError, ValueError):
-                continue  # keep TVM's loop nest for anything unusual
-            updates[gv] = new.with_attr("tirx.is_scheduled", True)
+                updates[gv] = func  # keep TVM's loop nest for anything unusual
         for gv, f in updates.items():
             mod[gv] = f
         return mod
