@@ -249,11 +249,49 @@ def test_write_back_vectorised_only_into_blocked_layout(blocked):
     """Into NCHW16c the epilogue reads accumulator lanes and writes output lanes in place: one
     vector loop. Into NCHW the lanes scatter across rows: scalar code, no gathers."""
     require_host("x86.vpdpbusd")
-    from unit_tvm.relax.qops import candidates, tensorized_func
+    from unit_tvm.relax.qops import candidates, layout_for, tensorized_func
 
     target = unit_tvm.target.host()
     recipe = _conv_recipe(**({"in_block": 16, "out_block": 16} if blocked else {}))
-    func, _, _ = tensorized_func(recipe, candidates(recipe, target)[0], target)
+    intrin = [i for i in candidates(recipe, target) if layout_for(i)[1] == 16][0]
+    func, _, _ = tensorized_func(recipe, intrin, target)
     text = func.script()
     out_block = text[text.index('T.sblock("out")') - 200:text.index('T.sblock("out")')]
     assert ("T.vectorized(16)" in out_block) == blocked
+
+
+def test_output_block_follows_the_instruction():
+    """A 16-channel output block over 8-lane accumulators would mix accumulator blocks in one
+    write-back tile (TVM derived a wrong loop nest for it): refused with a clear error."""
+    from unit_tvm import intrinsics
+    from unit_tvm.relax.qops import tensorized_graph
+
+    recipe = _conv_recipe(in_block=16, out_block=16)
+    with pytest.raises(ValueError, match="output block 16 differs"):
+        tensorized_graph(recipe, intrinsics.get("x86.vpdpbusd.256"))
+    tensorized_graph(dict(recipe, out_block=8), intrinsics.get("x86.vpdpbusd.256"))
+
+
+def test_single_row_dense_on_every_instruction():
+    """A classifier's dense has one row: on a 16-row AMX tile the row index simplified to 0 and
+    left the write-back unplaceable (a TVM InternalError). Every instruction of this host builds
+    it, and each result equals TVM's own build of the op."""
+    import unit_tvm.tuner.search as search
+    from unit_tvm.relax.qops import candidates, tensorized_graph
+
+    target = unit_tvm.target.host()
+    recipe = {"kind": "dense", "in_shape": [1, 200], "w_shape": [40, 200], "out_channels": 40,
+              "out_shape": [1, 40], "x_scale": 0.1, "x_zp": 3, "in_u8": False, "out_q": None,
+              "bias": True, "relu": None, "residual": False}
+    found = candidates(recipe, target)
+    if not found:
+        pytest.skip(f"no u8 x s8 instruction runs on {target}")
+    rng = np.random.default_rng(0)
+    for intrin in found:
+        prepared, _ = tensorized_graph(recipe, intrin)
+        arrays = search._inputs(prepared, intrin, rng)
+        expected = search.reference_output(prepared, arrays, target)
+        args = unit_tvm.measure.to_device(arrays + [np.zeros_like(expected)], tvm.cpu())
+        search.candidate_module(prepared, intrin, None, target)(*args)
+        np.testing.assert_allclose(args[-1].numpy(), expected, rtol=1e-5, atol=1e-5,
+                                   err_msg=intrin.name)

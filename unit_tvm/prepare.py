@@ -426,7 +426,10 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
         def out_body(*vs):
             analyzer = tvm.sym.Analyzer()
             for v, ext in zip(vs, shape):
-                analyzer.bind(v, tvm.ir.Range(0, int(ext)))
+                # an extent-1 variable is left unbound: bound, it would simplify to 0 and vanish
+                # from the core's indices, and reverse_compute_at then cannot place the block
+                if int(ext) > 1:
+                    analyzer.bind(v, tvm.ir.Range(0, int(ext)))
             return fn(lambda idx: value(idx, analyzer), vs)
 
         output = te.compute(list(shape), out_body, name=name)
