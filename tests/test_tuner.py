@@ -99,3 +99,55 @@ def test_cost_model_learns_a_ranking():
     model = CostModel().fit(xs[:30], ys[:30])
     pred = model.predict(xs[30:])
     assert np.corrcoef(pred, np.log(ys[30:]))[0, 1] > 0.8
+
+
+def _alternatives(op, names):
+    for name in names:
+        require_host(name)
+    return [(intrinsics.get(n), prepare(op, intrinsics.get(n))) for n in names]
+
+
+def test_instruction_race_never_picks_a_wrong_kernel(monkeypatch, small_conv, tmp_path):
+    alts = _alternatives(small_conv, ["x86.vpdpbusd", "x86.vpdpbusd.256"])
+    real = search.candidate_module
+
+    def first_is_wrong(prepared_, intrin_, config, target):
+        mod = real(prepared_, intrin_, config, target)
+        if intrin_.name != "x86.vpdpbusd":
+            return mod
+
+        def wrong(*args):
+            mod(*args)
+            out = args[-1].numpy()
+            out.flat[-1] -= 1
+            args[-1].copyfrom(out)
+
+        wrong.time_evaluator = mod.time_evaluator
+        return wrong
+
+    monkeypatch.setattr(search, "candidate_module", first_is_wrong)
+    db = Database(tmp_path / "db.jsonl")
+    index, result = search.tune_instruction(alts, trials=3, database=db, progress=False)
+    assert index == 1 and result.gops > 0
+    assert {r["intrinsic"] for r in db.records()} == {"x86.vpdpbusd.256"}
+
+
+def test_instruction_choice_follows_the_database(monkeypatch, small_conv, tmp_path):
+    alts = _alternatives(small_conv, ["x86.vpdpbusd", "x86.vpdpbusd.256"])
+    db = Database(tmp_path / "db.jsonl")
+    keys = [search.workload_key(tvm.te.create_prim_func(list(p.params) + [p.reference]))
+            for _, p in alts]
+    host = str(unit_tvm.target.host())
+    # GOPS count each alternative's own (padded) work, so the choice compares seconds: the
+    # 256-bit record is faster here although both claim similar GOPS
+    ops = [search._ops(p) for _, p in alts]
+    db.append(keys[0], host, "x86.vpdpbusd", {"unroll": [], "parallel": 1}, ops[0] / 2e-3 / 1e9)
+    db.append(keys[1], host, "x86.vpdpbusd.256", {"unroll": [], "parallel": 1}, ops[1] / 1e-3 / 1e9)
+
+    def no_measuring(*a, **k):
+        raise AssertionError("a database hit must not build candidates")
+
+    monkeypatch.setattr(search, "candidate_module", no_measuring)
+    monkeypatch.setattr(search, "reference_output", no_measuring)
+    index, result = search.tune_instruction(alts, database=db, progress=False)
+    assert index == 1 and result.from_database

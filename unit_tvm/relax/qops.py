@@ -249,15 +249,17 @@ def tensorized_graph(recipe, intrin):
             axis=[rc, rr, rs]), name="acc")
         fn = _epilogue(recipe, comp, mult, bias, res)
         ob = recipe.get("out_block")
+        if ob and ob != y_blk:
+            # one output block would mix accumulator blocks; TVM's reverse_compute_at then
+            # derives a wrong per-tile loop nest (a wrong result, seen with 8-lane accumulators
+            # under a 16-channel output block), so the output block follows the instruction
+            raise ValueError(f"output block {ob} differs from {intrin.name}'s {y_blk} channels")
 
         def epi(value, idx):
             if ob:
-                def acc_at(b, ko, i, j, ki, f):
-                    # the same blocking as the accumulators: read in place
-                    same = ob == y_blk
-                    return value((b, ko, i, j, ki) if same else (b, f // y_blk, i, j, f % y_blk))
-
-                return _packed_output(recipe, fn, acc_at)(*idx)
+                # the same blocking as the accumulators: read in place
+                return _packed_output(recipe, fn, lambda b, ko, i, j, ki, f: value(
+                    (b, ko, i, j, ki)))(*idx)
             b, f, i, j = idx
             return fn(value((b, f // y_blk, i, j, f % y_blk)), f, idx)
     else:

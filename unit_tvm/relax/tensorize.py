@@ -1,13 +1,14 @@
 """UnitTensorize: the graph pass that puts tensorized kernels into a quantized Relax model.
 
 For every int8 operator the quantizer produced (a call_tir of a PrimFunc carrying a recipe), it
-picks the instruction (Inspector: least padding, tile before vector), converts the layouts —
+picks the instruction (candidates in the Inspector's order — least padding, tile before vector —
+raced by the tuner when tuning, or the database's fastest record), converts the layouts —
 activations are quantized, zero-padded and packed to NCHW[x]c inside the kernel, constant weights
 are packed to KCRS[x/4]c[y]k[4]c at compile time — and replaces the call with the Rewriter's
 tensorized kernel, its epilogue (dequantization, bias, residual, relu) fused into the write-back.
-Tuned configurations come from the tuning database when present. Grouped/depthwise int8 convs keep
-their plain int8 loop nest (scheduled later by the default CPU schedule). Everything else is left
-for TVM's own legalization: this is one pass in TVM's pipeline, not a fork of tvm.compile.
+Grouped/depthwise int8 convs keep their plain int8 loop nest (scheduled later by the default CPU
+schedule). Everything else is left for TVM's own legalization: this is one pass in TVM's
+pipeline, not a fork of tvm.compile.
 """
 
 import json
@@ -29,15 +30,6 @@ def _recipe_of(mod, call):
     if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and ATTR in func.attrs:
         return json.loads(str(func.attrs[ATTR]))
     return None
-
-
-def _configs(prepared, intrin, target, database, tune, trials):
-    if database is None and not tune:
-        return None
-    from ..tuner import tune as run_tune
-
-    return run_tune(prepared, intrin, target, database=database, measure=bool(tune),
-                    trials=trials).config
 
 
 @tvm.transform.module_pass(opt_level=0, name="UnitTensorize")
@@ -64,41 +56,53 @@ class UnitTensorize:
                 calls.append(e)
 
         relax.analysis.post_order_visit(func.body, collect)
-        recipes = _with_packed_edges(mod, func, calls, self.target)
+        recipes = [json.loads(json.dumps(_recipe_of(mod, c))) for c in calls]
+        consumer = _packed_consumers(func, calls, recipes)
         bb = relax.BlockBuilder(mod)
         built, replace = {}, []
-        for call, recipe in zip(calls, recipes):
-            key = json.dumps(recipe, sort_keys=True)
+        # calls come in post order (producers first): a producer's output block is known (its
+        # instruction's) before its consumer's recipe is keyed
+        for i, (call, recipe) in enumerate(zip(calls, recipes)):
+            key = json.dumps([recipe, i in consumer], sort_keys=True)
             if key not in built:
-                built[key] = self._entry(bb, recipe, _recipe_of(mod, call), len(built))
+                built[key] = self._entry(bb, recipe, i in consumer, _recipe_of(mod, call),
+                                         len(built))
             if built[key] is None:
                 continue
-            gv, layout_weight = built[key]
+            gv, layout_weight, final = built[key]
+            if i in consumer:
+                recipes[consumer[i]]["in_block"] = final["out_block"]
             args = list(call.args[1].fields)
             args[1] = relax.const(layout_weight(args[1].value.numpy()))
-            replace.append((call, gv, args, relax.TensorType(out_shape(recipe), out_dtype(recipe))))
+            replace.append((call, gv, args, relax.TensorType(out_shape(final), out_dtype(final))))
         if not replace:
             return mod
         mod = bb.get()
         mod["main"] = _Replace(mod, replace).visit_expr(mod["main"])
         return _drop_unused_recipes(relax.transform.DeadCodeElimination()(mod))
 
-    def _entry(self, bb, recipe, original, index):
-        """(GlobalVar, weight layout function) of the function that computes recipe: tensorized,
-        else the plain int8 loop nest when the layout changed; None keeps the call as it is."""
-        entry = self._build(recipe)
+    def _entry(self, bb, recipe, packed_out, original, index):
+        """(GlobalVar, weight layout function, final recipe) of the function that computes
+        recipe — tensorized, else the plain int8 loop nest when the layout changes — or None to
+        keep the call as it is. packed_out: the result goes to a packed edge (NCHW[y]c)."""
+        entry = self._build(recipe, packed_out)
         name = f"unit_{recipe['kind']}_{index}"
         if entry is not None:
-            func_t, blocks = entry
+            func_t, blocks, final = entry
             return (bb.add_func(func_t.with_attr("global_symbol", name), name),
-                    lambda w: pack_weight(recipe, w, *blocks))
+                    lambda w: pack_weight(final, w, *blocks), final)
+        if packed_out:
+            found = candidates(recipe, self.target)
+            recipe = dict(recipe, out_block=layout_for(found[0])[1] if found else 16)
         if recipe != original:  # a packed edge: the plain loop nest reads / writes the blocks
             func_p = plain_func(recipe).with_attr("global_symbol", name)
-            return bb.add_func(func_p, name), lambda w: plain_weight(recipe, w)
+            return bb.add_func(func_p, name), lambda w: plain_weight(recipe, w), recipe
         return None
 
-    def _build(self, recipe):
-        """(tensorized PrimFunc, (x, y)), or None with the reason reported."""
+    def _build(self, recipe, packed_out):
+        """(tensorized PrimFunc, (x, y), final recipe), or None with the reason reported. Every
+        candidate instruction is an alternative (packed_out: with its own output block); the
+        database or a race of the tuner picks one, the rest are fallbacks in preference order."""
         label = f"{recipe['kind']} {recipe['in_shape']}->{recipe['out_shape']}"
         if recipe.get("groups", 1) != 1:
             # expected, not a warning: no dot-product instruction fits a depthwise window; the
@@ -106,18 +110,34 @@ class UnitTensorize:
             self.report.append((label, None, f"grouped conv ({recipe['groups']} groups): "
                                              "int8 without a tensorized instruction"))
             return None
-        reasons = []
+        reasons, alternatives = [], []
         for intrin in candidates(recipe, self.target):
+            final = dict(recipe, out_block=layout_for(intrin)[1]) if packed_out else recipe
             try:
-                graph = tensorized_graph(recipe, intrin)
-                config = _configs(graph[0], intrin, self.target, self.database, self.tune,
-                                  self.trials)
-                func, blocks, _ = tensorized_func(recipe, intrin, self.target, config, graph)
+                alternatives.append((intrin, final, tensorized_graph(final, intrin)))
+            except ValueError as e:
+                reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
+        chosen, config = 0, None
+        if alternatives and (self.database is not None or self.tune):
+            from ..tuner import tune_instruction
+
+            try:
+                chosen, result = tune_instruction(
+                    [(intrin, graph[0]) for intrin, _, graph in alternatives], self.target,
+                    trials=self.trials, database=self.database, measure=bool(self.tune))
+                config = result.config
+            except RuntimeError as e:
+                reasons.append(str(e).splitlines()[0])
+        for k in [chosen] + [k for k in range(len(alternatives)) if k != chosen]:
+            intrin, final, graph = alternatives[k]
+            try:
+                func, blocks, _ = tensorized_func(final, intrin, self.target,
+                                                  config if k == chosen else None, graph)
             except (ValueError, RuntimeError, tvm.s_tir.ScheduleError) as e:
                 reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
                 continue
             self.report.append((label, intrin.name, ""))
-            return func, blocks
+            return func, blocks, final
         reason = "; ".join(reasons) or "no u8 x s8 instruction on this target"
         warnings.warn(f"UnitTensorize: {label} keeps TVM's schedule: {reason}", stacklevel=3)
         self.report.append((label, None, reason))
@@ -159,28 +179,23 @@ class _Replace(relax.PyExprMutator):
         return super().visit_call_(call)
 
 
-def _with_packed_edges(mod, func, calls, target):
-    """The recipes of calls, with NCHW[x]c edges marked: where a conv's uint8 result (requantized)
-    feeds exactly one conv, the producer writes NCHW[y]c (y: the output block of its first
-    candidate instruction, e.g. 16 for VNNI and AMX) and the consumer reads it, so neither a
+def _packed_consumers(func, calls, recipes):
+    """{producer index: consumer index} of the edges that become NCHW[y]c: where a conv's
+    uint8 result (requantized) feeds exactly one conv, the producer writes NCHW[y]c (y: its
+    instruction's output block, e.g. 16 for VNNI and AMX) and the consumer reads it, so neither a
     scatter to NCHW nor a full repack sits between two int8 convs."""
-    recipes = [json.loads(json.dumps(_recipe_of(mod, c))) for c in calls]
     producer_of = {}
     for block in func.body.blocks:
         for b in block.bindings:
             for i, c in enumerate(calls):
                 if b.value.same_as(c):
                     producer_of[b.var] = i
+    out = {}
     for j, (call, recipe) in enumerate(zip(calls, recipes)):
         x = call.args[1].fields[0]
         i = producer_of.get(x) if isinstance(x, relax.Var) else None
         if i is None or not recipe.get("in_u8") or recipe["kind"] != "conv2d":
             continue
-        prod = recipes[i]
-        if prod["kind"] != "conv2d" or not prod.get("out_q"):
-            continue
-        found = candidates(prod, target)
-        block = layout_for(found[0])[1] if found else 16
-        prod["out_block"] = block
-        recipe["in_block"] = block
-    return recipes
+        if recipes[i]["kind"] == "conv2d" and recipes[i].get("out_q"):
+            out[i] = j
+    return out

@@ -183,6 +183,63 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
     return result
 
 
+def _seconds(prepared, result):
+    """Measured seconds of a TuneResult's config (its GOPS count the op's padded work)."""
+    return _ops(prepared) / (result.gops * 1e9) if result.gops > 0 else float("inf")
+
+
+def tune_instruction(alternatives, target=None, *, trials=None, database=None, measure=True,
+                     progress=None, close=1.15):
+    """Pick the instruction for one op, and its config: alternatives is [(intrin, prepared), ...]
+    in preference order. Returns (index into alternatives, TuneResult).
+
+    A database hit for any alternative decides without measuring (the fastest recorded one).
+    Without a hit: measure=False takes the first alternative with its default config; else every
+    alternative's default config is built, checked against the reference and timed, then the
+    fastest — and any within `close` of it — is tuned and the fastest tuned one kept. Padding,
+    register blocking and tile shapes make the static preference a guess: at 7x7 or one row,
+    a 16-row AMX tile computes mostly padding and the 512-bit vpdpbusd wins by 2x.
+    """
+    target = as_target(target)
+    if database is not None and not isinstance(database, Database):
+        database = Database(database)
+    if database is not None:
+        hits = []
+        for i, (intrin, prepared) in enumerate(alternatives):
+            key = workload_key(te.create_prim_func(list(prepared.params) + [prepared.reference]))
+            if database.lookup(key, target, intrin.name) is not None:
+                res = tune(prepared, intrin, target, database=database, measure=False)
+                hits.append((_seconds(prepared, res), i, res))
+        if hits:
+            _, i, res = min(hits, key=lambda h: h[0])
+            return i, res
+    if not measure or len(alternatives) == 1:
+        intrin, prepared = alternatives[0]
+        return 0, tune(prepared, intrin, target, trials=trials, database=database,
+                       measure=measure, progress=progress)
+    raced = []
+    for i, (intrin, prepared) in enumerate(alternatives):
+        try:
+            res = tune(prepared, intrin, target, trials=1, progress=False)
+        except (RuntimeError, ValueError, tvm.s_tir.ScheduleError) as e:
+            log.info("%s: default config failed: %s", intrin.name, str(e).splitlines()[0])
+            continue
+        raced.append((_seconds(prepared, res), i))
+    if not raced:
+        raise RuntimeError("no alternative instruction builds a correct kernel: "
+                           + ", ".join(intrin.name for intrin, _ in alternatives))
+    fastest = min(t for t, _ in raced)
+    tuned = []
+    for t, i in sorted(raced):
+        if t > fastest * close:
+            break
+        intrin, prepared = alternatives[i]
+        res = tune(prepared, intrin, target, trials=trials, database=database, progress=progress)
+        tuned.append((_seconds(prepared, res), i, res))
+    _, i, res = min(tuned, key=lambda h: h[0])
+    return i, res
+
+
 def measure_to_device(arrays, dev):
     return measure.to_device(arrays, dev)
 
