@@ -121,3 +121,38 @@ def test_row_reductions_are_vectorised_by_rfactor():
     mod = _leftover_module((1, 128, 96), CASES["layer_norm"][1])
     text = "".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
     assert "_rf" in text and "T.vectorized(T.int64(16))" in text
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_blocked_depthwise_conv_vectorised_and_requantized_in_registers(stride, host_target, rng):
+    """A packed int8 depthwise conv (NCHW16c in and out, 20 channels so 12 are padding): the
+    accumulation is vectorised over the 16 channels of a block and the requantization runs
+    inside the same parallel loop (no second pass over an int32 buffer); the result equals
+    TVM's build of the unscheduled loop nest."""
+    from unit_tvm.relax.qops import in_shape, out_shape, plain_func, plain_weight_shape
+
+    oh = (17 + 2 - 3) // stride + 1
+    recipe = {"kind": "conv2d", "in_shape": [1, 20, 17, 17], "w_shape": [20, 1, 3, 3],
+              "out_channels": 20, "out_shape": [1, 20, oh, oh], "stride": [stride, stride],
+              "dilation": [1, 1], "padding": [1, 1, 1, 1], "groups": 20, "x_scale": 0.1,
+              "x_zp": 3, "in_u8": True, "out_q": [0.2, 5], "bias": True, "relu": True,
+              "clip_max": 6.0, "residual": False, "in_block": 16, "out_block": 16}
+    func = plain_func(recipe)
+    scheduled = DefaultCPUSchedule()(tvm.IRModule({"main": func}))["main"]
+    text = scheduled.script()
+    acc_loops = text[text.index('T.sblock("xq")'):text.index('T.sblock("acc_update")')]
+    assert "T.vectorized(16)" in acc_loops
+    assert text.count("T.parallel(") == 2  # padding pass; accumulation + requantization
+    assert text.index('T.sblock("out")') > text.index('T.sblock("acc_update")')
+    args = [rng.integers(0, 256, in_shape(recipe)).astype("uint8"),
+            rng.integers(-128, 128, plain_weight_shape(recipe)).astype("int8"),
+            rng.integers(-50, 50, 20).astype("int32"), np.full(20, 2e-5, "float32"),
+            rng.standard_normal(20).astype("float32")]
+    outs = []
+    for f in (scheduled, func):
+        lib = tvm.compile(tvm.IRModule({"main": f}), target=host_target)
+        out = tvm.runtime.tensor(np.zeros(out_shape(recipe), "uint8"))
+        lib(*[tvm.runtime.tensor(a) for a in args], out)
+        outs.append(out.numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert len(np.unique(outs[0])) > 8

@@ -63,10 +63,39 @@ def _vectorize_by_rfactor(sch, block, loops, lead):
     sch.decompose_reduction(rf, lps[-2])
 
 
+def _vector_split(extent):
+    """Lanes of a vectorised loop: a whole zmm of 32-bit lanes when the extent allows."""
+    return 16 if extent % 16 == 0 else 8
+
+
+def _elementwise_consumer(sch, block):
+    """The single consumer of block that reads its result elementwise (the same index as it
+    writes, e.g. a requantization after a conv), or None."""
+    consumers = sch.get_consumers(block)
+    if len(consumers) != 1:
+        return None
+    prod, cons = sch.get(block), sch.get(consumers[0])
+    if any(iv.iter_type != 0 for iv in cons.iter_vars) or len(prod.writes) != 1:
+        return None
+    out = prod.writes[0].source
+    spatial = [iv for iv in prod.iter_vars if iv.iter_type == 0]
+    for region in cons.reads:
+        if region.source.same_as(out):
+            if len(region.region) != len(spatial) or len(cons.iter_vars) != len(spatial):
+                return None
+            for r, iv in zip(region.region, cons.iter_vars):
+                if not (isinstance(r.min, tvm.tirx.Var) and r.min.same_as(iv.var)):
+                    return None
+    return consumers[0]
+
+
 def _schedule(func):
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
+    fused = set()
     for block in sch.get_child_blocks(root):
+        if sch.get(block).name_hint in fused:
+            continue
         loops = sch.get_loops(block)
         kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
         if not loops or len(kinds) != len(loops):
@@ -93,10 +122,23 @@ def _schedule(func):
         par = _parallel_prefix(loops[:lead if vec is None else vec], extents)
         if vec is not None and reduction:
             sch.reorder(*loops[:vec], *loops[lead:], loops[vec])
+        outer = loops[vec - 1] if vec else None  # the loop above the vector loop
         if par:
-            sch.parallel(sch.fuse(*par) if len(par) > 1 else par[0])
+            fused_loop = sch.fuse(*par) if len(par) > 1 else par[0]
+            sch.parallel(fused_loop)
+            if par[-1].same_as(outer):
+                outer = fused_loop
         if vec is not None:
-            _, v = sch.split(loops[vec], [None, 8])
+            _, v = sch.split(loops[vec], [None, _vector_split(extents[vec])])
+            sch.vectorize(v)
+        consumer = _elementwise_consumer(sch, block) if reduction and vec is not None else None
+        if consumer is not None and outer is not None:
+            # the consumer (requantization, bias, activation) runs on each vector of results
+            # while it is in registers, instead of a second pass over an int32 buffer
+            fused.add(sch.get(consumer).name_hint)
+            sch.reverse_compute_at(consumer, outer)
+            inner = sch.get_loops(consumer)[-1]
+            _, v = sch.split(inner, [None, _vector_split(extents[vec])])
             sch.vectorize(v)
         if reduction and vec is not None:
             # the init moves above the reduction loops (their RVs survive the fuse and split)

@@ -125,7 +125,11 @@ def plain_func(recipe):
                                                     plain_weight_shape(recipe))
         groups = recipe.get("groups", 1)
         cg, kg = c // groups, k // groups  # input / output channels per group
-        rc, rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((cg, "rc"), (r, "rr"), (s, "rs")))
+        # a depthwise conv has no channel reduction: an extent-1 one would put a reduction
+        # variable in the channel index and keep the default schedule from vectorising channels
+        rc = te.reduce_axis((0, cg), name="rc") if cg > 1 else tirx.const(0, "int32")
+        rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((r, "rr"), (s, "rs")))
+        red = [rc, rr, rs] if cg > 1 else [rr, rs]
         # padded (with the zero point: real 0.0) and quantized, in the input's own layout; on a
         # packed edge the channel block stays innermost, so a depthwise conv vectorises over it
         ib = recipe.get("in_block")
@@ -140,17 +144,20 @@ def plain_func(recipe):
         xq = te.compute(xq_shape, xq_body, name="xq")
 
         def xq_at(b, ch, i, j):
+            if isinstance(ch, tuple):  # (block, lane): a depthwise conv reads its own lanes
+                return xq[(b, ch[0], i, j, ch[1])]
             return xq[b, ch // ib, i, j, ch % ib] if ib else xq[b, ch, i, j]
 
-        def conv_at(b, f, i, j, w_at):
-            return te.sum(xq_at(b, f // kg * cg + rc, i * sh + rr * dh, j * sw + rs * dw)
-                          .astype("int32") * w_at(rc, rr, rs).astype("int32"), axis=[rc, rr, rs])
+        def conv_at(b, f, i, j, w_at, lanes=None):
+            ch = lanes if lanes is not None and cg == kg == 1 and ib == ob else f // kg * cg + rc
+            return te.sum(xq_at(b, ch, i * sh + rr * dh, j * sw + rs * dw)
+                          .astype("int32") * w_at(rc, rr, rs).astype("int32"), axis=red)
 
         fn = _epilogue(recipe, comp, mult, bias, res)
         if ob:  # accumulators and weights in the output's blocked layout too: lanes = channels
             def acc_body(b, ko, i, j, ki):
                 f = ko * ob + ki if k % ob == 0 else tirx.min(ko * ob + ki, k - 1)
-                return conv_at(b, f, i, j, lambda *a: w[(ko,) + a + (ki,)])
+                return conv_at(b, f, i, j, lambda *a: w[(ko,) + a + (ki,)], lanes=(ko, ki))
 
             acc = te.compute(out_shape(recipe), acc_body, name="acc")
             out = te.compute(out_shape(recipe), _packed_output(
