@@ -189,14 +189,15 @@ def _seconds(prepared, result):
 
 
 def tune_instruction(alternatives, target=None, *, trials=None, database=None, measure=True,
-                     progress=None, close=1.15):
+                     progress=None, close=1.05, most=2):
     """Pick the instruction for one op, and its config: alternatives is [(intrin, prepared), ...]
     in preference order. Returns (index into alternatives, TuneResult).
 
     A database hit for any alternative decides without measuring (the fastest recorded one).
     Without a hit: measure=False takes the first alternative with its default config; else every
     alternative's default config is built, checked against the reference and timed, then the
-    fastest — and any within `close` of it — is tuned and the fastest tuned one kept. Padding,
+    fastest — and the next ones within `close` of it, `most` in all — is tuned and the fastest
+    tuned one kept. Padding,
     register blocking and tile shapes make the static preference a guess: at 7x7 or one row,
     a 16-row AMX tile computes mostly padding and the 512-bit vpdpbusd wins by 2x.
     """
@@ -230,7 +231,7 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
                            + ", ".join(intrin.name for intrin, _ in alternatives))
     fastest = min(t for t, _ in raced)
     tuned = []
-    for t, i in sorted(raced):
+    for t, i in sorted(raced)[:most]:
         if t > fastest * close:
             break
         intrin, prepared = alternatives[i]
