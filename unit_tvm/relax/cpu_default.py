@@ -1,9 +1,10 @@
 """A default CPU schedule for the operators no instruction covers (pooling, softmax, layer norm,
-elementwise ops left by legalization, int8 depthwise convs): TVM's TIR is a serial loop nest, which at batch 1
-can cost more than all the tensorized convolutions. Each block's leading data-parallel loops are
-fused and parallelised, and its innermost data-parallel loop vectorised when it is the last loop;
-exp and erf become arithmetic that vectorises (unit_tvm.fastmath) instead of libm calls.
-"""
+elementwise ops left by legalization, int8 depthwise convs): TVM's TIR is a serial loop nest, which
+at batch 1 can cost more than all the tensorized convolutions. Each block's leading data-parallel
+loops are fused and parallelised, and its innermost data-parallel loop vectorised when it is the
+last loop; a reduction's single elementwise consumer (a requantization) runs on each vector of
+results inside the same loop; exp and erf become arithmetic that vectorises (unit_tvm.fastmath)
+instead of libm calls."""
 
 import tvm
 from tvm import s_tir
