@@ -6,6 +6,8 @@ last loop; a reduction's single elementwise consumer (a requantization) runs on 
 results inside the same loop; exp and erf become arithmetic that vectorises (unit_tvm.fastmath)
 instead of libm calls."""
 
+import math
+
 import tvm
 from tvm import s_tir
 
@@ -69,6 +71,14 @@ def _vector_split(extent):
     return 16 if extent % 16 == 0 else 8
 
 
+def _register_block(extent, outer_work, most=8):
+    """Rows of vector accumulators kept in registers: the largest divisor of extent <= most
+    that leaves enough parallel iterations (outer_work: iterations of the loops above the
+    vector loop, this one included)."""
+    return next(d for d in range(min(most, extent), 0, -1) if extent % d == 0 and (
+        d == 1 or outer_work // d >= MIN_PARALLEL or outer_work < MIN_PARALLEL))
+
+
 def _elementwise_consumer(sch, block):
     """The single consumer of block that reads its result elementwise (the same index as it
     writes, e.g. a requantization after a conv), or None."""
@@ -120,10 +130,22 @@ def _schedule(func):
                 and extents[lead] >= 4 * RF_LANES and _contiguous_reduction(sch.get(block)):
             _vectorize_by_rfactor(sch, block, loops, lead)
             continue
-        par = _parallel_prefix(loops[:lead if vec is None else vec], extents)
-        if vec is not None and reduction:
-            sch.reorder(*loops[:vec], *loops[lead:], loops[vec])
+        head, head_ext = loops[:lead if vec is None else vec], extents
         outer = loops[vec - 1] if vec else None  # the loop above the vector loop
+        if vec is not None and reduction:
+            f = _register_block(extents[vec - 1], math.prod(extents[:vec])) if vec else 1
+            inner_rows = []
+            if f > 1:
+                # f rows of vector accumulators stay in registers across the reduction (the
+                # second breakpoint of UNIT's strategy): each weight vector is loaded once per f
+                outer, ui = sch.split(outer, [None, f])
+                head = head[:-1] + [outer]
+                head_ext = extents[:vec - 1] + [extents[vec - 1] // f]
+                inner_rows = [ui]
+            sch.reorder(*head, *loops[lead:], *inner_rows, loops[vec])
+            for ui in inner_rows:
+                sch.unroll(ui)
+        par = _parallel_prefix(head, head_ext)
         if par:
             fused_loop = sch.fuse(*par) if len(par) > 1 else par[0]
             sch.parallel(fused_loop)
