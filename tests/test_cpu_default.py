@@ -126,13 +126,13 @@ def test_row_reductions_are_vectorised_by_rfactor():
 @pytest.mark.parametrize("stride", [1, 2])
 def test_blocked_depthwise_conv_vectorised_and_requantized_in_registers(stride, host_target, rng):
     """A packed int8 depthwise conv (NCHW16c in and out, 20 channels so 12 are padding): the
-    accumulation is vectorised over the 16 channels of a block and the requantization runs
-    inside the same parallel loop (no second pass over an int32 buffer); the result equals
+    accumulation is vectorised over the 16 channels of a block, several output pixels at once
+    (unrolled rows of accumulators), and the requantization runs inside the same parallel loop (no second pass over an int32 buffer); the result equals
     TVM's build of the unscheduled loop nest."""
     from unit_tvm.relax.qops import in_shape, out_shape, plain_func, plain_weight_shape
 
-    oh = (17 + 2 - 3) // stride + 1
-    recipe = {"kind": "conv2d", "in_shape": [1, 20, 17, 17], "w_shape": [20, 1, 3, 3],
+    oh = (16 + 2 - 3) // stride + 1
+    recipe = {"kind": "conv2d", "in_shape": [1, 20, 16, 16], "w_shape": [20, 1, 3, 3],
               "out_channels": 20, "out_shape": [1, 20, oh, oh], "stride": [stride, stride],
               "dilation": [1, 1], "padding": [1, 1, 1, 1], "groups": 20, "x_scale": 0.1,
               "x_zp": 3, "in_u8": True, "out_q": [0.2, 5], "bias": True, "relu": True,
@@ -142,6 +142,7 @@ def test_blocked_depthwise_conv_vectorised_and_requantized_in_registers(stride, 
     text = scheduled.script()
     acc_loops = text[text.index('T.sblock("xq")'):text.index('T.sblock("acc_update")')]
     assert "T.vectorized(16)" in acc_loops
+    assert "T.unroll(" in acc_loops  # rows of accumulators held in registers
     assert text.count("T.parallel(") == 2  # padding pass; accumulation + requantization
     assert text.index('T.sblock("out")') > text.index('T.sblock("acc_update")')
     args = [rng.integers(0, 256, in_shape(recipe)).astype("uint8"),
