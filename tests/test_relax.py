@@ -295,3 +295,44 @@ def test_single_row_dense_on_every_instruction():
         search.candidate_module(prepared, intrin, None, target)(*args)
         np.testing.assert_allclose(args[-1].numpy(), expected, rtol=1e-5, atol=1e-5,
                                    err_msg=intrin.name)
+
+
+def test_tuned_model_remembers_its_instruction_choice(tmp_path, monkeypatch):
+    """Tuning races every candidate instruction per op and records the winner; a second build
+    with the database measures nothing and prepares only the chosen instruction's graph."""
+    require_host("x86.vpdpbusd")
+    import unit_tvm.relax.tensorize as tensorize
+    from unit_tvm.tuner import Database, search
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(8, 16, 3, padding=1)
+            self.b = nn.Conv2d(16, 32, 1)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    model = Two()
+    cal, xs, _ = _prepare(model, (1, 8, 10, 10))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    db = str(tmp_path / "db.jsonl")
+    first = UnitTensorize(tune=True, trials=2, database=db)
+    ex1 = build_relax(first(qmod), unit_tvm.target.host())
+    choices = [r for r in Database(db).records() if r.get("choice")]
+    assert [r["intrinsic"] for r in choices] == [i for _, i, _ in first.report]
+
+    def no_measuring(*a, **k):
+        raise AssertionError("a remembered choice must not measure anything")
+
+    prepared = []
+    real_graph = tensorize.tensorized_graph
+    monkeypatch.setattr(search, "candidate_module", no_measuring)
+    monkeypatch.setattr(search, "reference_output", no_measuring)
+    monkeypatch.setattr(tensorize, "tensorized_graph",
+                        lambda r, i: prepared.append(i.name) or real_graph(r, i))
+    second = UnitTensorize(tune=True, database=db)
+    ex2 = build_relax(second(qmod), unit_tvm.target.host())
+    assert prepared == [r["intrinsic"] for r in choices] and second.report == first.report
+    for a, b in zip(_run(ex1, xs), _run(ex2, xs)):
+        np.testing.assert_array_equal(a, b)

@@ -11,6 +11,7 @@ schedule). Everything else is left for TVM's own legalization: this is one pass 
 pipeline, not a fork of tvm.compile.
 """
 
+import hashlib
 import json
 import warnings
 
@@ -81,6 +82,13 @@ class UnitTensorize:
         mod["main"] = _Replace(mod, replace).visit_expr(mod["main"])
         return _drop_unused_recipes(relax.transform.DeadCodeElimination()(mod))
 
+    def _database(self):
+        from ..tuner import Database
+
+        if self.database is None or isinstance(self.database, Database):
+            return self.database
+        return Database(self.database)
+
     def _entry(self, bb, recipe, packed_out, original, index):
         """(GlobalVar, weight layout function, final recipe) of the function that computes
         recipe — tensorized, else the plain int8 loop nest when the layout changes — or None to
@@ -110,29 +118,51 @@ class UnitTensorize:
             self.report.append((label, None, f"grouped conv ({recipe['groups']} groups): "
                                              "int8 without a tensorized instruction"))
             return None
-        reasons, alternatives = [], []
-        for intrin in candidates(recipe, self.target):
-            final = dict(recipe, out_block=layout_for(intrin)[1]) if packed_out else recipe
-            try:
-                alternatives.append((intrin, final, tensorized_graph(final, intrin)))
-            except ValueError as e:
-                reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
-        chosen, config = 0, None
-        if alternatives and (self.database is not None or self.tune):
+        reasons, built = [], {}
+        found = candidates(recipe, self.target)
+
+        def alternative(intrin):
+            """(intrin, final recipe, prepared graph), or None with the reason kept."""
+            if intrin.name not in built:
+                final = dict(recipe, out_block=layout_for(intrin)[1]) if packed_out else recipe
+                try:
+                    built[intrin.name] = (intrin, final, tensorized_graph(final, intrin))
+                except ValueError as e:
+                    reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
+                    built[intrin.name] = None
+            return built[intrin.name]
+
+        chosen, config = (found[0] if found else None), None
+        database = self._database()
+        remembered = _remembered_choice(database, recipe, packed_out, self.target, found)
+        if remembered is not None and alternative(remembered) is not None:
+            # an earlier race decided: only that instruction's graph is built
+            from ..tuner import tune
+
+            chosen = remembered
+            config = tune(built[chosen.name][2][0], chosen, self.target, database=database,
+                          measure=bool(self.tune), trials=self.trials).config
+        elif found and (database is not None or self.tune):
             from ..tuner import tune_instruction
 
+            alts = [a for a in map(alternative, found) if a is not None]
             try:
-                chosen, result = tune_instruction(
-                    [(intrin, graph[0]) for intrin, _, graph in alternatives], self.target,
-                    trials=self.trials, database=self.database, measure=bool(self.tune))
-                config = result.config
+                index, result = tune_instruction(
+                    [(intrin, graph[0]) for intrin, _, graph in alts], self.target,
+                    trials=self.trials, database=database, measure=bool(self.tune))
+                chosen, config = alts[index][0], result.config
+                if database is not None and result.gops > 0:  # measured now or before
+                    _remember_choice(database, recipe, packed_out, self.target, chosen, result)
             except RuntimeError as e:
                 reasons.append(str(e).splitlines()[0])
-        for k in [chosen] + [k for k in range(len(alternatives)) if k != chosen]:
-            intrin, final, graph = alternatives[k]
+        for intrin in ([chosen] if chosen else []) + [i for i in found if i is not chosen]:
+            alt = alternative(intrin)
+            if alt is None:
+                continue
+            _, final, graph = alt
             try:
                 func, blocks, _ = tensorized_func(final, intrin, self.target,
-                                                  config if k == chosen else None, graph)
+                                                  config if intrin is chosen else None, graph)
             except (ValueError, RuntimeError, tvm.s_tir.ScheduleError) as e:
                 reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
                 continue
@@ -142,6 +172,31 @@ class UnitTensorize:
         warnings.warn(f"UnitTensorize: {label} keeps TVM's schedule: {reason}", stacklevel=3)
         self.report.append((label, None, reason))
         return None
+
+
+def _choice_key(recipe, packed_out):
+    """Database workload key of the instruction choice for one quantized op (its recipe)."""
+    text = json.dumps([recipe, bool(packed_out)], sort_keys=True)
+    return "choice:" + hashlib.sha1(text.encode()).hexdigest()
+
+
+def _remembered_choice(database, recipe, packed_out, target, found):
+    """The candidate the latest race chose for this op (a database record), or None."""
+    if database is None:
+        return None
+    key, names = _choice_key(recipe, packed_out), {i.name: i for i in found}
+    last = None
+    for rec in database.records():
+        if rec["workload"] == key and rec["target"] == str(target) and rec["intrinsic"] in names:
+            last = names[rec["intrinsic"]]
+    return last
+
+
+def _remember_choice(database, recipe, packed_out, target, intrin, result):
+    """Record which instruction won for this op, so that a later build of the model prepares
+    only that one (each candidate's graph costs up to ~1 s to prepare)."""
+    database.append(_choice_key(recipe, packed_out), target, intrin.name, result.config.key(),
+                    result.gops, choice=True)
 
 
 def _drop_unused_recipes(mod):
