@@ -202,7 +202,8 @@ def test_requantization_between_quantized_ops():
 
 def test_packed_edges_pad_channels_exactly():
     """Blocked (NCHW16c) uint8 edges whose channel counts are not multiples of 16 (24, 20), through
-    a strided depthwise conv: equal to TVM's plain int8 build of the same quantized model."""
+    a strided depthwise conv, and a 1x1 conv that reads its blocked input in place: equal to TVM's
+    plain int8 build of the same quantized model."""
     require_host("x86.vpdpbusd")
 
     class Blocks(nn.Module):
@@ -210,13 +211,14 @@ def test_packed_edges_pad_channels_exactly():
             super().__init__()
             self.a = nn.Conv2d(8, 24, 1)
             self.dw = nn.Conv2d(24, 24, 3, stride=2, padding=1, groups=24)
-            self.b = nn.Conv2d(24, 20, 1)
+            self.b = nn.Conv2d(24, 32, 1)
+            self.d = nn.Conv2d(32, 20, 1)  # reads b's NCHW16c result in place (32 = 2 blocks)
             self.c = nn.Conv2d(20, 12, 3)
 
         def forward(self, x):
             y = nn.functional.relu6(self.a(x))
             y = nn.functional.relu6(self.dw(y))
-            return self.c(torch.relu(self.b(y)))
+            return self.c(torch.relu(self.d(torch.relu(self.b(y)))))
 
     model = Blocks()
     cal, xs, refs = _prepare(model, (1, 8, 13, 13))
@@ -225,8 +227,11 @@ def test_packed_edges_pad_channels_exactly():
     blocks = [(r.get("in_block"), r.get("out_block")) for _, r in recipes(tmod)]
     # every edge is blocked, each producer by its instruction's output block (20 channels pick
     # a 8-lane form where one exists)
-    assert blocks[0] == (None, 16) and blocks[1] == (16, 16) and blocks[3][1] is None
+    assert blocks[0] == (None, 16) and blocks[1] == (16, 16) and blocks[4][1] is None
     assert blocks[2][0] == 16 and blocks[2][1] == blocks[3][0] in (8, 16)
+    assert blocks[3][1] == blocks[4][0] in (8, 16)
+    script = {r["w_shape"][0]: tmod[name].script() for name, r in recipes(tmod)}
+    assert 'T.sblock("xq")' not in script[20] and 'T.sblock("xq")' in script[32]
     ex = build_relax(tmod, unit_tvm.target.host())
     plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
     for got, base, ref in zip(_run(ex, xs), plain, refs):

@@ -244,14 +244,24 @@ def tensorized_graph(recipe, intrin):
         x, w, comp, mult, bias, res = _placeholders(
             recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // 4, y_blk, 4))
         hp, wpd = h + pt + pb, w_ + pl + pr
-        # quantize, pad (with the zero point: real 0.0) and pack NCHW -> NCHW[x]c in one pass
-        xq = te.compute((n, cp // x_blk, hp, wpd, x_blk), lambda b, co, i, j, ci: tirx.if_then_else(
-            tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl, co * x_blk + ci < c),
-            _load_input(x, recipe, (b, co * x_blk + ci, i - pt, j - pl)),
-            tirx.const(zp, "uint8")), name="xq")
+        ib = recipe.get("in_block")
+        if recipe.get("in_u8") and ib and ib % x_blk == 0 and c % ib == 0 and not any(
+                recipe["padding"]):
+            # the producer's NCHW[ib]c uint8 already holds every x_blk channels of a pixel
+            # together: the instruction reads it in place, no pass over the input
+            xb = x
+        else:
+            # quantize, pad (with the zero point: real 0.0) and pack NCHW -> NCHW[x]c in one pass
+            ib = x_blk
+            xb = te.compute((n, cp // x_blk, hp, wpd, x_blk), lambda b, co, i, j, ci:
+                            tirx.if_then_else(
+                                tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl,
+                                         co * x_blk + ci < c),
+                                _load_input(x, recipe, (b, co * x_blk + ci, i - pt, j - pl)),
+                                tirx.const(zp, "uint8")), name="xq")
         rc, rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((cp, "rc"), (r, "rr"), (s, "rs")))
         acc = te.compute((n, kp // y_blk, oh, ow, y_blk), lambda b, ko, i, j, ki: te.sum(
-            xq[b, rc // x_blk, i * sh + rr * dh, j * sw + rs * dw, rc % x_blk].astype("int32")
+            xb[b, rc // ib, i * sh + rr * dh, j * sw + rs * dw, rc % ib].astype("int32")
             * w[ko, rc // x_blk, rr, rs, rc % x_blk // 4, ki, rc % 4].astype("int32"),
             axis=[rc, rr, rs]), name="acc")
         fn = _epilogue(recipe, comp, mult, bias, res)
