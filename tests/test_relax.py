@@ -303,29 +303,34 @@ def test_single_row_dense_on_every_instruction():
 
 
 def test_tuned_model_remembers_its_instruction_choice(tmp_path, monkeypatch):
-    """Tuning races every candidate instruction per op and records the winner; a second build
-    with the database measures nothing and prepares only the chosen instruction's graph."""
+    """Tuning races every candidate instruction per op shape and records the winner (two layers
+    of one shape, with their own scales, tune once); a second build with the database measures
+    nothing and prepares only the chosen instruction's graph."""
     require_host("x86.vpdpbusd")
     import unit_tvm.relax.tensorize as tensorize
     from unit_tvm.tuner import Database, search
 
-    class Two(nn.Module):
+    class Three(nn.Module):
         def __init__(self):
             super().__init__()
-            self.a = nn.Conv2d(8, 16, 3, padding=1)
-            self.b = nn.Conv2d(16, 32, 1)
+            self.b = nn.Conv2d(8, 16, 1)
+            self.c = nn.Conv2d(8, 16, 1)  # b's shape: tuned once for both
+            self.d = nn.Conv2d(32, 16, 3, padding=1)
 
         def forward(self, x):
-            return self.b(torch.relu(self.a(x)))
+            # c's input has its own range, so its recipe has its own scale and zero point
+            return self.d(torch.cat([torch.relu(self.b(x)), torch.relu(self.c(x * 3))], 1))
 
-    model = Two()
+    model = Three()
     cal, xs, _ = _prepare(model, (1, 8, 10, 10))
     qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
     db = str(tmp_path / "db.jsonl")
     first = UnitTensorize(tune=True, trials=2, database=db)
     ex1 = build_relax(first(qmod), unit_tvm.target.host())
     choices = [r for r in Database(db).records() if r.get("choice")]
-    assert [r["intrinsic"] for r in choices] == [i for _, i, _ in first.report]
+    chosen = [i for _, i, _ in first.report]
+    assert len(chosen) == 3 and chosen[0] == chosen[1]
+    assert [r["intrinsic"] for r in choices] == chosen[1:]
 
     def no_measuring(*a, **k):
         raise AssertionError("a remembered choice must not measure anything")
@@ -339,5 +344,6 @@ def test_tuned_model_remembers_its_instruction_choice(tmp_path, monkeypatch):
     second = UnitTensorize(tune=True, database=db)
     ex2 = build_relax(second(qmod), unit_tvm.target.host())
     assert prepared == [r["intrinsic"] for r in choices] and second.report == first.report
+    assert len(qmod_recipes := recipes(qmod)) == 3 and qmod_recipes[0][1] != qmod_recipes[1][1]
     for a, b in zip(_run(ex1, xs), _run(ex2, xs)):
         np.testing.assert_array_equal(a, b)

@@ -304,6 +304,19 @@ def tensorized_graph(recipe, intrin):
     return prepared, (x_blk, y_blk)
 
 
+def tuning_form(recipe):
+    """The recipe with its quantization constants replaced by fixed ones: what the schedule
+    depends on (shapes, layouts, which epilogue steps) without what calibration chose. Layers
+    of one shape (BERT's 12 encoder layers, ResNet's repeated blocks) tune once; the tuned
+    config schedules each layer's own recipe, whose loop nest differs only in constants."""
+    form = dict(recipe, x_scale=0.5, x_zp=1)
+    if form.get("out_q"):
+        form["out_q"] = [0.25, 2]
+    if form.get("clip_max") is not None:
+        form["clip_max"] = 6.0
+    return form
+
+
 def candidates(recipe, target):
     """Instructions that can run the recipe on target: those whose channel padding wastes at most
     1.5x first, in registry order (tile before vector), the forms of one family (AMX tdpbusd

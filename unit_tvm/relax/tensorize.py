@@ -20,7 +20,7 @@ from tvm import relax
 
 from ..target import as_target
 from .qops import (ATTR, candidates, layout_for, out_dtype, out_shape, pack_weight, plain_func,
-                   plain_weight, tensorized_func, tensorized_graph)
+                   plain_weight, tensorized_func, tensorized_graph, tuning_form)
 
 
 def _recipe_of(mod, call):
@@ -47,6 +47,7 @@ class UnitTensorize:
         self.tune = tune
         self.trials = trials
         self.report = []  # (op, instruction or None, reason) per quantized op
+        self._graphs = {}  # (tuning form, instruction) -> prepared graph
 
     def transform_module(self, mod, ctx):  # noqa: D401 - tvm pass hook
         func = mod["main"]
@@ -118,19 +119,21 @@ class UnitTensorize:
             self.report.append((label, None, f"grouped conv ({recipe['groups']} groups): "
                                              "int8 without a tensorized instruction"))
             return None
-        reasons, built = [], {}
+        reasons = []
         found = candidates(recipe, self.target)
 
         def alternative(intrin):
-            """(intrin, final recipe, prepared graph), or None with the reason kept."""
-            if intrin.name not in built:
-                final = dict(recipe, out_block=layout_for(intrin)[1]) if packed_out else recipe
+            """(intrin, final recipe, prepared graph of its tuning form), or None with the
+            reason kept. Layers of one shape share the tuning form (and its graph)."""
+            final = dict(recipe, out_block=layout_for(intrin)[1]) if packed_out else recipe
+            key = (json.dumps(tuning_form(final), sort_keys=True), intrin.name)
+            if key not in self._graphs:
                 try:
-                    built[intrin.name] = (intrin, final, tensorized_graph(final, intrin))
+                    self._graphs[key] = tensorized_graph(tuning_form(final), intrin)
                 except ValueError as e:
                     reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
-                    built[intrin.name] = None
-            return built[intrin.name]
+                    self._graphs[key] = None
+            return None if self._graphs[key] is None else (intrin, final, self._graphs[key])
 
         chosen, config = (found[0] if found else None), None
         database = self._database()
@@ -140,7 +143,7 @@ class UnitTensorize:
             from ..tuner import tune
 
             chosen = remembered
-            config = tune(built[chosen.name][2][0], chosen, self.target, database=database,
+            config = tune(alternative(chosen)[2][0], chosen, self.target, database=database,
                           measure=bool(self.tune), trials=self.trials).config
         elif found and (database is not None or self.tune):
             from ..tuner import tune_instruction
@@ -159,10 +162,10 @@ class UnitTensorize:
             alt = alternative(intrin)
             if alt is None:
                 continue
-            _, final, graph = alt
+            final = alt[1]
             try:
                 func, blocks, _ = tensorized_func(final, intrin, self.target,
-                                                  config if intrin is chosen else None, graph)
+                                                  config if intrin is chosen else None)
             except (ValueError, RuntimeError, tvm.s_tir.ScheduleError) as e:
                 reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
                 continue
@@ -175,8 +178,8 @@ class UnitTensorize:
 
 
 def _choice_key(recipe, packed_out):
-    """Database workload key of the instruction choice for one quantized op (its recipe)."""
-    text = json.dumps([recipe, bool(packed_out)], sort_keys=True)
+    """Database workload key of the instruction choice for one quantized op (its shape)."""
+    text = json.dumps([tuning_form(recipe), bool(packed_out)], sort_keys=True)
     return "choice:" + hashlib.sha1(text.encode()).hexdigest()
 
 
