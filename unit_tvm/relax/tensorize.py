@@ -37,8 +37,10 @@ def _recipe_of(mod, call):
 class UnitTensorize:
     """tvm.transform.Pass: tensorize every quantized operator of a Relax module for `target`.
 
-    database: a unit_tvm.tuner.Database (or path) whose configs are used; tune=True also tunes
-    workloads missing from it (each distinct op once). Ops no instruction fits keep TVM's schedule.
+    database: a unit_tvm.tuner.Database (or path) whose instruction choices and configs are used;
+    tune=True also tunes what is missing from it: per op shape (layers that differ only in their
+    quantization constants count once), every candidate instruction's default config is timed
+    and the fastest tuned. Ops no instruction fits keep TVM's schedule.
     """
 
     def __init__(self, target=None, database=None, tune=False, trials=None):
