@@ -235,6 +235,14 @@ class Intrinsic:
         return n
 
     @property
+    def channel_blocks(self):
+        """(x, y): the input- and output-channel blocks of a packed layout the instruction reads
+        directly (NCHW[x]c activations, KCRS[x/4]c[y]k[4]c weights): its reduction width and its
+        innermost data-parallel extent."""
+        spatial = [ext for _, ext, kind in self.loops if kind == "S"]
+        return self.reduction_width, spatial[-1]
+
+    @property
     def ops_per_instruction(self):
         """Arithmetic operations (multiply + add counted as 2) one instruction performs."""
         return 2 * self.lanes * self.reduction_width

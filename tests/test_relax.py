@@ -254,11 +254,11 @@ def test_write_back_vectorised_only_into_blocked_layout(blocked):
     """Into NCHW16c the epilogue reads accumulator lanes and writes output lanes in place: one
     vector loop. Into NCHW the lanes scatter across rows: scalar code, no gathers."""
     require_host("x86.vpdpbusd")
-    from unit_tvm.relax.qops import candidates, layout_for, tensorized_func
+    from unit_tvm.relax.qops import candidates, tensorized_func
 
     target = unit_tvm.target.host()
     recipe = _conv_recipe(**({"in_block": 16, "out_block": 16} if blocked else {}))
-    intrin = [i for i in candidates(recipe, target) if layout_for(i)[1] == 16][0]
+    intrin = [i for i in candidates(recipe, target) if i.channel_blocks[1] == 16][0]
     func, _, _ = tensorized_func(recipe, intrin, target)
     text = func.script()
     out_block = text[text.index('T.sblock("out")') - 200:text.index('T.sblock("out")')]

@@ -22,7 +22,6 @@ from tvm import te
 from . import intrinsics, measure, ops
 from .peak import host_threads, peak
 from .prepare import prepare
-from .relax.qops import layout_for
 from .rewriter import schedule
 from .target import host
 from .tuner import Database, default_path, tune
@@ -48,7 +47,7 @@ def workloads(quick=False, only=None):
 
 
 # The int8 instructions tried for every workload, each in the packed layout (x, y) it reads
-# directly (relax.qops.layout_for). The faster (tuned) one is reported.
+# directly (Intrinsic.channel_blocks). The faster (tuned) one is reported.
 INT8_CHOICES = ("x86.tdpbusd.x4", "x86.tdpbusd.x2", "x86.tdpbusd", "x86.tdpbusd.x4.n2",
                 "x86.tdpbusd.x2.n2", "x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw")
 
@@ -68,7 +67,7 @@ def candidates(kind, p, target):
     columns = p[2] if kind == "conv" else p[1]
     for name in INT8_CHOICES:
         intrin = intrinsics.get(name)
-        x, y = layout_for(intrin)
+        x, y = intrin.channel_blocks
         if not intrin.supported(target) or -(-reduce // x) * x / reduce > MAX_CHANNEL_WASTE:
             continue
         if columns % y:

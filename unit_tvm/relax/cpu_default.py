@@ -66,9 +66,11 @@ def _vectorize_by_rfactor(sch, block, loops, lead):
     sch.decompose_reduction(rf, lps[-2])
 
 
-def _vector_split(extent):
-    """Lanes of a vectorised loop: a whole zmm of 32-bit lanes when the extent allows."""
-    return 16 if extent % 16 == 0 else 8
+def _vectorize(sch, loop, extent):
+    """Split off and vectorise the inner lanes of loop: a whole zmm of 32-bit lanes when the
+    extent allows, else 8."""
+    _, lanes = sch.split(loop, [None, 16 if extent % 16 == 0 else 8])
+    sch.vectorize(lanes)
 
 
 def _register_block(extent, outer_work, most=8):
@@ -131,20 +133,20 @@ def _schedule(func):
             _vectorize_by_rfactor(sch, block, loops, lead)
             continue
         head, head_ext = loops[:lead if vec is None else vec], extents
-        outer = loops[vec - 1] if vec else None  # the loop above the vector loop
+        outer = loops[vec - 1] if vec is not None else None  # the loop above the vector loop
         if vec is not None and reduction:
-            f = _register_block(extents[vec - 1], math.prod(extents[:vec])) if vec else 1
-            inner_rows = []
+            f = _register_block(extents[vec - 1], math.prod(extents[:vec]))
+            rows = []
             if f > 1:
                 # f rows of vector accumulators stay in registers across the reduction (the
                 # second breakpoint of UNIT's strategy): each weight vector is loaded once per f
-                outer, ui = sch.split(outer, [None, f])
+                outer, row = sch.split(outer, [None, f])
                 head = head[:-1] + [outer]
                 head_ext = extents[:vec - 1] + [extents[vec - 1] // f]
-                inner_rows = [ui]
-            sch.reorder(*head, *loops[lead:], *inner_rows, loops[vec])
-            for ui in inner_rows:
-                sch.unroll(ui)
+                rows = [row]
+            sch.reorder(*head, *loops[lead:], *rows, loops[vec])
+            if rows:
+                sch.unroll(rows[0])
         par = _parallel_prefix(head, head_ext)
         if par:
             fused_loop = sch.fuse(*par) if len(par) > 1 else par[0]
@@ -152,17 +154,14 @@ def _schedule(func):
             if par[-1].same_as(outer):
                 outer = fused_loop
         if vec is not None:
-            _, v = sch.split(loops[vec], [None, _vector_split(extents[vec])])
-            sch.vectorize(v)
+            _vectorize(sch, loops[vec], extents[vec])
         consumer = _elementwise_consumer(sch, block) if reduction and vec is not None else None
         if consumer is not None and outer is not None:
             # the consumer (requantization, bias, activation) runs on each vector of results
             # while it is in registers, instead of a second pass over an int32 buffer
             fused.add(sch.get(consumer).name_hint)
             sch.reverse_compute_at(consumer, outer)
-            inner = sch.get_loops(consumer)[-1]
-            _, v = sch.split(inner, [None, _vector_split(extents[vec])])
-            sch.vectorize(v)
+            _vectorize(sch, sch.get_loops(consumer)[-1], extents[vec])
         if reduction and vec is not None:
             # the init moves above the reduction loops (their RVs survive the fuse and split)
             sch.decompose_reduction(block, loops[lead])

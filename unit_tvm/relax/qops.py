@@ -143,14 +143,13 @@ def plain_func(recipe):
 
         xq = te.compute(xq_shape, xq_body, name="xq")
 
-        def xq_at(b, ch, i, j):
-            if isinstance(ch, tuple):  # (block, lane): a depthwise conv reads its own lanes
-                return xq[(b, ch[0], i, j, ch[1])]
+        def xq_at(b, ch, i, j, lanes):
+            if lanes is not None and cg == kg == 1 and ib == ob:
+                return xq[b, lanes[0], i, j, lanes[1]]  # a depthwise conv reads its own lanes
             return xq[b, ch // ib, i, j, ch % ib] if ib else xq[b, ch, i, j]
 
         def conv_at(b, f, i, j, w_at, lanes=None):
-            ch = lanes if lanes is not None and cg == kg == 1 and ib == ob else f // kg * cg + rc
-            return te.sum(xq_at(b, ch, i * sh + rr * dh, j * sw + rs * dw)
+            return te.sum(xq_at(b, f // kg * cg + rc, i * sh + rr * dh, j * sw + rs * dw, lanes)
                           .astype("int32") * w_at(rc, rr, rs).astype("int32"), axis=red)
 
         fn = _epilogue(recipe, comp, mult, bias, res)
@@ -201,12 +200,6 @@ def plain_weight(recipe, w):
     return np.ascontiguousarray(wp.reshape(-1, ob, cg, r, s).transpose(0, 2, 3, 4, 1))
 
 
-def layout_for(intrin):
-    """(x, y): input-channel and output-channel blocks an instruction reads directly."""
-    spatial = [e for _, e, k in intrin.loops if k == "S"]
-    return intrin.reduction_width, spatial[-1]
-
-
 def _round_up(v, m):
     return -(-v // m) * m
 
@@ -232,7 +225,7 @@ def tensorized_graph(recipe, intrin):
     if recipe.get("groups", 1) != 1:
         raise ValueError(f"grouped conv ({recipe['groups']} groups): no packed layout for "
                          "dot-product instructions here; it keeps TVM's int8 loop nest")
-    x_blk, y_blk = layout_for(intrin)
+    x_blk, y_blk = intrin.channel_blocks
     zp = recipe["x_zp"]
     if recipe["kind"] == "conv2d":
         n, c, h, w_ = recipe["in_shape"]
@@ -329,17 +322,16 @@ def candidates(recipe, target):
             continue
         if intrin.operand_ranges:
             continue  # vpmaddubsw needs u7 activations; the quantizer produces u8
-        x_blk, y_blk = layout_for(intrin)
+        x_blk, y_blk = intrin.channel_blocks
         waste = (_round_up(c, x_blk) / c) * (_round_up(k, y_blk) / k)
         family = family_order.setdefault(intrin.family, order)
         out.append(((waste > 1.5, family, waste, order), intrin))
     return [i for _, i in sorted(out, key=lambda t: t[0])]
 
 
-def tensorized_func(recipe, intrin, target, config=None, graph=None):
-    """(PrimFunc, (x, y), prepared) of the recipe tensorized with intrin, scheduled with config.
-    graph: tensorized_graph(recipe, intrin) when the caller already made it."""
-    prepared, blocks = graph or tensorized_graph(recipe, intrin)
+def tensorized_func(recipe, intrin, target, config=None):
+    """(PrimFunc, (x, y), prepared) of the recipe tensorized with intrin, scheduled with config."""
+    prepared, blocks = tensorized_graph(recipe, intrin)
     func = schedule(prepared, intrin, config, target).mod["main"]
     func = func.with_attr(ATTR, json.dumps(recipe)).with_attr("tirx.is_scheduled", True)
     return func, blocks, prepared

@@ -19,7 +19,7 @@ import tvm
 from tvm import relax
 
 from ..target import as_target
-from .qops import (ATTR, candidates, layout_for, out_dtype, out_shape, pack_weight, plain_func,
+from .qops import (ATTR, candidates, out_dtype, out_shape, pack_weight, plain_func,
                    plain_weight, tensorized_func, tensorized_graph, tuning_form)
 
 
@@ -104,7 +104,7 @@ class UnitTensorize:
                     lambda w: pack_weight(final, w, *blocks), final)
         if packed_out:
             found = candidates(recipe, self.target)
-            recipe = dict(recipe, out_block=layout_for(found[0])[1] if found else 16)
+            recipe = dict(recipe, out_block=found[0].channel_blocks[1] if found else 16)
         if recipe != original:  # a packed edge: the plain loop nest reads / writes the blocks
             func_p = plain_func(recipe).with_attr("global_symbol", name)
             return bb.add_func(func_p, name), lambda w: plain_weight(recipe, w), recipe
@@ -127,11 +127,12 @@ class UnitTensorize:
         def alternative(intrin):
             """(intrin, final recipe, prepared graph of its tuning form), or None with the
             reason kept. Layers of one shape share the tuning form (and its graph)."""
-            final = dict(recipe, out_block=layout_for(intrin)[1]) if packed_out else recipe
-            key = (json.dumps(tuning_form(final), sort_keys=True), intrin.name)
+            final = dict(recipe, out_block=intrin.channel_blocks[1]) if packed_out else recipe
+            form = tuning_form(final)
+            key = (json.dumps(form, sort_keys=True), intrin.name)
             if key not in self._graphs:
                 try:
-                    self._graphs[key] = tensorized_graph(tuning_form(final), intrin)
+                    self._graphs[key] = tensorized_graph(form, intrin)
                 except ValueError as e:
                     reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
                     self._graphs[key] = None
@@ -189,12 +190,8 @@ def _remembered_choice(database, recipe, packed_out, target, found):
     """The candidate the latest race chose for this op (a database record), or None."""
     if database is None:
         return None
-    key, names = _choice_key(recipe, packed_out), {i.name: i for i in found}
-    last = None
-    for rec in database.records():
-        if rec["workload"] == key and rec["target"] == str(target) and rec["intrinsic"] in names:
-            last = names[rec["intrinsic"]]
-    return last
+    rec = database.latest(_choice_key(recipe, packed_out), target)
+    return next((i for i in found if rec is not None and i.name == rec["intrinsic"]), None)
 
 
 def _remember_choice(database, recipe, packed_out, target, intrin, result):

@@ -58,6 +58,14 @@ class Database:
                     best = rec
         return best
 
+    def latest(self, workload, target):
+        """The last record appended for (workload, target), whatever its instruction, or None."""
+        last = None
+        for rec in self._lines():
+            if (rec["workload"], rec["target"]) == (workload, str(target)):
+                last = rec
+        return last
+
     def records(self):
         """Every valid record."""
         return list(self._lines())

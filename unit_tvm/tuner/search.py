@@ -197,9 +197,9 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
     Without a hit: measure=False takes the first alternative with its default config; else every
     alternative's default config is built, checked against the reference and timed, then the
     fastest — and the next ones within `close` of it, `most` in all — is tuned and the fastest
-    tuned one kept. Padding,
-    register blocking and tile shapes make the static preference a guess: at 7x7 or one row,
-    a 16-row AMX tile computes mostly padding and the 512-bit vpdpbusd wins by 2x.
+    tuned one kept. Padding, register blocking and tile shapes make the static preference a
+    guess: at 7x7 or one row, a 16-row AMX tile computes mostly padding and the 512-bit vpdpbusd
+    wins by 2x.
     """
     target = as_target(target)
     if database is not None and not isinstance(database, Database):
@@ -207,9 +207,8 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
     if database is not None:
         hits = []
         for i, (intrin, prepared) in enumerate(alternatives):
-            key = workload_key(te.create_prim_func(list(prepared.params) + [prepared.reference]))
-            if database.lookup(key, target, intrin.name) is not None:
-                res = tune(prepared, intrin, target, database=database, measure=False)
+            res = tune(prepared, intrin, target, database=database, measure=False)
+            if res.from_database:
                 hits.append((_seconds(prepared, res), i, res))
         if hits:
             _, i, res = min(hits, key=lambda h: h[0])
