@@ -1,14 +1,18 @@
-"""Intel AMX-INT8 tdpbusd: a 16x64 u8 tile times a 64x16 s8 tile (VNNI-packed) into 16x16 s32.
+"""Intel AMX tile dot products: AMX-INT8 tdpbusd (a 16x64 u8 tile times a 64x16 s8 tile,
+VNNI-packed, into 16x16 s32) and AMX-BF16 tdpbf16ps (a 16x32 bf16 tile times a 32x16 bf16 tile,
+pair-packed, into 16x16 f32).
 
-The largest tensorized instruction on x86 (32768 operations each). TVM has no x86_amx type, so
-the rule passes pointers and row strides to a few lines of LLVM IR (linked with
-pragma_import_llvm, always inlined) that load the tiles, issue tdpbusd and store the accumulator
-tile; LLVM's AMX passes insert the tile configuration (ldtilecfg). Because the accumulator cannot
-stay in a tile register between two tensorized calls, the chained forms (x2, x4) run several
-tdpbusd on one accumulator per call, with a 2x / 4x longer reduction. Linux also
-requires each process to ask for the AMX tile-data state once (arch_prctl), done here on import.
+The largest tensorized instructions on x86 (32768 / 16384 operations each). TVM has no x86_amx
+type, so the rule passes pointers and row strides to a few lines of LLVM IR (linked with
+pragma_import_llvm, always inlined) that load the tiles, issue the dot product and store the
+accumulator tile; LLVM's AMX passes insert the tile configuration (ldtilecfg). Because the
+accumulator cannot stay in a tile register between two tensorized calls, the chained forms (x2,
+x4) run several instructions on one accumulator per call, with a 2x / 4x longer reduction. Linux
+also requires each process to ask for the AMX tile-data state once (arch_prctl), done here on
+import.
 """
 
+import collections
 import ctypes
 import functools
 
@@ -18,21 +22,28 @@ from tvm.script.ir_builder import tirx as T
 
 from .base import Intrinsic, placeholders
 
-M, N, K = 16, 16, 64  # one tdpbusd: K u8 per A row = 64 bytes, N s32 per C row = 64 bytes
+M, N, ROW_BYTES = 16, 16, 64  # one instruction: 16 rows of 64 bytes in every tile
+
+# One AMX dot-product instruction: its LLVM name, dtypes (A, B, C; `storage`: the integer type
+# pointers to A and B are typed with, see x86.py on bf16) and elements per 32-bit word of A/B.
+_Kind = collections.namedtuple("_Kind", "op a_dtype b_dtype c_dtype storage word feature")
+INT8 = _Kind("tdpbusd", "uint8", "int8", "int32", ("uint8", "int8"), 4, "amx-int8")
+BF16 = _Kind("tdpbf16ps", "bfloat16", "bfloat16", "float32", ("uint16", "uint16"), 2, "amx-bf16")
 _ARCH_REQ_XCOMP_PERM = 0x1023
 _XFEATURE_XTILEDATA = 18
 _SYS_ARCH_PRCTL = 158
 
 
-def _chain_ir(steps, fname, cols=1):
-    """LLVM IR of `steps` tdpbusd into each of `cols` accumulator tiles side by side (C is 16 x
-    16*cols s32, B 16*cols columns wide). The C tiles are loaded once; per step the A tile (the
-    next 64 bytes of each row) is loaded once and shared by the `cols` B tiles (the next 16 rows,
-    one 64-byte column block each); the C tiles are stored once. The shape arguments of tdpbusd
-    are rows, C's column bytes and A's column bytes."""
+def _chain_ir(kind, steps, fname, cols=1):
+    """LLVM IR of `steps` instructions (kind.op) into each of `cols` accumulator tiles side by
+    side (C is 16 x 16*cols, B 16*cols columns wide). The C tiles are loaded once; per step the A
+    tile (the next 64 bytes of each row) is loaded once and shared by the `cols` B tiles (the next
+    16 rows, one 64-byte column block each); the C tiles are stored once. The shape arguments of
+    the instruction are rows, C's column bytes and A's column bytes; strides are in bytes."""
+    op = kind.op
     lines = [
         "declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)",
-        "declare x86_amx @llvm.x86.tdpbusd.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)",
+        f"declare x86_amx @llvm.x86.{op}.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)",
         "declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)",
         f"define void @{fname}(ptr %c, i64 %cs, ptr %a, i64 %as, ptr %b, i64 %bs) {{",
     ]
@@ -42,7 +53,7 @@ def _chain_ir(steps, fname, cols=1):
                   f"ptr %cp{j}, i64 %cs)"]
     for i in range(steps):
         lines += [
-            f"  %ap{i} = getelementptr i8, ptr %a, i64 {K * i}",
+            f"  %ap{i} = getelementptr i8, ptr %a, i64 {ROW_BYTES * i}",
             f"  %at{i} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, ptr %ap{i}, "
             "i64 %as)",
             f"  %bo{i} = mul i64 %bs, {16 * i}",
@@ -53,7 +64,7 @@ def _chain_ir(steps, fname, cols=1):
                 f"  %bp{i}_{j} = getelementptr i8, ptr %b, i64 %bq{i}_{j}",
                 f"  %bt{i}_{j} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
                 f"ptr %bp{i}_{j}, i64 %bs)",
-                f"  %c{j}_{i + 1} = call x86_amx @llvm.x86.tdpbusd.internal(i16 16, i16 64, "
+                f"  %c{j}_{i + 1} = call x86_amx @llvm.x86.{op}.internal(i16 16, i16 64, "
                 f"i16 64, x86_amx %c{j}_{i}, x86_amx %at{i}, x86_amx %bt{i}_{j})",
             ]
     for j in range(cols):
@@ -73,15 +84,17 @@ def request_tile_permission():
         return False
 
 
-def _semantics(steps, cols):
+def _semantics(kind, steps, cols):
     def semantics():
-        k_total, n_total = K * steps, N * cols
-        a, b = placeholders(a=((M, k_total), "uint8"), b=((k_total // 4, n_total, 4), "int8"))
+        w = kind.word
+        k_total, n_total = ROW_BYTES // 4 * w * steps, N * cols
+        a, b = placeholders(a=((M, k_total), kind.a_dtype),
+                            b=((k_total // w, n_total, w), kind.b_dtype))
         k = te.reduce_axis((0, k_total), name="k")
+        acc = kind.c_dtype
         return te.compute(
             (M, n_total),
-            lambda m, n: te.sum(a[m, k].astype("int32") * b[k // 4, n, k % 4].astype("int32"),
-                                axis=k),
+            lambda m, n: te.sum(a[m, k].astype(acc) * b[k // w, n, k % w].astype(acc), axis=k),
             name="d",
         )
 
@@ -93,56 +106,66 @@ def _ptr(buf, dtype, row_elems, mask):
     return tirx.tvm_access_ptr(tirx.type_annotation(dtype), buf.data, buf.elem_offset, extent, mask)
 
 
-def _form_name(steps, cols):
-    """x86.tdpbusd, x86.tdpbusd.x4, x86.tdpbusd.x4.n2, ..."""
-    return "x86.tdpbusd" + (f".x{steps}" if steps > 1 else "") + (f".n{cols}" if cols > 1 else "")
+def _form_name(kind, steps, cols):
+    """x86.tdpbusd, x86.tdpbusd.x4, x86.tdpbf16ps.x4.n2, ..."""
+    return (f"x86.{kind.op}" + (f".x{steps}" if steps > 1 else "")
+            + (f".n{cols}" if cols > 1 else ""))
 
 
-def _emit(steps, cols):
-    fname = "unit_tvm_" + _form_name(steps, cols)[len("x86."):].replace(".", "_")
-    ir = _chain_ir(steps, fname, cols)
+def _emit(kind, steps, cols):
+    fname = "unit_tvm_" + _form_name(kind, steps, cols)[len("x86."):].replace(".", "_")
+    ir = _chain_ir(kind, steps, fname, cols)
+    a_t, b_t = kind.storage
+    elem = {"uint8": 1, "int8": 1, "uint16": 2}
+    k_total = ROW_BYTES // elem[a_t] * steps
 
     def emit(bufs):
         a, b, d = bufs["a"], bufs["b"], bufs["d"]
         with T.attr(tirx.const(0, "int32"), "pragma_import_llvm", tvm.ir.expr.StringImm(ir)):
             T.evaluate(tirx.call_extern(
                 "void", fname,
-                _ptr(d, "int32", N * cols, 3), (d.strides[0] * 4).astype("int64"),
-                _ptr(a, "uint8", K * steps, 1), a.strides[0].astype("int64"),
-                _ptr(b, "int8", N * cols * 4, 1), b.strides[0].astype("int64")))
+                _ptr(d, kind.c_dtype, N * cols, 3), (d.strides[0] * 4).astype("int64"),
+                _ptr(a, a_t, k_total, 1), (a.strides[0] * elem[a_t]).astype("int64"),
+                _ptr(b, b_t, N * cols * kind.word, 1),
+                (b.strides[0] * elem[b_t]).astype("int64")))
 
     return emit
 
 
-def _tdpbusd(steps, cols=1):
-    name = _form_name(steps, cols)
+def _form(kind, steps, cols=1):
+    name = _form_name(kind, steps, cols)
+    k = ROW_BYTES // 4 * kind.word * steps
     chain = "" if steps == 1 else (
-        f" {steps} tdpbusd chained on each accumulator tile (loaded and stored once, not per "
-        f"instruction), so the reduction is {steps * K} wide.")
+        f" {steps} {kind.op} chained on each accumulator tile (loaded and stored once, not per "
+        f"instruction), so the reduction is {k} wide.")
     if cols > 1:
         chain += (f" {cols} accumulator tiles side by side share each A tile (C is "
                   f"16x{N * cols}).")
     return Intrinsic(
         name,
         arch="x86_64",
-        requires=[("amx-int8", "amx-tile")],
-        semantics=_semantics(steps, cols),
-        emit=_emit(steps, cols),
+        requires=[(kind.feature, "amx-tile")],
+        semantics=_semantics(kind, steps, cols),
+        emit=_emit(kind, steps, cols),
         strided=("a", "b", "d"),
-        family="x86.amx-int8",
+        family="x86." + kind.feature,
         host_check=lambda: None if request_tile_permission() else
         "OS permission for AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM refused)",
-        doc=f"Intel AMX-INT8 tdpbusd: C[16x{N * cols} s32] += A[16x{K * steps} u8] . "
-            f"B[{K * steps}x{N * cols} s8] (B packed as [{K * steps // 4}][{N * cols}][4]); rows "
-            "of every tile may be strided." + chain,
+        doc=f"Intel {kind.feature.upper()} {kind.op}: C[16x{N * cols} {kind.c_dtype}] += "
+            f"A[16x{k} {kind.a_dtype}] . B[{k}x{N * cols} {kind.b_dtype}] (B packed as "
+            f"[{k // kind.word}][{N * cols}][{kind.word}]); rows of every tile may be strided."
+            + chain,
     )
 
 
 # Longer chains first: the one whose reduction fits the op with the least padding is used. The
 # two-column forms (C 16x32) come after: ties go to the single column, which pads output channels
 # less; they are for callers that measure (bench-op tunes every form).
-TDPBUSD_X4, TDPBUSD_X2, TDPBUSD = _tdpbusd(4), _tdpbusd(2), _tdpbusd(1)
-TDPBUSD_X4_N2, TDPBUSD_X2_N2 = _tdpbusd(4, 2), _tdpbusd(2, 2)
-INTRINSICS = [TDPBUSD_X4, TDPBUSD_X2, TDPBUSD, TDPBUSD_X4_N2, TDPBUSD_X2_N2]
+TDPBUSD_X4, TDPBUSD_X2, TDPBUSD = _form(INT8, 4), _form(INT8, 2), _form(INT8, 1)
+TDPBUSD_X4_N2, TDPBUSD_X2_N2 = _form(INT8, 4, 2), _form(INT8, 2, 2)
+TDPBF16PS_X4, TDPBF16PS_X2, TDPBF16PS = _form(BF16, 4), _form(BF16, 2), _form(BF16, 1)
+TDPBF16PS_X4_N2, TDPBF16PS_X2_N2 = _form(BF16, 4, 2), _form(BF16, 2, 2)
+INTRINSICS = [TDPBUSD_X4, TDPBUSD_X2, TDPBUSD, TDPBUSD_X4_N2, TDPBUSD_X2_N2,
+              TDPBF16PS_X4, TDPBF16PS_X2, TDPBF16PS, TDPBF16PS_X4_N2, TDPBF16PS_X2_N2]
 
 request_tile_permission()

@@ -10,7 +10,8 @@ from unit_tvm.target import host
 from .conftest import HOST_X86, require_host
 
 NAMES = ["x86.tdpbusd.x4", "x86.tdpbusd.x2", "x86.tdpbusd", "x86.tdpbusd.x4.n2",
-         "x86.tdpbusd.x2.n2", "x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps", "arm.sdot",
+         "x86.tdpbusd.x2.n2", "x86.tdpbf16ps.x4", "x86.tdpbf16ps.x2", "x86.tdpbf16ps",
+         "x86.tdpbf16ps.x4.n2", "x86.tdpbf16ps.x2.n2", "x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps", "arm.sdot",
          "arm.udot", "arm.smmla", "cuda.wmma.f16f32", "cuda.wmma.s8s32"]
 
 
@@ -105,6 +106,32 @@ def test_amx_tdpbusd_bit_exact(name, steps, cols, rng):
     lib(*args)
     bk = b.astype(np.int64).transpose(0, 1, 3, 2).reshape(8, 64 * steps, 16 * cols)  # [x, k, n]
     np.testing.assert_array_equal(args[-1].numpy(), np.einsum("xmk,xkn->xmn", a.astype(np.int64), bk))
+
+
+@pytest.mark.parametrize("name,steps,cols", [("x86.tdpbf16ps", 1, 1), ("x86.tdpbf16ps.x4", 4, 1),
+                                             ("x86.tdpbf16ps.x2.n2", 2, 2)])
+def test_amx_tdpbf16ps_within_f32_accumulation_rounding(name, steps, cols, rng):
+    """AMX-BF16: bf16 products are exact in f32; per instruction the 32-term sums round in f32.
+    Within 32 * steps ulp(f32) of the float64 result, relative to the sum of |products| (bf16
+    rounding of a product would be ~2^-8, far outside)."""
+    require_host(name)
+    intrin = intrinsics.get(name)
+    assert intrin.family == "x86.amx-bf16" and intrin.reduction_width == 32 * steps
+    assert intrin.channel_blocks == (32 * steps, 16 * cols)
+    func, (a_t, b_t), _ = microkernel.instruction_kernel(intrin, 8)
+    lib = tvm.tirx.build(func, target=host())
+    asm = lib.inspect_source("asm")
+    n_mma, n_store = asm.count("\ttdpbf16ps\t"), asm.count("\ttilestored\t")
+    assert n_mma >= steps and n_mma == steps * n_store
+    a = measure.random_array(a_t.shape, "bfloat16", rng)
+    b = measure.random_array(b_t.shape, "bfloat16", rng)
+    args = measure.to_device([a, b, np.zeros((8, 16, 16 * cols), "float32")], tvm.cpu())
+    lib(*args)
+    bk = b.astype(np.float64).transpose(0, 1, 3, 2).reshape(8, 32 * steps, 16 * cols)
+    prods = a.astype(np.float64)[:, :, :, None] * bk[:, None]  # [x, m, k, n]
+    expected, scale = prods.sum(2), np.abs(prods).sum(2)
+    got = args[-1].numpy()
+    assert np.all(np.abs(got - expected) <= 32 * steps * np.finfo(np.float32).eps * scale)
 
 
 def _run_instruction(name, rng, n=256):
