@@ -154,14 +154,93 @@ def test_model_without_quantizable_ops_still_compiles():
     np.testing.assert_allclose(got, Pool()(torch.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_quantize_needs_calibration_and_rejects_bf16():
+def test_quantize_needs_calibration_and_a_known_dtype():
     model = SmallCNN()
     _, xs, _ = _prepare(model, (1, 3, 16, 16))
     mod = frontends.from_torch(model, [torch.tensor(xs[0])])
     with pytest.raises(ValueError, match="calibration_data is empty"):
         quantize(mod, calibration_data=[])
-    with pytest.raises(NotImplementedError, match="bfloat16"):
-        quantize(mod, calibration_data=xs, dtype="bfloat16")
+    with pytest.raises(ValueError, match="'int8' or 'bfloat16'"):
+        quantize(mod, calibration_data=xs, dtype="float16")
+
+
+def _bf16(a):
+    import ml_dtypes
+
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+class TwoLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(72, 40)
+        self.l2 = nn.Linear(40, 10)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x)))
+
+
+def test_bf16_dense_model_equals_bf16_arithmetic(rng):
+    """quantize(dtype="bfloat16"): weights and activations rounded to bf16 (ties to even),
+    float32 accumulation, bias and relu fused. Equal to that arithmetic in float64 up to f32
+    accumulation error, and far from it if anything were not rounded or rounded twice."""
+    require_host("x86.vdpbf16ps")
+    model = TwoLinear()
+    _, xs, refs = _prepare(model, (3, 72))
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    qmod = quantize(mod, dtype="bfloat16")  # no calibration needed
+    assert [(r["kind"], r["dtype"], r["relu"]) for _, r in recipes(qmod)] == [
+        ("dense", "bfloat16", True), ("dense", "bfloat16", False)]
+    tpass = UnitTensorize(unit_tvm.target.host())
+    ex = build_relax(tpass(qmod), unit_tvm.target.host())
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    assert any(m in _asm(ex) for m in ("tdpbf16ps", "vdpbf16ps"))
+    w1, b1 = model.l1.weight.detach().numpy(), model.l1.bias.detach().numpy()
+    w2, b2 = model.l2.weight.detach().numpy(), model.l2.bias.detach().numpy()
+    for got, x in zip(_run(ex, xs), xs):
+        h = np.maximum(_bf16(x) @ _bf16(w1).T + b1, 0)
+        want = _bf16(h) @ _bf16(w2).T + b2
+        bound = 1e-5 * (np.abs(_bf16(h)) @ np.abs(_bf16(w2)).T + np.abs(b2)) + 1e-6
+        assert np.all(np.abs(got - want) <= bound)
+        # fp32 activations (no rounding) would be off by far more than the bound somewhere
+        unrounded = np.maximum(x @ _bf16(w1).T + b1, 0) @ _bf16(w2).T + b2
+        assert np.any(np.abs(unrounded - want) > bound)
+
+
+def test_bf16_models_tensorized_close_to_fp32():
+    """A conv net (residual, depthwise left fp32) and a transformer block in bf16: every
+    conv/dense on a bf16 instruction, equal to TVM's plain bf16 loop nest, close to fp32."""
+    require_host("x86.vdpbf16ps")
+    for model, shape, n_ops in ((SmallCNN(), (1, 3, 16, 16), 4), (TinyTransformer(), (1, 16, 64), 4)):
+        _, xs, refs = _prepare(model, shape)
+        mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+        qmod = quantize(mod, dtype="bfloat16")
+        assert len(recipes(qmod)) == n_ops  # SmallCNN's depthwise conv stays fp32
+        tpass = UnitTensorize(unit_tvm.target.host())
+        ex = build_relax(tpass(qmod), unit_tvm.target.host())
+        assert all(instr for _, instr, _ in tpass.report), tpass.report
+        plain = _run(build_relax(qmod, unit_tvm.target.host()), xs)
+        for got, base, ref in zip(_run(ex, xs), plain, refs):
+            np.testing.assert_allclose(got, base, rtol=1e-4, atol=1e-4)
+            assert _cos(got, ref) > 0.9999
+
+
+def test_bf16_without_bf16_instructions_keeps_tvm_schedule():
+    """On a CPU without AVX512-BF16 / AMX-BF16 the bf16 ops keep TVM's loop nest, with a
+    warning naming why, and the model still computes the bf16 result."""
+    model = TwoLinear()
+    _, xs, _ = _prepare(model, (3, 72))
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    qmod = quantize(mod, dtype="bfloat16")
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    tpass = UnitTensorize(target)
+    with pytest.warns(UserWarning, match="no instruction for its dtypes"):
+        tmod = tpass(qmod)
+    assert [instr for _, instr, _ in tpass.report] == [None, None]
+    got = _run(build_relax(tmod, target), xs)
+    want = _run(build_relax(qmod, unit_tvm.target.host()), xs)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 def test_zoo_models_are_deterministic():

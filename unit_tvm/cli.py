@@ -145,7 +145,8 @@ def _cmd_bench_model(args):
 
     quiet = args.json
     log = (lambda *a: None) if quiet else print
-    engines = tuple(e for e in bench_e2e.ENGINES if e not in (args.skip or []))
+    engines = bench_e2e.ENGINES + (bench_e2e.BF16_ENGINES if args.bf16 else ())
+    engines = tuple(e for e in engines if e not in (args.skip or []))
     results = []
     for name in args.models:
         log(f"{name}:")
@@ -153,13 +154,18 @@ def _cmd_bench_model(args):
                                            tune=not args.no_tune, database=args.database,
                                            engines=engines, log=log))
     geo = bench_e2e.geomean_speedups(results)
+    geo_bf16 = bench_e2e.geomean_speedups(results, "bf16_speedup")
     paths = bench_e2e.write_outputs(results, args.out)
     if args.json:
-        print(json.dumps({"results": results, "geomean_speedup": geo}, indent=1))
+        print(json.dumps({"results": results, "geomean_speedup": geo,
+                          "geomean_bf16_speedup": geo_bf16}, indent=1))
     else:
         if len(results) > 1:
             print("geomean speedup of unit-tvm int8: " + ", ".join(
                 f"{v:.2f}x over {k}" for k, v in geo.items()))
+            if geo_bf16:
+                print("geomean speedup of unit-tvm bf16: " + ", ".join(
+                    f"{v:.2f}x over {k}" for k, v in geo_bf16.items()))
         print("wrote " + ", ".join(paths))
     return 0
 
@@ -228,6 +234,8 @@ def main(argv=None):
     _tuning_args(p, "per distinct op")
     p.add_argument("--no-tune", action="store_true", help="database or default configs only")
     p.add_argument("--skip", action="append", help="an engine to leave out (repeatable)")
+    p.add_argument("--bf16", action="store_true",
+                   help="also unit-tvm bf16 (quantize dtype=bfloat16) and PyTorch bf16 (autocast)")
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_model)

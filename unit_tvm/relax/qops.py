@@ -2,8 +2,10 @@
 
 A recipe describes one int8 op of a quantized model: the conv2d or dense shape, the activation's
 uint8 quantization (scale, zero point), and what is fused after it (per-channel dequantization
-and bias, residual add, relu). The same recipe builds
-- the plain int8 computation with TVM's default schedule (`plain_func`: "TVM int8, no tensorize"),
+and bias, residual add, relu). A recipe with "dtype": "bfloat16" is the bf16 form of the op:
+activations rounded to bf16 inside the kernel, bf16 weights, float32 accumulation, then bias,
+residual and activation (no scales, no zero point). The same recipe builds
+- the plain int8 (bf16) computation with TVM's default schedule (`plain_func`: "no tensorize"),
 - the tensorized one (`tensorized_func`): activations quantized and packed into the instruction's
   layout inside the kernel, weights packed at compile time, epilogue fused into the write-back.
 """
@@ -29,11 +31,48 @@ def _quantize(x, scale, zp):
         "uint8")
 
 
+def _round_to_bf16(v):
+    """float32 v rounded to the nearest bfloat16 (ties to even), still float32. Spelled out
+    because TVM's BF16 legalization keeps an internal bf16 stage in float32 unless an
+    instruction reads its storage: with this, the plain loop nest (the tuner's reference) and
+    the tensorized kernel see the same bf16 activations."""
+    bits = tirx.reinterpret("uint32", v)
+    bits = bits + tirx.const(0x7FFF, "uint32") + ((bits >> tirx.const(16, "uint32"))
+                                                   & tirx.const(1, "uint32"))
+    return tirx.reinterpret("float32", bits & tirx.const(0xFFFF0000, "uint32"))
+
+
+def is_bf16(recipe):
+    """Whether the recipe is the bfloat16 form of its op (else int8)."""
+    return recipe.get("dtype") == "bfloat16"
+
+
+def _dtypes(recipe):
+    """(activation, weight, accumulator) dtypes the op's instruction takes."""
+    return ("bfloat16", "bfloat16", "float32") if is_bf16(recipe) else ("uint8", "int8", "int32")
+
+
+def _word(recipe):
+    """Elements per 32-bit word of the instruction's inputs (KCRS[x/word]c[y]k[word]c weights)."""
+    return 2 if is_bf16(recipe) else 4
+
+
+def _pad_value(recipe):
+    """What padding holds in the instruction's activation dtype: real 0.0 (the zero point)."""
+    if is_bf16(recipe):
+        return tirx.const(0.0, "float32").astype("bfloat16")
+    return tirx.const(recipe["x_zp"], "uint8")
+
+
 def _epilogue(recipe, comp, mult, bias, residual):
-    """acc (int32) -> fp32: (acc - zp*wsum[k]) * (s_x*s_w[k]) + bias[k] (+ residual), relu."""
+    """acc (int32) -> fp32: (acc - zp*wsum[k]) * (s_x*s_w[k]) + bias[k] (+ residual), relu.
+    A bf16 op's acc is float32 already: acc + bias[k] (+ residual), relu."""
 
     def fn(acc, k, out_idx):
-        v = (acc - comp[k]).astype("float32") * mult[k] + bias[k]
+        if is_bf16(recipe):
+            v = acc + bias[k]
+        else:
+            v = (acc - comp[k]).astype("float32") * mult[k] + bias[k]
         if residual is not None:
             v = v + residual(*out_idx)
         if recipe.get("gelu"):  # exact (erf) GELU, as torch.nn.functional.gelu
@@ -82,6 +121,8 @@ def _load_input(x, recipe, idx):
         idx = (b, c // blk, i, j, c % blk)
     if recipe.get("in_u8"):
         return x(*idx)
+    if is_bf16(recipe):
+        return _round_to_bf16(x(*idx)).astype("bfloat16")
     return _quantize(x(*idx), recipe["x_scale"], recipe["x_zp"])
 
 
@@ -102,15 +143,22 @@ def _packed_output(recipe, fn, acc_at):
 
 
 def _placeholders(recipe, x_shape, w_shape):
+    """x, w, comp, mult, bias, residual: the op's arguments (comp and mult None for bf16, which
+    has no quantization to undo; residual None without one)."""
     x = te.placeholder(x_shape, "uint8" if recipe.get("in_u8") else "float32", name="x")
-    w = te.placeholder(w_shape, "int8", name="w")
+    w = te.placeholder(w_shape, _dtypes(recipe)[1], name="w")
     k = recipe["out_channels"]
-    comp = te.placeholder((k,), "int32", name="comp")
-    mult = te.placeholder((k,), "float32", name="mult")
+    comp = None if is_bf16(recipe) else te.placeholder((k,), "int32", name="comp")
+    mult = None if is_bf16(recipe) else te.placeholder((k,), "float32", name="mult")
     bias = te.placeholder((k,), "float32", name="bias")
     residual = te.placeholder(recipe["out_shape"], "float32", name="residual") if recipe[
         "residual"] else None
     return x, w, comp, mult, bias, residual
+
+
+def _arguments(*tensors):
+    """The PrimFunc's argument list: the given tensors, less the absent (None) ones."""
+    return [t for t in tensors if t is not None]
 
 
 def plain_func(recipe):
@@ -139,7 +187,7 @@ def plain_func(recipe):
             ch = co * ib + ci[0] if ib else co
             inside = tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl, *([ch < c] if ib else []))
             return tirx.if_then_else(inside, _load_input(x, recipe, (b, ch, i - pt, j - pl)),
-                                     tirx.const(recipe["x_zp"], "uint8"))
+                                     _pad_value(recipe))
 
         xq = te.compute(xq_shape, xq_body, name="xq")
 
@@ -148,9 +196,11 @@ def plain_func(recipe):
                 return xq[b, lanes[0], i, j, lanes[1]]  # a depthwise conv reads its own lanes
             return xq[b, ch // ib, i, j, ch % ib] if ib else xq[b, ch, i, j]
 
+        acc_t = _dtypes(recipe)[2]
+
         def conv_at(b, f, i, j, w_at, lanes=None):
             return te.sum(xq_at(b, f // kg * cg + rc, i * sh + rr * dh, j * sw + rs * dw, lanes)
-                          .astype("int32") * w_at(rc, rr, rs).astype("int32"), axis=red)
+                          .astype(acc_t) * w_at(rc, rr, rs).astype(acc_t), axis=red)
 
         fn = _epilogue(recipe, comp, mult, bias, res)
         if ob:  # accumulators and weights in the output's blocked layout too: lanes = channels
@@ -171,11 +221,12 @@ def plain_func(recipe):
         x, w, comp, mult, bias, res = _placeholders(recipe, recipe["in_shape"], recipe["w_shape"])
         xq = te.compute((m, kk), lambda i, j: _load_input(x, recipe, (i, j)), name="xq")
         r = te.reduce_axis((0, kk), name="k")
+        acc_t = _dtypes(recipe)[2]
         acc = te.compute(recipe["out_shape"], lambda i, j: te.sum(
-            xq[i, r].astype("int32") * w[j, r].astype("int32"), axis=r), name="acc")
+            xq[i, r].astype(acc_t) * w[j, r].astype(acc_t), axis=r), name="acc")
         fn = _epilogue(recipe, comp, mult, bias, res)
         out = te.compute(recipe["out_shape"], lambda i, j: fn(acc[i, j], j, (i, j)), name="out")
-    args = [x, w, comp, mult, bias] + ([res] if res is not None else []) + [out]
+    args = _arguments(x, w, comp, mult, bias, res, out)
     return te.create_prim_func(args).with_attr(ATTR, json.dumps(recipe))
 
 
@@ -190,12 +241,12 @@ def plain_weight_shape(recipe):
 
 
 def plain_weight(recipe, w):
-    """int8 weights [K, C/groups, R, S] -> plain_weight_shape(recipe), zero-padded."""
+    """int8 (bf16) weights [K, C/groups, R, S] -> plain_weight_shape(recipe), zero-padded."""
     ob = recipe.get("out_block")
     if not ob:
         return w
     k, cg, r, s = w.shape
-    wp = np.zeros((_round_up(k, ob), cg, r, s), np.int8)
+    wp = np.zeros((_round_up(k, ob), cg, r, s), w.dtype)
     wp[:k] = w
     return np.ascontiguousarray(wp.reshape(-1, ob, cg, r, s).transpose(0, 2, 3, 4, 1))
 
@@ -205,19 +256,22 @@ def _round_up(v, m):
 
 
 def pack_weight(recipe, w, x, y):
-    """int8 weights -> the packed layout of ops.conv2d_nchwc / ops.dense_packed, zero-padded."""
+    """int8 (bf16) weights -> the packed layout of ops.conv2d_nchwc / ops.dense_packed,
+    KCRS[x/word]c[y]k[word]c (word: elements per 32-bit word), zero-padded."""
+    word = _word(recipe)
     if recipe["kind"] == "conv2d":
         k, c, r, s = w.shape
         kp, cp = _round_up(k, y), _round_up(c, x)
-        wp = np.zeros((kp, cp, r, s), np.int8)
+        wp = np.zeros((kp, cp, r, s), w.dtype)
         wp[:k, :c] = w
-        wp = wp.reshape(kp // y, y, cp // x, x // 4, 4, r, s)
+        wp = wp.reshape(kp // y, y, cp // x, x // word, word, r, s)
         return np.ascontiguousarray(wp.transpose(0, 2, 5, 6, 3, 1, 4))
     n, kk = w.shape
     np_, kp = _round_up(n, y), _round_up(kk, x)
-    wp = np.zeros((np_, kp), np.int8)
+    wp = np.zeros((np_, kp), w.dtype)
     wp[:n, :kk] = w
-    return np.ascontiguousarray(wp.reshape(np_ // y, y, kp // x, x // 4, 4).transpose(0, 2, 3, 1, 4))
+    return np.ascontiguousarray(
+        wp.reshape(np_ // y, y, kp // x, x // word, word).transpose(0, 2, 3, 1, 4))
 
 
 def tensorized_graph(recipe, intrin):
@@ -226,7 +280,8 @@ def tensorized_graph(recipe, intrin):
         raise ValueError(f"grouped conv ({recipe['groups']} groups): no packed layout for "
                          "dot-product instructions here; it keeps TVM's int8 loop nest")
     x_blk, y_blk = intrin.channel_blocks
-    zp = recipe["x_zp"]
+    word, pad = _word(recipe), _pad_value(recipe)
+    acc_t = _dtypes(recipe)[2]
     if recipe["kind"] == "conv2d":
         n, c, h, w_ = recipe["in_shape"]
         k, _, r, s = recipe["w_shape"]
@@ -235,7 +290,7 @@ def tensorized_graph(recipe, intrin):
         cp, kp = _round_up(c, x_blk), _round_up(k, y_blk)
         _, oc, oh, ow = recipe["out_shape"]
         x, w, comp, mult, bias, res = _placeholders(
-            recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // 4, y_blk, 4))
+            recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // word, y_blk, word))
         hp, wpd = h + pt + pb, w_ + pl + pr
         ib = recipe.get("in_block")
         if recipe.get("in_u8") and ib and ib % x_blk == 0 and c % ib == 0 and not any(
@@ -251,11 +306,11 @@ def tensorized_graph(recipe, intrin):
                                 tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl,
                                          co * x_blk + ci < c),
                                 _load_input(x, recipe, (b, co * x_blk + ci, i - pt, j - pl)),
-                                tirx.const(zp, "uint8")), name="xq")
+                                pad), name="xq")
         rc, rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((cp, "rc"), (r, "rr"), (s, "rs")))
         acc = te.compute((n, kp // y_blk, oh, ow, y_blk), lambda b, ko, i, j, ki: te.sum(
-            xb[b, rc // ib, i * sh + rr * dh, j * sw + rs * dw, rc % ib].astype("int32")
-            * w[ko, rc // x_blk, rr, rs, rc % x_blk // 4, ki, rc % 4].astype("int32"),
+            xb[b, rc // ib, i * sh + rr * dh, j * sw + rs * dw, rc % ib].astype(acc_t)
+            * w[ko, rc // x_blk, rr, rs, rc % x_blk // word, ki, rc % word].astype(acc_t),
             axis=[rc, rr, rs]), name="acc")
         fn = _epilogue(recipe, comp, mult, bias, res)
         ob = recipe.get("out_block")
@@ -277,21 +332,20 @@ def tensorized_graph(recipe, intrin):
         nn_ = recipe["out_channels"]
         kp, np_ = _round_up(kk, x_blk), _round_up(nn_, y_blk)
         x, w, comp, mult, bias, res = _placeholders(
-            recipe, recipe["in_shape"], (np_ // y_blk, kp // x_blk, x_blk // 4, y_blk, 4))
+            recipe, recipe["in_shape"], (np_ // y_blk, kp // x_blk, x_blk // word, y_blk, word))
         xq = te.compute((m, kp), lambda i, j: tirx.if_then_else(
-            j < kk, _load_input(x, recipe, (i, tirx.min(j, kk - 1))),
-            tirx.const(zp, "uint8")), name="xq")
+            j < kk, _load_input(x, recipe, (i, tirx.min(j, kk - 1))), pad), name="xq")
         r = te.reduce_axis((0, kp), name="k")
         acc = te.compute((m, np_), lambda i, j: te.sum(
-            xq[i, r].astype("int32")
-            * w[j // y_blk, r // x_blk, r % x_blk // 4, j % y_blk, r % 4].astype("int32"), axis=r),
-            name="acc")
+            xq[i, r].astype(acc_t)
+            * w[j // y_blk, r // x_blk, r % x_blk // word, j % y_blk, r % word].astype(acc_t),
+            axis=r), name="acc")
         fn = _epilogue(recipe, comp, mult, bias, res)
 
         def epi(value, idx):
             return fn(value(idx), idx[-1], idx)
 
-    params = [x, w, comp, mult, bias] + ([res] if res is not None else [])
+    params = _arguments(x, w, comp, mult, bias, res)
     prepared = prepare(acc, intrin, params=params,
                        epilogue=(out_shape(recipe), out_dtype(recipe), epi, "out"))
     return prepared, (x_blk, y_blk)
@@ -302,6 +356,8 @@ def tuning_form(recipe):
     depends on (shapes, layouts, which epilogue steps) without what calibration chose. Layers
     of one shape (BERT's 12 encoder layers, ResNet's repeated blocks) tune once; the tuned
     config schedules each layer's own recipe, whose loop nest differs only in constants."""
+    if is_bf16(recipe):
+        return dict(recipe)  # no quantization constants
     form = dict(recipe, x_scale=0.5, x_zp=1)
     if form.get("out_q"):
         form["out_q"] = [0.25, 2]
@@ -316,9 +372,10 @@ def candidates(recipe, target):
     alone or chained) by least padding; then the rest."""
     c = recipe["in_shape"][1]
     k = recipe["out_channels"]
+    a_t, w_t, acc_t = _dtypes(recipe)
     out, family_order = [], {}
     for order, intrin in enumerate(intrinsics.for_target(target)):
-        if intrin.input_dtypes != ("uint8", "int8") or intrin.output_dtype != "int32":
+        if intrin.input_dtypes != (a_t, w_t) or intrin.output_dtype != acc_t:
             continue
         if intrin.operand_ranges:
             continue  # vpmaddubsw needs u7 activations; the quantizer produces u8

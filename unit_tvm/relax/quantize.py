@@ -13,7 +13,11 @@ one int8 operator:
 Grouped and depthwise convs are int8 with TVM's plain loop nest (no dot-product instruction fits a
 depthwise window; UnitTensorize leaves them to the default CPU schedule), so the activations
 around them stay uint8. Activation x activation matmuls, pooling and softmax stay fp32.
-dtype="bfloat16" is not implemented yet (vdpbf16ps kernels exist at the op level).
+
+dtype="bfloat16" prepares the model for bf16 dot products (x86.vdpbf16ps): the same ops and
+fused epilogues, with weights rounded to bf16 after folding, activations rounded to bf16 inside
+the op and float32 accumulation; no calibration is needed. Grouped convs stay fp32 there (no
+bf16 instruction fits a depthwise window, and bf16 would only lose precision).
 """
 
 import json
@@ -263,12 +267,14 @@ def _activation_qparams(values, method, percentile):
     return scale, zp
 
 
-def _recipe(chain, x_scale, x_zp):
+def _recipe(chain, **quantization):
+    """The op's recipe: shapes, fused epilogue and `quantization` (x_scale and x_zp for int8,
+    dtype="bfloat16" for bf16)."""
     x_shape = [int(s) for s in chain.x.ty.shape]
     out_shape = [int(s) for s in chain.end_shape]
     recipe = {"kind": chain.kind, "in_shape": x_shape, "w_shape": list(chain.wq.shape),
               "out_shape": out_shape, "out_channels": int(chain.wq.shape[0]),
-              "x_scale": float(x_scale), "x_zp": int(x_zp), "relu": bool(chain.relu),
+              **quantization, "relu": bool(chain.relu),
               "clip_max": chain.clip_max, "gelu": bool(chain.gelu),
               "residual": chain.residual is not None}
     if chain.kind == "dense":  # leading dims flattened into rows around the kernel
@@ -295,11 +301,12 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     constants). calibration_data: iterable of inputs (arrays or tuples of arrays) for main.
     Each quantized op becomes a call_tir of an int8 PrimFunc carrying its recipe (attr
     "unit_tvm.recipe"), scheduled by TVM's defaults; UnitTensorize then tensorizes them.
+    dtype="bfloat16": bf16 dot products with float32 accumulation instead (no calibration).
     """
     from ..target import as_target
 
-    if dtype != "int8":
-        raise NotImplementedError(f"dtype={dtype!r}: only int8 is implemented in the graph pass")
+    if dtype not in ("int8", "bfloat16"):
+        raise ValueError(f"dtype must be 'int8' or 'bfloat16', got {dtype!r}")
     target = as_target(target)
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
@@ -307,6 +314,9 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     mod = relax.transform.FoldConstant()(mod)
     func = mod["main"]
     chains = find_chains(func)
+    if dtype == "bfloat16":
+        return _to_bfloat16(mod, [c for c in chains if c.kind == "dense"
+                                  or int(c.attrs.groups) == 1])
     if not chains:
         return mod
     samples = list(calibration_data)
@@ -321,12 +331,30 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
                            127).astype(np.int8)
         x_scale, x_zp = _activation_qparams(vals, method, percentile)
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
-        recipe = _recipe(chain, x_scale, x_zp)
+        recipe = _recipe(chain, x_scale=float(x_scale), x_zp=int(x_zp))
         wsum = chain.wq.reshape(chain.wq.shape[0], -1).astype(np.int64).sum(axis=1)
         consts = [chain.wq, (x_zp * wsum).astype(np.int32),
                   (x_scale * w_scale).astype(np.float32), chain.shift.astype(np.float32)]
         by_end[chain.end] = (chain, recipe, consts)
     _requantize_edges(func, chains, by_end)
+    return _rewrite(mod, chains, by_end)
+
+
+def _to_bfloat16(mod, chains):
+    """mod with every chain one bf16 op: weights (per-channel scale folded in) rounded to bf16,
+    the bias (shift) kept in float32; edges between ops stay float32."""
+    import ml_dtypes
+
+    if not chains:
+        return mod
+    func = mod["main"]
+    by_end = {}
+    for chain in chains:
+        w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
+        chain.wq = w.astype(np.float32).astype(ml_dtypes.bfloat16)
+        chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
+        by_end[chain.end] = (chain, _recipe(chain, dtype="bfloat16"),
+                             [chain.wq, chain.shift.astype(np.float32)])
     return _rewrite(mod, chains, by_end)
 
 

@@ -174,7 +174,7 @@ class UnitTensorize:
                 continue
             self.report.append((label, intrin.name, ""))
             return func, blocks, final
-        reason = "; ".join(reasons) or "no u8 x s8 instruction on this target"
+        reason = "; ".join(reasons) or "no instruction for its dtypes on this target"
         warnings.warn(f"UnitTensorize: {label} keeps TVM's schedule: {reason}", stacklevel=3)
         self.report.append((label, None, reason))
         return None
