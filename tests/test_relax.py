@@ -154,6 +154,45 @@ def test_model_without_quantizable_ops_still_compiles():
     np.testing.assert_allclose(got, Pool()(torch.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
 
 
+class Stem(nn.Module):
+    """ResNet's stem and first block: conv-bn-relu, a 3x3/2 max-pool whose result feeds a conv
+    and is the block's residual."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False)
+        self.b0 = nn.BatchNorm2d(16)
+        self.c1 = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        y = nn.functional.max_pool2d(torch.relu(self.b0(self.c0(x))), 3, 2, 1)
+        return torch.relu(self.c1(y) + y)
+
+
+def test_max_pool_runs_on_its_producers_uint8():
+    """conv -> relu -> max-pool -> conv (+ the pool as residual): the first conv requantizes
+    for the second, the pool runs on uint8, the second conv reads it as is and dequantizes it
+    as its residual. Same result as TVM's plain int8 build of the same graph, close to fp32."""
+    require_host("x86.vpdpbusd")
+    model = Stem()
+    cal, xs, refs = _prepare(model, (1, 3, 33, 33))
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    qmod = quantize(mod, calibration_data=cal)
+    (_, r0), (_, r1) = recipes(qmod)
+    assert r0["out_q"] == [r1["x_scale"], r1["x_zp"]] and r1["in_u8"]
+    assert r1["residual_q"] == r0["out_q"]
+    (pool,) = [ln for ln in qmod["main"].script().splitlines() if "R.nn.max_pool2d" in ln]
+    assert pool.split(") = ")[0].endswith('dtype="uint8"')  # the pool's result is uint8
+    assert "R.astype" not in qmod["main"].script()  # nothing dequantizes it: not needed
+    tpass = UnitTensorize(unit_tvm.target.host())
+    ex = build_relax(tpass(qmod), unit_tvm.target.host())
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, ref in zip(_run(ex, xs), plain, refs):
+        np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
+        assert _cos(got, ref) > 0.995
+
+
 def test_quantize_needs_calibration_and_a_known_dtype():
     model = SmallCNN()
     _, xs, _ = _prepare(model, (1, 3, 16, 16))

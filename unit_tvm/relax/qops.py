@@ -74,7 +74,12 @@ def _epilogue(recipe, comp, mult, bias, residual):
         else:
             v = (acc - comp[k]).astype("float32") * mult[k] + bias[k]
         if residual is not None:
-            v = v + residual(*out_idx)
+            r = residual(*out_idx)
+            if recipe.get("residual_q"):  # a uint8 residual (a pool's result): dequantized here
+                scale, zp = recipe["residual_q"]
+                r = (r.astype("float32") - tirx.const(float(zp), "float32")) * tirx.const(
+                    float(scale), "float32")
+            v = v + r
         if recipe.get("gelu"):  # exact (erf) GELU, as torch.nn.functional.gelu
             v = v * tirx.const(0.5, "float32") * (tirx.const(1.0, "float32") + fastmath.erf(
                 v * tirx.const(0.7071067811865476, "float32")))
@@ -151,8 +156,8 @@ def _placeholders(recipe, x_shape, w_shape):
     comp = None if is_bf16(recipe) else te.placeholder((k,), "int32", name="comp")
     mult = None if is_bf16(recipe) else te.placeholder((k,), "float32", name="mult")
     bias = te.placeholder((k,), "float32", name="bias")
-    residual = te.placeholder(recipe["out_shape"], "float32", name="residual") if recipe[
-        "residual"] else None
+    residual = te.placeholder(recipe["out_shape"], "uint8" if recipe.get("residual_q") else
+                              "float32", name="residual") if recipe["residual"] else None
     return x, w, comp, mult, bias, residual
 
 
@@ -361,6 +366,8 @@ def tuning_form(recipe):
     form = dict(recipe, x_scale=0.5, x_zp=1)
     if form.get("out_q"):
         form["out_q"] = [0.25, 2]
+    if form.get("residual_q"):
+        form["residual_q"] = [0.125, 3]
     if form.get("clip_max") is not None:
         form["clip_max"] = 6.0
     return form

@@ -9,7 +9,9 @@ one int8 operator:
 - int32 accumulation; the dequantization (zero-point compensation and scales), the bias, a
   residual add and a relu / relu6 / gelu that follow are fused into the operator's epilogue;
 - requantization between quantized ops: a quantized op whose only consumer is another one
-  writes uint8 in the consumer's quantization.
+  writes uint8 in the consumer's quantization; so does one whose only consumer is a max-pool
+  feeding quantized ops (max commutes with the monotonic quantization): the pool runs on uint8,
+  4x less memory than fp32, and other users of its result get it dequantized.
 Grouped and depthwise convs are int8 with TVM's plain loop nest (no dot-product instruction fits a
 depthwise window; UnitTensorize leaves them to the default CPU schedule), so the activations
 around them stay uint8. Activation x activation matmuls, pooling and softmax stay fp32.
@@ -312,6 +314,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
         mod = relax.transform.BindParams("main", params)(mod)
     mod = relax.transform.DecomposeOpsForInference()(mod)
     mod = relax.transform.FoldConstant()(mod)
+    # torch.export's (value, indices)[0] around pools and batch norms becomes the value itself
+    mod = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
     func = mod["main"]
     chains = find_chains(func)
     if dtype == "bfloat16":
@@ -337,7 +341,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
                   (x_scale * w_scale).astype(np.float32), chain.shift.astype(np.float32)]
         by_end[chain.end] = (chain, recipe, consts)
     _requantize_edges(func, chains, by_end)
-    return _rewrite(mod, chains, by_end)
+    return _rewrite(mod, chains, by_end, _requantize_through_pools(func, chains, by_end))
 
 
 def _to_bfloat16(mod, chains):
@@ -378,6 +382,43 @@ def _requantize_edges(func, chains, by_end):
         next_recipe["in_u8"] = True
 
 
+def _requantize_through_pools(func, chains, by_end):
+    """{max-pool binding var: (scale, zp)} of the pools that run on uint8: the producer (a
+    quantized op whose result only that NCHW max-pool reads) requantizes with the quantization
+    of the quantized convs that read the pool (they observed the same tensor, so they share
+    it), and those convs read the pool's uint8 result as is; a quantized op adding it as its
+    residual dequantizes it in its epilogue. quantize(max(v)) == max(quantize(v)) for a
+    non-decreasing quantize; uint8 padding (0) is the smallest value, like fp32's -inf."""
+    bindings = _bindings(func)
+    uses = _uses(bindings, func)
+    readers = {}
+    for c in chains:
+        readers.setdefault(c.x, []).append(c)
+    pools = {}
+    for b in bindings:
+        v = b.value
+        if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+                and v.op.name == "relax.nn.max_pool2d" and str(v.attrs.layout) == "NCHW"):
+            continue
+        src = v.args[0]
+        if src not in by_end or uses.get(src, 0) != 1 or not readers.get(b.var):
+            continue
+        _, recipe, _ = by_end[src]
+        consumers = [by_end[c.end][1] for c in readers[b.var]]
+        if (recipe.get("out_q") or "nd_out_shape" in recipe
+                or any(r["kind"] != "conv2d" for r in consumers)):
+            continue
+        scale, zp = consumers[0]["x_scale"], consumers[0]["x_zp"]
+        recipe["out_q"] = [scale, zp]
+        for r in consumers:
+            r.update(x_scale=scale, x_zp=zp, in_u8=True)
+        for c in chains:
+            if c.residual is not None and c.residual.same_as(b.var):
+                by_end[c.end][1]["residual_q"] = [scale, zp]
+        pools[b.var] = (scale, zp)
+    return pools
+
+
 def _struct_shape(func, var):
     for b in _bindings(func):
         if b.var.same_as(var):
@@ -396,10 +437,14 @@ def _free_vars(expr):
     return found
 
 
-def _rewrite(mod, chains, by_end):
+def _rewrite(mod, chains, by_end, pools=None):
     """Re-emit main with every chain replaced by its int8 call. Emission follows dependencies:
     a chain is emitted where it ends, after its inputs (a residual may be defined later in the
-    original order, e.g. a downsample branch)."""
+    original order, e.g. a downsample branch). pools: {max-pool var: (scale, zp)} of the pools
+    that run on their uint8 producer; their uint8 result goes to the convs that read uint8, a
+    dequantized copy to every other user (DCE drops it when there is none)."""
+    pools = pools or {}
+    u8_of = {}
     func = mod["main"]
     removed = set()
     for c in chains:
@@ -421,7 +466,18 @@ def _rewrite(mod, chains, by_end):
         for d in deps:
             emit_var(d)
         if var in by_end:
-            remap[var] = _emit_chain(bb, chain, recipe, consts, remap, counter, b.var)
+            remap[var] = _emit_chain(bb, chain, recipe, consts, remap, counter, b.var, u8_of)
+        elif var in pools:
+            a = b.value.attrs
+            u8_of[var] = bb.emit(relax.op.nn.max_pool2d(
+                remap[b.value.args[0]], a.pool_size, a.strides, a.padding, a.dilation,
+                a.ceil_mode, a.count_include_pad, "NCHW", a.out_layout))
+            scale, zp = pools[var]
+            real = relax.op.multiply(relax.op.subtract(relax.op.astype(u8_of[var], "float32"),
+                                                       relax.const(float(zp), "float32")),
+                                     relax.const(float(scale), "float32"))
+            remap[var] = bb.emit(real) if isinstance(b.var, relax.DataflowVar) else \
+                bb.emit_output(real)
         else:
             value = _sub(b.value, remap)
             remap[var] = (bb.emit(value) if isinstance(b.var, relax.DataflowVar)
@@ -440,12 +496,15 @@ def _rewrite(mod, chains, by_end):
     return relax.transform.DeadCodeElimination()(_as_main(bb.get()))
 
 
-def _emit_chain(bb, chain, recipe, consts, remap, counter, var):
+def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
     name = f"q{recipe['kind']}_{counter[0]}"
     counter[0] += 1
     gv = bb.add_func(plain_func(recipe).with_attr("global_symbol", name), name)
-    x_arg = _sub(chain.x, remap)
-    residual = _sub(chain.residual, remap) if chain.residual is not None else None
+    x_arg = u8_of[chain.x] if chain.x in u8_of else _sub(chain.x, remap)
+    residual = None
+    if chain.residual is not None:
+        residual = (u8_of[chain.residual] if recipe.get("residual_q")
+                    else _sub(chain.residual, remap))
     if "nd_in_shape" in recipe:  # N-D dense: rows flattened around the kernel
         x_arg = bb.emit(relax.op.reshape(x_arg, recipe["in_shape"]))
     if residual is not None and "nd_out_shape" in recipe:
