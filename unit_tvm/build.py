@@ -6,6 +6,7 @@ import tvm
 from tvm import te
 
 from . import intrinsics
+from .inspector import inspect
 from .prepare import placeholders_of, prepare
 from .rewriter import schedule
 from .target import as_target
@@ -29,6 +30,12 @@ def _split(tensors):
     return inputs, out
 
 
+def _exact_everywhere(candidates):
+    """The instructions exact on their operands' whole dtype range: vpmaddubsw (exact only for
+    u7 activations) is used only when named, by a caller who knows the data's range."""
+    return [i for i in candidates if not i.operand_ranges]
+
+
 def choose(out, target=None, intrinsic=None, params=None):
     """(Intrinsic, Prepared, default Schedule) for `out` on `target`, or (None, reason, None)
     when nothing applies.
@@ -42,7 +49,7 @@ def choose(out, target=None, intrinsic=None, params=None):
         candidates = [intrinsics.require(intrinsic, target) if isinstance(intrinsic, str)
                       else intrinsic]
     else:
-        candidates = intrinsics.for_target(target)
+        candidates = _exact_everywhere(intrinsics.for_target(target))
     reasons, usable, fits = [], [], []
     for intrin in candidates:
         if fits and intrin.family != fits[0][1].family:
@@ -65,8 +72,44 @@ def choose(out, target=None, intrinsic=None, params=None):
     if usable:
         return min(usable, key=lambda u: u[0])[1:]
     if not candidates:
-        reasons.append(f"no registered instruction runs on {target}")
+        limited = [i for i in intrinsics.for_target(target) if i.operand_ranges]
+        reasons.append(f"no registered instruction runs on {target}" if not limited else
+                       "only instructions exact on a restricted operand range run here ("
+                       + ", ".join(f"{i.name}: {i.operand_ranges}" for i in limited)
+                       + "); name one with intrinsic= if the data stays in that range")
     return None, "; ".join(reasons), None
+
+
+def alternatives(out, target=None, intrinsic=None, params=None):
+    """Every (Intrinsic, Prepared) that computes `out` on `target` with a default schedule that
+    tensorizes: each applicable instruction (or `intrinsic`) with each of the Inspector's
+    feasible mappings, the static choice (see choose) first. The tuner races them."""
+    target = as_target(target)
+    first, _, _ = choose(out, target, intrinsic, params)
+    if first is None:
+        return []
+    if intrinsic is not None:
+        pool = [intrinsics.require(intrinsic, target) if isinstance(intrinsic, str) else intrinsic]
+    else:
+        pool = _exact_everywhere(intrinsics.for_target(target))
+    found = []
+    for intrin in pool:
+        mappings = list(enumerate(inspect(out, intrin))) or [(0, None)]  # None: s8 x s8 shift
+        for i, mapping in mappings:
+            try:
+                prepared = prepare(out, intrin, mapping, params=params,
+                                   separable=target.kind.name == "cuda")
+                schedule(prepared, intrin, None, target)
+            except (ValueError, tvm.s_tir.ScheduleError):
+                continue
+            if padding_waste(prepared) > MAX_WASTE:
+                continue
+            if i:
+                prepared.variant = "mapping " + ",".join(
+                    f"{m.intrin_loop}:{m.op_loop}" for m in mapping.loops)
+            found.append((intrin, prepared))
+    found.sort(key=lambda a: a[0] is not first or bool(a[1].variant))  # stable: registry order
+    return found
 
 
 # An instruction is skipped for the next one when padding makes it compute this much more.
@@ -100,7 +143,9 @@ def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, data
     mod(*arrays) with the arrays in the order of `tensors`. The best applicable instruction is
     chosen by the Inspector unless `intrinsic` names one; when none applies, a FallbackWarning
     says why and TVM's default schedule is built (a correct result, never an exception).
-    tune / trials / database: search the strategy's knobs (see unit_tvm.tune).
+    tune / trials / database: every fitting instruction and loop mapping (`alternatives`) is
+    timed with its default config and the fastest tuned (see unit_tvm.tuner.tune_instruction);
+    a database record of any of them is used without measuring.
     """
     target = as_target(target)
     inputs, out = _split(tensors)
@@ -110,11 +155,14 @@ def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, data
                       FallbackWarning, stacklevel=2)
         return tvm.tirx.build(default_schedule(te.create_prim_func(inputs + [out]), target),
                               target=target)
-    config = None
     if tune or database is not None:
-        from .tuner import tune as _tune
+        from .tuner import tune_instruction
 
-        config = _tune(prepared, intrin, target, trials=trials, database=database,
-                       measure=bool(tune)).config
-        sch = schedule(prepared, intrin, config, target)
+        # every instruction and mapping that fits is an alternative: a database record of any
+        # decides; tuning times each one's default config and tunes the fastest
+        alts = alternatives(out, target, intrinsic, params=inputs) or [(intrin, prepared)]
+        index, result = tune_instruction(alts, target, trials=trials, database=database,
+                                         measure=bool(tune))
+        intrin, prepared = alts[index]
+        sch = schedule(prepared, intrin, result.config, target)
     return tvm.tirx.build(sch.mod, target=target)

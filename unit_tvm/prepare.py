@@ -39,6 +39,7 @@ class Prepared:
     original: object = None  # the op as given (reference for checking candidates)
     original_mapping: object = None  # the Mapping on the op as given (padding, fit)
     reference: object = None  # the output computed from the op as given (no packing, no core)
+    variant: str = ""  # set for a mapping other than the Inspector's first (part of tuning keys)
 
     @property
     def tensors(self):

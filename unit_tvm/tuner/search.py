@@ -107,7 +107,8 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
     if database is not None and not isinstance(database, Database):
         database = Database(database)
     func = te.create_prim_func(list(prepared.params) + [prepared.reference])
-    key = workload_key(func)
+    # another mapping of the same op and instruction is another loop nest: its own record
+    key = workload_key(func) + (f"|{prepared.variant}" if prepared.variant else "")
     strategy = schedules.for_target(target)
     if database is not None:
         hit = database.lookup(key, target, intrin.name)
