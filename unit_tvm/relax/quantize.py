@@ -363,31 +363,23 @@ def _to_bfloat16(mod, chains):
 
 
 def _requantize_edges(func, chains, by_end):
-    """Where every user of a quantized op's result is another quantized op, reading it as its
-    input or adding it as its residual, the producer writes uint8 already quantized with the
-    input readers' parameters (they observed the same tensor, so they share them): input
-    readers take it as is, residual readers dequantize it in their epilogue. 4x less activation
-    traffic on that edge and no quantize step (ResNet's block outputs feed the next block's
-    convs and its residual add)."""
+    """Where a quantized op's only consumer is another quantized op's input, the producer writes
+    uint8 already quantized with the consumer's parameters (requantization), and the consumer
+    reads it as is: 4x less activation traffic on that edge and no quantize step."""
     uses = _uses(_bindings(func), func)
-    readers, adders = {}, {}
+    by_x = {}
     for c in chains:
-        readers.setdefault(c.x, []).append(c)
-        if c.residual is not None:
-            adders.setdefault(c.residual, []).append(c)
+        by_x.setdefault(c.x, []).append(c)
     for chain in chains:
-        inputs, residuals = readers.get(chain.end, []), adders.get(chain.end, [])
-        if not inputs or uses.get(chain.end, 0) != len(inputs) + len(residuals):
+        consumers = by_x.get(chain.end, [])
+        if uses.get(chain.end, 0) != 1 or len(consumers) != 1:
             continue
         _, recipe, _ = by_end[chain.end]
-        firsts = [by_end[c.end][1] for c in inputs]
-        if any(k in r for r in [recipe] + firsts for k in ("nd_in_shape", "nd_out_shape")):
+        _, next_recipe, _ = by_end[consumers[0].end]
+        if any(k in r for r in (recipe, next_recipe) for k in ("nd_in_shape", "nd_out_shape")):
             continue
-        recipe["out_q"] = [firsts[0]["x_scale"], firsts[0]["x_zp"]]
-        for r in firsts:
-            r.update(x_scale=recipe["out_q"][0], x_zp=recipe["out_q"][1], in_u8=True)
-        for c in residuals:
-            by_end[c.end][1]["residual_q"] = list(recipe["out_q"])
+        recipe["out_q"] = [next_recipe["x_scale"], next_recipe["x_zp"]]
+        next_recipe["in_u8"] = True
 
 
 def _requantize_through_pools(func, chains, by_end):
@@ -511,8 +503,7 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
     x_arg = u8_of[chain.x] if chain.x in u8_of else _sub(chain.x, remap)
     residual = None
     if chain.residual is not None:
-        # uint8 (residual_q): a pool's own result, or a producer that wrote uint8
-        residual = (u8_of[chain.residual] if chain.residual in u8_of
+        residual = (u8_of[chain.residual] if recipe.get("residual_q")
                     else _sub(chain.residual, remap))
     if "nd_in_shape" in recipe:  # N-D dense: rows flattened around the kernel
         x_arg = bb.emit(relax.op.reshape(x_arg, recipe["in_shape"]))

@@ -240,25 +240,17 @@ def _packed_consumers(func, calls, recipes):
     """{producer index: consumer index} of the edges that become NCHW[y]c: where a conv's
     uint8 result (requantized) feeds exactly one conv, the producer writes NCHW[y]c (y: its
     instruction's output block, e.g. 16 for VNNI and AMX) and the consumer reads it, so neither a
-    scatter to NCHW nor a full repack sits between two int8 convs. A uint8 result with several
-    users stays NCHW."""
-    producer_of, uses = {}, {}
-
-    def count(e):
-        if isinstance(e, relax.Var):
-            uses[e] = uses.get(e, 0) + 1
-
+    scatter to NCHW nor a full repack sits between two int8 convs."""
+    producer_of = {}
     for block in func.body.blocks:
         for b in block.bindings:
-            relax.analysis.post_order_visit(b.value, count)
             for i, c in enumerate(calls):
                 if b.value.same_as(c):
                     producer_of[b.var] = i
-    relax.analysis.post_order_visit(func.body.body, count)
     out = {}
     for j, (call, recipe) in enumerate(zip(calls, recipes)):
         x = call.args[1].fields[0]
-        i = producer_of.get(x) if isinstance(x, relax.Var) and uses.get(x) == 1 else None
+        i = producer_of.get(x) if isinstance(x, relax.Var) else None
         if i is None or not recipe.get("in_u8") or recipe["kind"] != "conv2d":
             continue
         if recipes[i]["kind"] == "conv2d" and recipes[i].get("out_q"):
