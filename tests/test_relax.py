@@ -1,5 +1,7 @@
 """Models end to end: quantize + UnitTensorize + compile + run, against the fp32 model."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -158,23 +160,26 @@ class Stem(nn.Module):
     """ResNet's stem and first block: conv-bn-relu, a 3x3/2 max-pool whose result feeds a conv
     and is the block's residual."""
 
-    def __init__(self):
+    def __init__(self, channels=16):
         super().__init__()
-        self.c0 = nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False)
-        self.b0 = nn.BatchNorm2d(16)
-        self.c1 = nn.Conv2d(16, 16, 3, padding=1)
+        self.c0 = nn.Conv2d(3, channels, 3, stride=2, padding=1, bias=False)
+        self.b0 = nn.BatchNorm2d(channels)
+        self.c1 = nn.Conv2d(channels, channels, 3, padding=1)
 
     def forward(self, x):
         y = nn.functional.max_pool2d(torch.relu(self.b0(self.c0(x))), 3, 2, 1)
         return torch.relu(self.c1(y) + y)
 
 
-def test_max_pool_runs_on_its_producers_uint8():
+@pytest.mark.parametrize("channels", [16, 20])
+def test_max_pool_runs_on_its_producers_uint8(channels):
     """conv -> relu -> max-pool -> conv (+ the pool as residual): the first conv requantizes
     for the second, the pool runs on uint8, the second conv reads it as is and dequantizes it
-    as its residual. Same result as TVM's plain int8 build of the same graph, close to fp32."""
+    as its residual. After UnitTensorize the first conv writes NCHW[y]c and the pool runs on
+    those blocks (20 channels: the padding channels are sliced off after it). Same result as
+    TVM's plain int8 build of the same graph, close to fp32."""
     require_host("x86.vpdpbusd")
-    model = Stem()
+    model = Stem(channels)
     cal, xs, refs = _prepare(model, (1, 3, 33, 33))
     mod = frontends.from_torch(model, [torch.tensor(xs[0])])
     qmod = quantize(mod, calibration_data=cal)
@@ -185,7 +190,12 @@ def test_max_pool_runs_on_its_producers_uint8():
     assert pool.split(") = ")[0].endswith('dtype="uint8"')  # the pool's result is uint8
     assert "R.astype" not in qmod["main"].script()  # nothing dequantizes it: not needed
     tpass = UnitTensorize(unit_tvm.target.host())
-    ex = build_relax(tpass(qmod), unit_tvm.target.host())
+    tensorized = tpass(qmod)
+    (pool,) = [ln for ln in tensorized["main"].script().splitlines() if "R.nn.max_pool2d" in ln]
+    block = int(re.search(r'layout="NCHW(\d+)c"', pool).group(1))
+    assert block in (8, 16, 32)
+    assert ("R.strided_slice" in tensorized["main"].script()) == bool(channels % block)
+    ex = build_relax(tensorized, unit_tvm.target.host())
     assert all(instr for _, instr, _ in tpass.report), tpass.report
     plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
     for got, base, ref in zip(_run(ex, xs), plain, refs):

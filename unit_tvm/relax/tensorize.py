@@ -62,27 +62,31 @@ class UnitTensorize:
         relax.analysis.post_order_visit(func.body, collect)
         recipes = [json.loads(json.dumps(_recipe_of(mod, c))) for c in calls]
         consumer = _packed_consumers(func, calls, recipes)
+        pooled = _pooled_producers(func, calls, recipes)
         bb = relax.BlockBuilder(mod)
-        built, replace = {}, []
+        built, replace, pools = {}, [], {}
         # calls come in post order (producers first): a producer's output block is known (its
         # instruction's) before its consumer's recipe is keyed
         for i, (call, recipe) in enumerate(zip(calls, recipes)):
-            key = json.dumps([recipe, i in consumer], sort_keys=True)
+            packed_out = i in consumer or i in pooled
+            key = json.dumps([recipe, packed_out], sort_keys=True)
             if key not in built:
-                built[key] = self._entry(bb, recipe, i in consumer, _recipe_of(mod, call),
+                built[key] = self._entry(bb, recipe, packed_out, _recipe_of(mod, call),
                                          len(built))
             if built[key] is None:
                 continue
             gv, layout_weight, final = built[key]
             if i in consumer:
                 recipes[consumer[i]]["in_block"] = final["out_block"]
+            if i in pooled:
+                pools[pooled[i]] = final["out_block"]
             args = list(call.args[1].fields)
             args[1] = relax.const(layout_weight(args[1].value.numpy()))
             replace.append((call, gv, args, relax.TensorType(out_shape(final), out_dtype(final))))
         if not replace:
             return mod
         mod = bb.get()
-        mod["main"] = _Replace(mod, replace).visit_expr(mod["main"])
+        mod["main"] = _Replace(mod, replace, pools).visit_expr(mod["main"])
         return _drop_unused_recipes(relax.transform.DeadCodeElimination()(mod))
 
     def _database(self):
@@ -225,15 +229,37 @@ class _Replace(relax.PyExprMutator):
     """Main with each listed call_tir replaced (new function, arguments, result type); bindings
     whose type changes (a packed layout) get new variables, and their users follow."""
 
-    def __init__(self, mod, replace):
+    def __init__(self, mod, replace, pools=None):
         super().__init__(mod)
         self.replace = replace
+        self.pools = pools or {}  # max-pool call -> channel block of its (now packed) input
 
     def visit_call_(self, call):
         for old, gv, args, ty in self.replace:
             if call.same_as(old):
                 return relax.call_tir(gv, [self.visit_expr(a) for a in args], ty)
+        for pool, block in self.pools.items():
+            if call.same_as(pool):
+                return self._blocked_pool(call, block)
         return super().visit_call_(call)
+
+    def _blocked_pool(self, call, block):
+        """The NCHW max-pool on its producer's NCHW[block]c result: pooled in that layout (the
+        window's loads are contiguous channel vectors), then one transpose back to NCHW for
+        the pool's readers (a quarter of the data the producer wrote)."""
+        a = call.attrs
+        layout = f"NCHW{block}c"
+        pooled = self.builder_.emit(relax.op.nn.max_pool2d(
+            self.visit_expr(call.args[0]), a.pool_size, a.strides, a.padding, a.dilation,
+            a.ceil_mode, a.count_include_pad, layout, layout))
+        nchw = self.builder_.emit(relax.op.permute_dims(pooled, [0, 1, 4, 2, 3]))
+        n, c, h, w = call.ty.shape
+        padded = int(pooled.ty.shape[1]) * block
+        if padded == int(c):
+            return relax.op.reshape(nchw, call.ty.shape)
+        # the producer padded its channels up to whole blocks: the pool's readers get C of them
+        nchw = self.builder_.emit(relax.op.reshape(nchw, [n, padded, h, w]))
+        return relax.op.strided_slice(nchw, axes=[1], begin=[0], end=[c])
 
 
 def _packed_consumers(func, calls, recipes):
@@ -255,4 +281,35 @@ def _packed_consumers(func, calls, recipes):
             continue
         if recipes[i]["kind"] == "conv2d" and recipes[i].get("out_q"):
             out[i] = j
+    return out
+
+
+def _pooled_producers(func, calls, recipes):
+    """{producer index: max-pool call} where a conv's uint8 result goes only to a NCHW max-pool
+    (ResNet's stem): the conv writes NCHW[y]c, as for a conv consumer, so its write-back is
+    contiguous vectors instead of a transpose, and the pool runs on the blocks."""
+    uses, producer_of, pool_of = {}, {}, {}
+
+    def count(e):
+        if isinstance(e, relax.Var):
+            uses[e] = uses.get(e, 0) + 1
+
+    for block in func.body.blocks:
+        for b in block.bindings:
+            relax.analysis.post_order_visit(b.value, count)
+            for i, c in enumerate(calls):
+                if b.value.same_as(c):
+                    producer_of[b.var] = i
+            v = b.value
+            if (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
+                    and v.op.name == "relax.nn.max_pool2d" and str(v.attrs.layout) == "NCHW"
+                    and str(v.attrs.out_layout) == "NCHW" and isinstance(v.args[0], relax.Var)):
+                pool_of[v.args[0]] = v
+    relax.analysis.post_order_visit(func.body.body, count)
+    out = {}
+    for var, pool in pool_of.items():
+        i = producer_of.get(var)
+        if (i is not None and uses.get(var) == 1 and recipes[i]["kind"] == "conv2d"
+                and recipes[i].get("out_q") and len(recipes[i]["out_shape"]) == 4):
+            out[i] = pool
     return out
