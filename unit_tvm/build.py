@@ -80,12 +80,14 @@ def choose(out, target=None, intrinsic=None, params=None):
     return None, "; ".join(reasons), None
 
 
-def alternatives(out, target=None, intrinsic=None, params=None):
+def alternatives(out, target=None, intrinsic=None, params=None, first=None):
     """Every (Intrinsic, Prepared) that computes `out` on `target` with a default schedule that
     tensorizes: each applicable instruction (or `intrinsic`) with each of the Inspector's
-    feasible mappings, the static choice (see choose) first. The tuner races them."""
+    feasible mappings, the static choice (see choose; `first` when the caller has it) first.
+    The tuner races them."""
     target = as_target(target)
-    first, _, _ = choose(out, target, intrinsic, params)
+    if first is None:
+        first, _, _ = choose(out, target, intrinsic, params)
     if first is None:
         return []
     if intrinsic is not None:
@@ -160,7 +162,8 @@ def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, data
 
         # every instruction and mapping that fits is an alternative: a database record of any
         # decides; tuning times each one's default config and tunes the fastest
-        alts = alternatives(out, target, intrinsic, params=inputs) or [(intrin, prepared)]
+        alts = (alternatives(out, target, intrinsic, params=inputs, first=intrin)
+                or [(intrin, prepared)])
         index, result = tune_instruction(alts, target, trials=trials, database=database,
                                          measure=bool(tune))
         intrin, prepared = alts[index]

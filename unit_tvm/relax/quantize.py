@@ -28,6 +28,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .graph import is_nchw_max_pool, max_pool_on, uses as count_uses
 from .qops import ATTR, out_dtype, plain_func
 
 _AFFINE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
@@ -56,19 +57,6 @@ def _bindings(func):
         raise ValueError("quantize expects a main function with one dataflow block (run "
                          "relax.transform.Normalize / the frontend's default output)")
     return list(blocks[0].bindings)
-
-
-def _uses(bindings, func):
-    count = {}
-
-    def visit(e):
-        if isinstance(e, relax.Var):
-            count[e] = count.get(e, 0) + 1
-
-    for b in bindings:
-        relax.analysis.post_order_visit(b.value, visit)
-    relax.analysis.post_order_visit(func.body.body, visit)
-    return count
 
 
 def _channel_vector(c, channels, axis, ndim):
@@ -205,7 +193,7 @@ def _grow(chain, by_var, users, uses, taken=frozenset()):
 def find_chains(func):
     """The quantizable ops of a Relax main function, each with its fusable epilogue."""
     bindings = _bindings(func)
-    uses = _uses(bindings, func)
+    uses = count_uses(bindings, func)
     users = {}
     for b in bindings:
         def visit(e, b=b):
@@ -366,7 +354,7 @@ def _requantize_edges(func, chains, by_end):
     """Where a quantized op's only consumer is another quantized op's input, the producer writes
     uint8 already quantized with the consumer's parameters (requantization), and the consumer
     reads it as is: 4x less activation traffic on that edge and no quantize step."""
-    uses = _uses(_bindings(func), func)
+    uses = count_uses(_bindings(func), func)
     by_x = {}
     for c in chains:
         by_x.setdefault(c.x, []).append(c)
@@ -390,15 +378,14 @@ def _requantize_through_pools(func, chains, by_end):
     residual dequantizes it in its epilogue. quantize(max(v)) == max(quantize(v)) for a
     non-decreasing quantize; uint8 padding (0) is the smallest value, like fp32's -inf."""
     bindings = _bindings(func)
-    uses = _uses(bindings, func)
+    uses = count_uses(bindings, func)
     readers = {}
     for c in chains:
         readers.setdefault(c.x, []).append(c)
     pools = {}
     for b in bindings:
         v = b.value
-        if not (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
-                and v.op.name == "relax.nn.max_pool2d" and str(v.attrs.layout) == "NCHW"):
+        if not is_nchw_max_pool(v):
             continue
         src = v.args[0]
         if src not in by_end or uses.get(src, 0) != 1 or not readers.get(b.var):
@@ -468,10 +455,7 @@ def _rewrite(mod, chains, by_end, pools=None):
         if var in by_end:
             remap[var] = _emit_chain(bb, chain, recipe, consts, remap, counter, b.var, u8_of)
         elif var in pools:
-            a = b.value.attrs
-            u8_of[var] = bb.emit(relax.op.nn.max_pool2d(
-                remap[b.value.args[0]], a.pool_size, a.strides, a.padding, a.dilation,
-                a.ceil_mode, a.count_include_pad, "NCHW", a.out_layout))
+            u8_of[var] = bb.emit(max_pool_on(b.value, remap[b.value.args[0]]))
             scale, zp = pools[var]
             real = relax.op.multiply(relax.op.subtract(relax.op.astype(u8_of[var], "float32"),
                                                        relax.const(float(zp), "float32")),

@@ -19,6 +19,7 @@ import tvm
 from tvm import relax
 
 from ..target import as_target
+from .graph import is_nchw_max_pool, max_pool_on, uses
 from .qops import (ATTR, candidates, out_dtype, out_shape, pack_weight, plain_func,
                    plain_weight, tensorized_func, tensorized_graph, tuning_form)
 
@@ -247,11 +248,8 @@ class _Replace(relax.PyExprMutator):
         """The NCHW max-pool on its producer's NCHW[block]c result: pooled in that layout (the
         window's loads are contiguous channel vectors), then one transpose back to NCHW for
         the pool's readers (a quarter of the data the producer wrote)."""
-        a = call.attrs
-        layout = f"NCHW{block}c"
-        pooled = self.builder_.emit(relax.op.nn.max_pool2d(
-            self.visit_expr(call.args[0]), a.pool_size, a.strides, a.padding, a.dilation,
-            a.ceil_mode, a.count_include_pad, layout, layout))
+        pooled = self.builder_.emit(max_pool_on(call, self.visit_expr(call.args[0]),
+                                                f"NCHW{block}c"))
         nchw = self.builder_.emit(relax.op.permute_dims(pooled, [0, 1, 4, 2, 3]))
         n, c, h, w = call.ty.shape
         padded = int(pooled.ty.shape[1]) * block
@@ -262,17 +260,23 @@ class _Replace(relax.PyExprMutator):
         return relax.op.strided_slice(nchw, axes=[1], begin=[0], end=[c])
 
 
+def _producers(func, calls):
+    """(bindings of main, {bound Var: index of the call in `calls` that it binds})."""
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    producer_of = {}
+    for b in bindings:
+        for i, c in enumerate(calls):
+            if b.value.same_as(c):
+                producer_of[b.var] = i
+    return bindings, producer_of
+
+
 def _packed_consumers(func, calls, recipes):
     """{producer index: consumer index} of the edges that become NCHW[y]c: where a conv's
     uint8 result (requantized) feeds exactly one conv, the producer writes NCHW[y]c (y: its
     instruction's output block, e.g. 16 for VNNI and AMX) and the consumer reads it, so neither a
     scatter to NCHW nor a full repack sits between two int8 convs."""
-    producer_of = {}
-    for block in func.body.blocks:
-        for b in block.bindings:
-            for i, c in enumerate(calls):
-                if b.value.same_as(c):
-                    producer_of[b.var] = i
+    _, producer_of = _producers(func, calls)
     out = {}
     for j, (call, recipe) in enumerate(zip(calls, recipes)):
         x = call.args[1].fields[0]
@@ -288,28 +292,13 @@ def _pooled_producers(func, calls, recipes):
     """{producer index: max-pool call} where a conv's uint8 result goes only to a NCHW max-pool
     (ResNet's stem): the conv writes NCHW[y]c, as for a conv consumer, so its write-back is
     contiguous vectors instead of a transpose, and the pool runs on the blocks."""
-    uses, producer_of, pool_of = {}, {}, {}
-
-    def count(e):
-        if isinstance(e, relax.Var):
-            uses[e] = uses.get(e, 0) + 1
-
-    for block in func.body.blocks:
-        for b in block.bindings:
-            relax.analysis.post_order_visit(b.value, count)
-            for i, c in enumerate(calls):
-                if b.value.same_as(c):
-                    producer_of[b.var] = i
-            v = b.value
-            if (isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op)
-                    and v.op.name == "relax.nn.max_pool2d" and str(v.attrs.layout) == "NCHW"
-                    and str(v.attrs.out_layout) == "NCHW" and isinstance(v.args[0], relax.Var)):
-                pool_of[v.args[0]] = v
-    relax.analysis.post_order_visit(func.body.body, count)
+    bindings, producer_of = _producers(func, calls)
+    count = uses(bindings, func)
     out = {}
-    for var, pool in pool_of.items():
-        i = producer_of.get(var)
-        if (i is not None and uses.get(var) == 1 and recipes[i]["kind"] == "conv2d"
+    for b in bindings:
+        src = b.value.args[0] if is_nchw_max_pool(b.value) else None
+        i = producer_of.get(src) if isinstance(src, relax.Var) else None
+        if (i is not None and count.get(src) == 1 and recipes[i]["kind"] == "conv2d"
                 and recipes[i].get("out_q") and len(recipes[i]["out_shape"]) == 4):
-            out[i] = pool
+            out[i] = b.value
     return out

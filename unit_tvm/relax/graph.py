@@ -1,0 +1,35 @@
+"""Small queries and rewrites on a Relax main function shared by the quantizer and the
+tensorize pass: how often each variable is used, and the NCHW max-pools both passes move to
+uint8 and to packed channel blocks."""
+
+import tvm
+from tvm import relax
+
+
+def uses(bindings, func):
+    """{Var: number of reads} over the bindings' values and the function's result."""
+    count = {}
+
+    def visit(e):
+        if isinstance(e, relax.Var):
+            count[e] = count.get(e, 0) + 1
+
+    for b in bindings:
+        relax.analysis.post_order_visit(b.value, visit)
+    relax.analysis.post_order_visit(func.body.body, visit)
+    return count
+
+
+def is_nchw_max_pool(value):
+    """Whether a binding's value is relax.nn.max_pool2d from NCHW to NCHW."""
+    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+            and value.op.name == "relax.nn.max_pool2d" and str(value.attrs.layout) == "NCHW"
+            and str(value.attrs.out_layout) == "NCHW")
+
+
+def max_pool_on(pool, data, layout="NCHW"):
+    """The max-pool call `pool` (window, strides, padding as they are) applied to `data` in
+    `layout` (e.g. NCHW16c), same layout out."""
+    a = pool.attrs
+    return relax.op.nn.max_pool2d(data, a.pool_size, a.strides, a.padding, a.dilation,
+                                  a.ceil_mode, a.count_include_pad, layout, layout)
