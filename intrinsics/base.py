@@ -234,13 +234,42 @@ class Intrinsic:
             n *= ext if kind == "R" else 1
         return n
 
+    @functools.cached_property
+    def _spatial_reads(self):
+        """{input name: the data-parallel loops its indices use}."""
+        spatial = {ax.var.name for ax in self.output.op.axis}
+        used = {t.op.name: set() for t in self.inputs}
+
+        def visit(call):
+            if getattr(call.op, "name", None) == _TENSOR_LOAD:
+                for idx in list(call.args)[1:]:
+                    used[call.args[0].op.name].update(
+                        v.name for v in tvm.tirx.analysis.undefined_vars(idx) if v.name in spatial)
+
+        tvm_ffi.structural_walk(self.output.op.body[0], [(tvm.ir.expr.Call, visit)])
+        return used
+
+    @property
+    def broadcast_operand(self):
+        """Name of the input read by no data-parallel loop (broadcast to every lane, UNIT
+        Fig. 4a), or None."""
+        return next((name for name, loops in self._spatial_reads.items() if not loops), None)
+
+    @property
+    def lanewise(self):
+        """Whether every input is indexed by every data-parallel loop: each output lane reads
+        its own operands (a depthwise window), none is shared across lanes."""
+        spatial = {ax.var.name for ax in self.output.op.axis}
+        return all(loops == spatial for loops in self._spatial_reads.values())
+
     @property
     def channel_blocks(self):
         """(x, y): the input- and output-channel blocks of a packed layout the instruction reads
         directly (NCHW[x]c activations, KCRS[x/4]c[y]k[4]c weights): its reduction width and its
-        innermost data-parallel extent."""
+        innermost data-parallel extent. A lanewise instruction reduces over window taps, not
+        channels: both blocks are its lanes (a depthwise conv's NCHW[y]c in and out)."""
         spatial = [ext for _, ext, kind in self.loops if kind == "S"]
-        return self.reduction_width, spatial[-1]
+        return (spatial[-1] if self.lanewise else self.reduction_width), spatial[-1]
 
     @property
     def ops_per_instruction(self):

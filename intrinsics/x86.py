@@ -1,7 +1,8 @@
 """x86 dot-product instructions: AVX512-VNNI / AVX-VNNI vpdpbusd, AVX512BW vpmaddubsw, AVX512-BF16.
 
-All four have the shape of UNIT's Fig. 4a: one `a` operand of `width` elements broadcast to every
-lane, a `b` operand of lanes x width elements, accumulated horizontally into `lanes` outputs.
+The first four have the shape of UNIT's Fig. 4a: one `a` operand of `width` elements broadcast to
+every lane, a `b` operand of lanes x width elements, accumulated horizontally into `lanes` outputs.
+The last, vpermb + vpdpbusd, is lanewise (a depthwise window): each lane reads its own activations.
 """
 
 import tvm
@@ -137,4 +138,50 @@ VDPBF16PS = Intrinsic(
     "of bf16 values are exact in f32; only the two f32 additions round (RNE, denormals flushed).",
 )
 
-INTRINSICS = [VPDPBUSD, VPDPBUSD_256, VPMADDUBSW, VDPBF16PS]
+
+
+def lanewise_semantics(lanes, width, a_dtype, b_dtype, acc_dtype):
+    """d[c] = sum_t acc(a[t, c]) * acc(b[c, t]): every lane sums `width` products of its own
+    activations (a: width rows of `lanes` channels, e.g. 4 neighbouring pixels of a channel-blocked
+    feature map) and its own weights (b: `width` per lane, contiguous)."""
+
+    def semantics():
+        a, b = placeholders(a=((width, lanes), a_dtype), b=((lanes, width), b_dtype))
+        t = te.reduce_axis((0, width), name="t")
+        return te.compute(
+            (lanes,),
+            lambda c: te.sum(a[t, c].astype(acc_dtype) * b[c, t].astype(acc_dtype), axis=t),
+            name="d",
+        )
+
+    return semantics
+
+
+def _vpermb_vpdpbusd_emit(bufs):
+    a, b, d = bufs["a"], bufs["b"], bufs["d"]
+    rows = a.vload([0, 0], "uint8x64")  # byte 16 t + c
+    # a constant byte shuffle to byte 4 c + t, the word layout vpdpbusd sums; with AVX512-VBMI
+    # LLVM emits it as one vpermb
+    words = tirx.Shuffle([rows], [tirx.const(16 * (i % 4) + i // 4, "int32") for i in range(64)])
+    acc = d.vload([0], "int32x16")
+    T.buffer_store(
+        d,
+        tirx.call_llvm_pure_intrin("int32x16", "llvm.x86.avx512.vpdpbusd.512", acc, words,
+                                   b.vload([0, 0], "int8x64")),
+        [tirx.Ramp(0, 1, 16)],
+    )
+
+
+VPERMB_VPDPBUSD = Intrinsic(
+    "x86.vpermb.vpdpbusd",
+    arch="x86_64",
+    requires=[("avx512vnni", "avx512vbmi")],
+    semantics=lanewise_semantics(16, 4, "uint8", "int8", "int32"),
+    emit=_vpermb_vpdpbusd_emit,
+    doc="AVX512-VBMI vpermb + AVX512-VNNI vpdpbusd zmm, lanewise: 64 u8 activations (4 rows of 16 "
+    "channels, e.g. 4 neighbouring pixels of NCHW16c) are transposed by one byte permutation so "
+    "that each 32-bit word holds 4 values of one channel, then each of the 16 lanes adds 4 "
+    "u8*s8 products of its own channel to s32 (a depthwise conv's window taps). Exact.",
+)
+
+INTRINSICS = [VPDPBUSD, VPDPBUSD_256, VPMADDUBSW, VDPBF16PS, VPERMB_VPDPBUSD]

@@ -130,10 +130,11 @@ def _order(n, front):
     return list(range(n)) if front < 0 else [front] + [p for p in range(n) if p != front]
 
 
-def _vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
-    """Vectorise the write-back's innermost loop when every buffer it touches along that loop is
+def vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
+    """Vectorise a block's innermost loop when every buffer it touches along that loop is
     contiguous there (its last axis only): an epilogue into a blocked layout (NCHW16c) reads the
-    accumulator lanes and writes the output lanes in place. Scattering writes keep scalar code."""
+    accumulator lanes and writes the output lanes in place; a pad/copy stage between two blocked
+    layouts copies whole channel vectors. Scattering accesses keep scalar code."""
     loops = sch.get_loops(block)
     if not loops or int(sch.get(loops[-1]).extent) not in widths:
         return
@@ -185,7 +186,7 @@ def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_b
         if write_back is None:
             write_back = sch.cache_write(block, 0, "global")
         sch.reverse_compute_at(write_back, outer[-1])
-        _vectorize_lanes(sch, write_back)
+        vectorize_lanes(sch, write_back)
         sch.parallel(outer[0])
     for loop in inner:
         sch.unroll(loop)

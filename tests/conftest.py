@@ -25,4 +25,5 @@ def require_host(name):
         pytest.skip(f"{name} needs {', '.join(missing)}, which this CPU lacks")
 
 
-HOST_X86 = ["x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps"]
+HOST_X86 = ["x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps",
+            "x86.vpermb.vpdpbusd"]

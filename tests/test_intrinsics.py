@@ -11,7 +11,8 @@ from .conftest import HOST_X86, require_host
 
 NAMES = ["x86.tdpbusd.x4", "x86.tdpbusd.x2", "x86.tdpbusd", "x86.tdpbusd.x4.n2",
          "x86.tdpbusd.x2.n2", "x86.tdpbf16ps.x4", "x86.tdpbf16ps.x2", "x86.tdpbf16ps",
-         "x86.tdpbf16ps.x4.n2", "x86.tdpbf16ps.x2.n2", "x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps", "arm.sdot",
+         "x86.tdpbf16ps.x4.n2", "x86.tdpbf16ps.x2.n2", "x86.vpdpbusd", "x86.vpdpbusd.256",
+         "x86.vpmaddubsw", "x86.vdpbf16ps", "x86.vpermb.vpdpbusd", "arm.sdot",
          "arm.udot", "arm.smmla", "cuda.wmma.f16f32", "cuda.wmma.s8s32"]
 
 
@@ -161,6 +162,29 @@ def test_integer_instruction_bit_exact(name, rng):
     np.testing.assert_array_equal(got.astype(np.int64), expected)
 
 
+def test_lanewise_instruction_bit_exact(rng):
+    """vpermb + vpdpbusd: each lane sums its own channel's 4 activations (4 rows of 16 channels,
+    as 4 neighbouring pixels of NCHW16c) times its own 4 weights."""
+    require_host("x86.vpermb.vpdpbusd")
+    _, (a, b), got, asm = _run_instruction("x86.vpermb.vpdpbusd", rng)
+    assert "vpermb" in asm and "vpdpbusd" in asm
+    assert a.shape[1:] == (4, 16) and b.shape[1:] == (16, 4)
+    expected = np.einsum("ntc,nct->nc", a.astype(np.int64), b.astype(np.int64))
+    np.testing.assert_array_equal(got.astype(np.int64), expected)
+
+
+def test_operand_roles_read_off_semantics():
+    """Which operand is broadcast, and whether lanes read their own operands, come from the
+    semantics: they decide the packed layouts (channel blocks) an instruction can serve."""
+    assert intrinsics.get("x86.vpdpbusd").broadcast_operand == "a"
+    assert not intrinsics.get("x86.vpdpbusd").lanewise
+    amx = intrinsics.get("x86.tdpbusd")
+    assert amx.broadcast_operand is None and not amx.lanewise  # each operand misses one loop
+    dw = intrinsics.get("x86.vpermb.vpdpbusd")
+    assert dw.lanewise and dw.broadcast_operand is None
+    assert dw.channel_blocks == (16, 16) and dw.reduction_width == 4
+
+
 def test_vdpbf16ps_within_f32_accumulation_rounding(rng):
     """bf16*bf16 products are exact in f32; only the two f32 additions round. So the result is
     within 2 ulp(f32) of the float64 dot product, relative to the sum of |products| (tighter
@@ -202,6 +226,9 @@ def test_peak_kernel_computes_correct_sums(name, rng):
     got = np.zeros([int(s) for s in out.shape], measure.numpy_dtype(out.dtype))
     args = measure.to_device(arrays + [got], tvm.cpu())
     lib(*args)
-    a, b = (x.astype(np.float64) for x in arrays)  # a: [t, step, rows, w], b: [t, step, cols, l, w]
-    expected = 3 * np.einsum("tsrk,tscik->trci", a, b)
+    a, b = (x.astype(np.float64) for x in arrays)
+    if intrin.lanewise:  # a: [t, step, rows, w, l], b: [t, step, cols, l, w]
+        expected = 3 * np.einsum("tsrkl,tsclk->trcl", a, b)
+    else:  # a: [t, step, rows, w], b: [t, step, cols, l, w]
+        expected = 3 * np.einsum("tsrk,tscik->trci", a, b)
     np.testing.assert_allclose(args[-1].numpy().astype(np.float64), expected, rtol=1e-5)

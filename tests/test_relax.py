@@ -108,9 +108,12 @@ def test_small_cnn_quantized_tensorized_close_to_fp32():
     assert sorted(blocks, key=str) == sorted([(None, None), (None, 16), (16, 16), (16, None)],
                                              key=str)
     ex = build_relax(tmod, unit_tvm.target.host())
-    # every op but the depthwise conv is tensorized; that one is int8 in TVM's loop nest, so the
-    # activations around it stay uint8
-    assert [bool(instr) for _, instr, _ in tpass.report] == [True, True, False, True, True]
+    # every op is tensorized; the depthwise conv on the lanewise instruction where the host has
+    # one (else int8 in TVM's loop nest); either way the activations around it stay uint8
+    lanewise = unit_tvm.intrinsics.get("x86.vpermb.vpdpbusd").supported()
+    assert [instr for _, instr, _ in tpass.report][2] == (
+        "x86.vpermb.vpdpbusd" if lanewise else None)
+    assert [bool(instr) for _, instr, _ in tpass.report] == [True, True, lanewise, True, True]
     asm = _asm(ex)
     assert "vpdpbusd" in asm or "tdpbusd" in asm  # really tensorized on this host
     plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
@@ -364,6 +367,46 @@ def test_packed_edges_pad_channels_exactly():
     plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
     for got, base, ref in zip(_run(ex, xs), plain, refs):
         np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
+        assert _cos(got, ref) > 0.99
+
+
+class Depthwise(nn.Module):
+    """Depthwise convs of every form the lanewise instruction meets: on the fp32 input (quantized
+    in the kernel), on a blocked uint8 edge, channels not a multiple of 16, stride 2, a 5-wide
+    window (two instructions per row), writing fp32 NCHW, and a dilated one (not lanewise)."""
+
+    def __init__(self):
+        super().__init__()
+        self.d0 = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.a = nn.Conv2d(8, 40, 1)
+        self.d1 = nn.Conv2d(40, 40, 3, stride=2, padding=1, groups=40)
+        self.d2 = nn.Conv2d(40, 40, 5, padding=2, groups=40)
+        self.d3 = nn.Conv2d(40, 40, 3, padding=2, dilation=2, groups=40)
+        self.d4 = nn.Conv2d(40, 40, 3, padding=1, groups=40)
+
+    def forward(self, x):
+        y = nn.functional.relu6(self.a(self.d0(x)))
+        y = nn.functional.relu6(self.d2(nn.functional.relu6(self.d1(y))))
+        return self.d4(torch.relu(self.d3(y)))
+
+
+def test_depthwise_convs_on_the_lanewise_instruction():
+    """Each depthwise conv runs on vpermb + vpdpbusd (the dilated one keeps TVM's int8 loop nest)
+    and the model equals TVM's plain int8 build of the same quantized model exactly."""
+    require_host("x86.vpermb.vpdpbusd")
+    model = Depthwise()
+    cal, xs, refs = _prepare(model, (1, 8, 15, 15))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    tpass = UnitTensorize()
+    tmod = tpass(qmod)
+    used = [instr for _, instr, _ in tpass.report]
+    assert used[0] == used[2] == used[3] == used[5] == "x86.vpermb.vpdpbusd"
+    assert used[4] is None  # dilation 2 along the width: the taps are not neighbours
+    ex = build_relax(tmod, unit_tvm.target.host())
+    assert "vpermb" in _asm(ex)
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, ref in zip(_run(ex, xs), plain, refs):
+        np.testing.assert_array_equal(got, base)
         assert _cos(got, ref) > 0.99
 
 

@@ -110,8 +110,18 @@ def alternatives(out, target=None, intrinsic=None, params=None, first=None):
                 prepared.variant = "mapping " + ",".join(
                     f"{m.intrin_loop}:{m.op_loop}" for m in mapping.loops)
             found.append((intrin, prepared))
+    if any(not _replicates(p) for _, p in found):
+        # an instruction that needs an operand copied to every lane (a dense on a lanewise
+        # instruction) only adds a pack to what another one computes directly
+        found = [(i, p) for i, p in found if not _replicates(p)]
     found.sort(key=lambda a: a[0] is not first or bool(a[1].variant))  # stable: registry order
     return found
+
+
+def _replicates(prepared):
+    """Whether preparation copies an operand across instruction loops it does not vary along
+    (the Inspector's broadcast operands)."""
+    return any(a.broadcast_along for a in prepared.original_mapping.operands)
 
 
 # An instruction is skipped for the next one when padding makes it compute this much more.

@@ -7,15 +7,10 @@
 """
 
 import numpy as np
-import tvm
-import tvm_ffi
 from tvm import s_tir, te, tirx
 
 from .measure import numpy_dtype
 from .prepare import _mutate_expr
-
-_TENSOR_LOAD = "te.tensor_load"
-
 
 def _rebuild(intrin, shapes, index_of, out_shape, out_index, name):
     """Re-express the semantics over bigger tensors.
@@ -62,23 +57,6 @@ def instruction_kernel(intrin, n):
     return sch.mod["main"], ins, out
 
 
-def broadcast_operand(intrin):
-    """Name of the operand read by no data-parallel loop of the instruction (None if none)."""
-    spatial = {ax.var.name for ax in intrin.output.op.axis}
-    for t in intrin.inputs:
-        used = set()
-
-        def visit(call, t=t, used=used):
-            if call.op.name == _TENSOR_LOAD and call.args[0].op.name == t.op.name:
-                for idx in list(call.args)[1:]:
-                    tvm_ffi.structural_walk(idx, [(tirx.Var, lambda v: used.add(v.name))])
-
-        tvm_ffi.structural_walk(intrin.output.op.body[0], [(tvm.ir.expr.Call, visit)])
-        if not used & spatial:
-            return t.op.name
-    return None
-
-
 def peak_kernel(intrin, threads, rows=6, cols=4, steps=None, reps=None):
     """A prim_func that issues threads * reps * steps * rows * cols independent instructions.
 
@@ -89,7 +67,7 @@ def peak_kernel(intrin, threads, rows=6, cols=4, steps=None, reps=None):
     """
     # the broadcast operand (or, for tile instructions, the first) varies along rows, the others
     # along columns; steps keep each thread's operands within ~32 KiB of L1
-    bname = broadcast_operand(intrin) or intrin.inputs[0].op.name
+    bname = intrin.broadcast_operand or intrin.inputs[0].op.name
     step_bytes = 0
     for t in intrin.inputs:
         n = 1

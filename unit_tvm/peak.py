@@ -23,7 +23,8 @@ def _measure(name, threads, target_json):
     best = None
     dev = tvm.cpu()
     rng = np.random.default_rng(0)
-    blocks = BLOCK_CHOICES if microkernel.broadcast_operand(intrin) else TILE_BLOCK_CHOICES
+    blocks = (BLOCK_CHOICES if intrin.broadcast_operand or intrin.lanewise
+              else TILE_BLOCK_CHOICES)
     for rows, cols in blocks:
         func, ins, out, ops = microkernel.peak_kernel(intrin, threads, rows=rows, cols=cols)
         lib = tvm.tirx.build(func, target=target)

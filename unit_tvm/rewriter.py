@@ -23,6 +23,8 @@ def _parallel_stage(sch, block, min_extent=64):
     if lead == 0 or total < 2:
         return
     sch.parallel(sch.fuse(*loops[:lead]) if lead > 1 else loops[0])
+    if lead < len(loops):
+        cpu.vectorize_lanes(sch, block)  # a copy along contiguous channel blocks (NCHW16c)
 
 
 def producer_stages(sch, prepared):

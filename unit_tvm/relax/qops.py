@@ -124,11 +124,17 @@ def _load_input(x, recipe, idx):
     if blk:
         b, c, i, j = idx
         idx = (b, c // blk, i, j, c % blk)
+    return _quantized(x(*idx), recipe)
+
+
+def _quantized(value, recipe):
+    """An activation read from the op's input as the instruction takes it: as is when the
+    producer already requantized it, else quantized (or rounded to bf16) here."""
     if recipe.get("in_u8"):
-        return x(*idx)
+        return value
     if is_bf16(recipe):
-        return _round_to_bf16(x(*idx)).astype("bfloat16")
-    return _quantize(x(*idx), recipe["x_scale"], recipe["x_zp"])
+        return _round_to_bf16(value).astype("bfloat16")
+    return _quantize(value, recipe["x_scale"], recipe["x_zp"])
 
 
 def _packed_output(recipe, fn, acc_at):
@@ -262,8 +268,18 @@ def _round_up(v, m):
 
 def pack_weight(recipe, w, x, y):
     """int8 (bf16) weights -> the packed layout of ops.conv2d_nchwc / ops.dense_packed,
-    KCRS[x/word]c[y]k[word]c (word: elements per 32-bit word), zero-padded."""
+    KCRS[x/word]c[y]k[word]c (word: elements per 32-bit word), zero-padded; a depthwise conv's
+    (x: taps per instruction) as KR[S/x][y]k[x]s."""
     word = _word(recipe)
+    if is_depthwise(recipe):
+        # KR[S/x][y]k[x]s (x: the instruction's taps): per channel block and kernel row, x taps
+        # of each channel together, padded with zero weights (the extra taps add nothing)
+        k, _, r, s = w.shape
+        taps = _round_up(s, x)
+        wp = np.zeros((_round_up(k, y), r, taps), w.dtype)
+        wp[:k, :, :s] = w[:, 0]
+        wp = wp.reshape(-1, y, r, taps // x, x)
+        return np.ascontiguousarray(wp.transpose(0, 2, 3, 1, 4))
     if recipe["kind"] == "conv2d":
         k, c, r, s = w.shape
         kp, cp = _round_up(k, y), _round_up(c, x)
@@ -281,13 +297,20 @@ def pack_weight(recipe, w, x, y):
 
 def tensorized_graph(recipe, intrin):
     """(prepared graph, (x, y)) computing the recipe with `intrin`; weights arrive packed."""
-    if recipe.get("groups", 1) != 1:
+    if recipe.get("groups", 1) != 1 and not is_depthwise(recipe):
         raise ValueError(f"grouped conv ({recipe['groups']} groups): no packed layout for "
                          "dot-product instructions here; it keeps TVM's int8 loop nest")
+    if is_depthwise(recipe) != intrin.lanewise:
+        raise ValueError(f"{intrin.name} {'runs only' if intrin.lanewise else 'cannot run'} "
+                         "depthwise convs")
     x_blk, y_blk = intrin.channel_blocks
     word, pad = _word(recipe), _pad_value(recipe)
     acc_t = _dtypes(recipe)[2]
-    if recipe["kind"] == "conv2d":
+    if is_depthwise(recipe):
+        x, w, comp, mult, bias, res, acc = _depthwise_graph(recipe, intrin)
+        epi = _conv_epilogue(recipe, _epilogue(recipe, comp, mult, bias, res), y_blk)
+        x_blk = intrin.reduction_width  # pack_weight's tap group
+    elif recipe["kind"] == "conv2d":
         n, c, h, w_ = recipe["in_shape"]
         k, _, r, s = recipe["w_shape"]
         (sh, sw), (dh, dw) = recipe["stride"], recipe["dilation"]
@@ -317,21 +340,7 @@ def tensorized_graph(recipe, intrin):
             xb[b, rc // ib, i * sh + rr * dh, j * sw + rs * dw, rc % ib].astype(acc_t)
             * w[ko, rc // x_blk, rr, rs, rc % x_blk // word, ki, rc % word].astype(acc_t),
             axis=[rc, rr, rs]), name="acc")
-        fn = _epilogue(recipe, comp, mult, bias, res)
-        ob = recipe.get("out_block")
-        if ob and ob != y_blk:
-            # one output block would mix accumulator blocks; TVM's reverse_compute_at then
-            # derives a wrong per-tile loop nest (a wrong result, seen with 8-lane accumulators
-            # under a 16-channel output block), so the output block follows the instruction
-            raise ValueError(f"output block {ob} differs from {intrin.name}'s {y_blk} channels")
-
-        def epi(value, idx):
-            if ob:
-                # the same blocking as the accumulators: read in place
-                return _packed_output(recipe, fn, lambda b, ko, i, j, ki, f: value(
-                    (b, ko, i, j, ki)))(*idx)
-            b, f, i, j = idx
-            return fn(value((b, f // y_blk, i, j, f % y_blk)), f, idx)
+        epi = _conv_epilogue(recipe, _epilogue(recipe, comp, mult, bias, res), y_blk)
     else:
         m, kk = recipe["in_shape"]
         nn_ = recipe["out_channels"]
@@ -354,6 +363,74 @@ def tensorized_graph(recipe, intrin):
     prepared = prepare(acc, intrin, params=params,
                        epilogue=(out_shape(recipe), out_dtype(recipe), epi, "out"))
     return prepared, (x_blk, y_blk)
+
+
+def is_depthwise(recipe):
+    """Whether the recipe is a depthwise conv: one input and one output channel per group."""
+    groups = recipe.get("groups", 1)
+    return (recipe["kind"] == "conv2d" and groups > 1 and recipe["in_shape"][1] == groups
+            and recipe["out_channels"] == groups)
+
+
+def _conv_epilogue(recipe, fn, y_blk):
+    """epilogue fn of prepare for a conv whose accumulators are NCHW[y_blk]c: the output is
+    NCHW, or NCHW[out_block]c read in place (out_block must then be y_blk)."""
+    ob = recipe.get("out_block")
+    if ob and ob != y_blk:
+        # one output block would mix accumulator blocks; TVM's reverse_compute_at then
+        # derives a wrong per-tile loop nest (a wrong result, seen with 8-lane accumulators
+        # under a 16-channel output block), so the output block follows the instruction
+        raise ValueError(f"output block {ob} differs from the instruction's {y_blk} channels")
+
+    def epi(value, idx):
+        if ob:
+            # the same blocking as the accumulators: read in place
+            return _packed_output(recipe, fn, lambda b, ko, i, j, ki, f: value(
+                (b, ko, i, j, ki)))(*idx)
+        b, f, i, j = idx
+        return fn(value((b, f // y_blk, i, j, f % y_blk)), f, idx)
+
+    return epi
+
+
+def _depthwise_graph(recipe, intrin):
+    """(x, w, comp, mult, bias, residual, acc) of a depthwise conv for a lanewise instruction:
+    the input quantized, padded and packed to NCHW[lanes]c with room for the padded taps, the
+    window's taps along the width as the instruction's reduction (zero weights past the last tap),
+    accumulators NCHW[lanes]c."""
+    _, y_blk = intrin.channel_blocks
+    width = intrin.reduction_width
+    n, c, h, w_ = recipe["in_shape"]
+    k, _, r, s = recipe["w_shape"]
+    (sh, sw), (dh, dw) = recipe["stride"], recipe["dilation"]
+    if dw != 1:
+        raise ValueError(f"dilated depthwise window (dilation {dw} along the width): the "
+                         f"instruction reads {width} neighbouring pixels")
+    pt, pl, pb, pr = recipe["padding"]
+    _, _, oh, ow = recipe["out_shape"]
+    taps = _round_up(s, width)
+    kp = _round_up(k, y_blk)
+    x, w, comp, mult, bias, res = _placeholders(
+        recipe, in_shape(recipe), (kp // y_blk, r, taps // width, y_blk, width))
+    # the padded taps of the last output column read up to taps - s pixels past the window
+    wpd = max(w_ + pl + pr, (ow - 1) * sw + taps)
+
+    def xq_body(b, co, i, j, ci):
+        inside = [i >= pt, i < h + pt, j >= pl, j < w_ + pl] + ([co * y_blk + ci < c] if c % y_blk
+                                                               else [])
+        if recipe.get("in_block") == y_blk:  # the producer's blocks: read in place, vectorises
+            value = _quantized(x(b, co, i - pt, j - pl, ci), recipe)
+        else:
+            value = _load_input(x, recipe, (b, co * y_blk + ci, i - pt, j - pl))
+        return tirx.if_then_else(tirx.all(*inside), value, _pad_value(recipe))
+
+    xq = te.compute((n, kp // y_blk, h + pt + pb, wpd, y_blk), xq_body, name="xq")
+    rr, rs = te.reduce_axis((0, r), name="rr"), te.reduce_axis((0, taps), name="rs")
+    acc_t = _dtypes(recipe)[2]
+    acc = te.compute((n, kp // y_blk, oh, ow, y_blk), lambda b, ko, i, j, ki: te.sum(
+        xq[b, ko, i * sh + rr * dh, j * sw + rs, ki].astype(acc_t)
+        * w[ko, rr, rs // width, ki, rs % width].astype(acc_t), axis=[rr, rs]), name="acc")
+    return x, w, comp, mult, bias, res, acc
 
 
 def tuning_form(recipe):
@@ -380,10 +457,17 @@ def candidates(recipe, target):
     c = recipe["in_shape"][1]
     k = recipe["out_channels"]
     a_t, w_t, acc_t = _dtypes(recipe)
+    depthwise = is_depthwise(recipe)
+    if recipe.get("groups", 1) != 1 and not depthwise:
+        return []
+    if depthwise and recipe["dilation"][1] != 1:
+        return []  # a lanewise instruction reads neighbouring pixels: not a dilated window
     out, family_order = [], {}
     for order, intrin in enumerate(intrinsics.for_target(target)):
         if intrin.input_dtypes != (a_t, w_t) or intrin.output_dtype != acc_t:
             continue
+        if intrin.lanewise != depthwise:
+            continue  # a depthwise window has no channel reduction; a dense conv no lanewise one
         if intrin.operand_ranges:
             continue  # vpmaddubsw needs u7 activations; the quantizer produces u8
         x_blk, y_blk = intrin.channel_blocks

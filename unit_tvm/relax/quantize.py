@@ -12,14 +12,14 @@ one int8 operator:
   writes uint8 in the consumer's quantization; so does one whose only consumer is a max-pool
   feeding quantized ops (max commutes with the monotonic quantization): the pool runs on uint8,
   4x less memory than fp32, and other users of its result get it dequantized.
-Grouped and depthwise convs are int8 with TVM's plain loop nest (no dot-product instruction fits a
-depthwise window; UnitTensorize leaves them to the default CPU schedule), so the activations
-around them stay uint8. Activation x activation matmuls, pooling and softmax stay fp32.
+Grouped and depthwise convs are int8 too (UnitTensorize runs depthwise ones on a lanewise
+instruction, other grouped ones on TVM's plain loop nest), so the activations around them stay
+uint8. Activation x activation matmuls, pooling and softmax stay fp32.
 
 dtype="bfloat16" prepares the model for bf16 dot products (x86.vdpbf16ps): the same ops and
 fused epilogues, with weights rounded to bf16 after folding, activations rounded to bf16 inside
 the op and float32 accumulation; no calibration is needed. Grouped convs stay fp32 there (no
-bf16 instruction fits a depthwise window, and bf16 would only lose precision).
+bf16 instruction here fits a depthwise window, and bf16 would only lose precision).
 """
 
 import json

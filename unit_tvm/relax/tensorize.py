@@ -6,8 +6,9 @@ raced by the tuner when tuning, or the database's fastest record), converts the 
 activations are quantized, zero-padded and packed to NCHW[x]c inside the kernel, constant weights
 are packed to KCRS[x/4]c[y]k[4]c at compile time — and replaces the call with the Rewriter's
 tensorized kernel, its epilogue (dequantization, bias, residual, relu) fused into the write-back.
-Grouped/depthwise int8 convs keep their plain int8 loop nest (scheduled later by the default CPU
-schedule). Everything else is left for TVM's own legalization: this is one pass in TVM's
+Depthwise convs run on a lanewise instruction (vpermb + vpdpbusd: each lane sums window taps of its
+own channel) where the host has one; other grouped int8 convs keep their plain int8 loop nest
+(scheduled later by the default CPU schedule). Everything else is left for TVM's own legalization: this is one pass in TVM's
 pipeline, not a fork of tvm.compile.
 """
 
@@ -120,14 +121,15 @@ class UnitTensorize:
         candidate instruction is an alternative (packed_out: with its own output block); the
         database or a race of the tuner picks one, the rest are fallbacks in preference order."""
         label = f"{recipe['kind']} {recipe['in_shape']}->{recipe['out_shape']}"
-        if recipe.get("groups", 1) != 1:
-            # expected, not a warning: no dot-product instruction fits a depthwise window; the
-            # int8 loop nest gets the default CPU schedule
+        reasons = []
+        found = candidates(recipe, self.target)
+        if recipe.get("groups", 1) != 1 and not found:
+            # expected, not a warning: a grouped conv, or a depthwise one that is dilated or on
+            # a host without a lanewise instruction; the int8 loop nest gets the default CPU
+            # schedule
             self.report.append((label, None, f"grouped conv ({recipe['groups']} groups): "
                                              "int8 without a tensorized instruction"))
             return None
-        reasons = []
-        found = candidates(recipe, self.target)
 
         def alternative(intrin):
             """(intrin, final recipe, prepared graph of its tuning form), or None with the
