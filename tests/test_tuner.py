@@ -9,6 +9,7 @@ import tvm
 import unit_tvm
 from unit_tvm import intrinsics, measure, ops, reference
 from unit_tvm.prepare import prepare
+from unit_tvm.schedules import cpu
 from unit_tvm.tuner import Database, DatabaseWarning, search, tune
 
 from .conftest import require_host
@@ -132,6 +133,28 @@ def test_corrupt_and_foreign_lines_are_skipped(tmp_path):
     assert db.lookup("w2", "llvm", "x86.vpdpbusd") is None
 
 
+def test_record_for_another_loop_nest_is_skipped(small_conv, tmp_path):
+    """The key names the op, not how it was prepared: a record whose config the op's current
+    loop nest cannot take (here: a factor that divides no loop; in the wild, one tuned before a
+    layout change, which crashed tensorize) is skipped with a warning, never scheduled."""
+    require_host("x86.vpdpbusd")
+    intrin = intrinsics.get("x86.vpdpbusd")
+    prepared = prepare(small_conv, intrin)
+    db = Database(tmp_path / "db.jsonl")
+    good = tune(prepared, intrin, trials=2, database=db, progress=False)
+    rec = db.records()[0]
+    stale = {"unroll": [[0, 7], [3, 5]], "parallel": 2, "reduce_split": [], "front": 2}
+    db.append(rec["workload"], rec["target"], rec["intrinsic"], stale, rec["gops"] * 10)
+    with pytest.warns(DatabaseWarning, match="does not fit this op's loop nest"):
+        hit = tune(prepared, intrin, database=db, measure=False)
+    assert hit.from_database and hit.config == good.config
+    only_stale = Database(tmp_path / "stale.jsonl")
+    only_stale.append(rec["workload"], rec["target"], rec["intrinsic"], stale, 1.0)
+    with pytest.warns(DatabaseWarning):
+        miss = tune(prepared, intrin, database=only_stale, measure=False)
+    assert not miss.from_database  # the default config, which schedules
+
+
 def test_cost_model_learns_a_ranking():
     from unit_tvm.tuner import CostModel
 
@@ -183,8 +206,9 @@ def test_instruction_choice_follows_the_database(monkeypatch, small_conv, tmp_pa
     # GOPS count each alternative's own (padded) work, so the choice compares seconds: the
     # 256-bit record is faster here although both claim similar GOPS
     ops = [search._ops(p) for _, p in alts]
-    db.append(keys[0], host, "x86.vpdpbusd", {"unroll": [], "parallel": 1}, ops[0] / 2e-3 / 1e9)
-    db.append(keys[1], host, "x86.vpdpbusd.256", {"unroll": [], "parallel": 1}, ops[1] / 1e-3 / 1e9)
+    configs = [cpu.default(p, unit_tvm.target.host()).key() for _, p in alts]
+    db.append(keys[0], host, "x86.vpdpbusd", configs[0], ops[0] / 2e-3 / 1e9)
+    db.append(keys[1], host, "x86.vpdpbusd.256", configs[1], ops[1] / 1e-3 / 1e9)
 
     def no_measuring(*a, **k):
         raise AssertionError("a database hit must not build candidates")

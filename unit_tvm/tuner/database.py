@@ -49,13 +49,22 @@ class Database:
                     continue
                 yield rec
 
-    def lookup(self, workload, target, intrinsic):
-        """The best record for (workload, target, intrinsic), or None."""
+    def lookup(self, workload, target, intrinsic, accept=None):
+        """The best record for (workload, target, intrinsic), or None. accept(record) -> bool:
+        records it refuses (a config the op's current loop nest cannot take, e.g. written
+        before its layout changed) are skipped with a warning."""
         best = None
         for rec in self._lines():
-            if (rec["workload"], rec["target"], rec["intrinsic"]) == (workload, str(target), intrinsic):
-                if best is None or rec["gops"] > best["gops"]:
-                    best = rec
+            if (rec["workload"], rec["target"], rec["intrinsic"]) != (workload, str(target),
+                                                                       intrinsic):
+                continue
+            if accept is not None and not accept(rec):
+                warnings.warn(f"{self.path}: {intrinsic} record with config {rec['config']} does "
+                              "not fit this op's loop nest (written for another layout): skipped",
+                              DatabaseWarning, stacklevel=2)
+                continue
+            if best is None or rec["gops"] > best["gops"]:
+                best = rec
         return best
 
     def latest(self, workload, target):

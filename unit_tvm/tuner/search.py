@@ -110,12 +110,16 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
     # another mapping of the same op and instruction is another loop nest: its own record
     key = workload_key(func) + (f"|{prepared.variant}" if prepared.variant else "")
     strategy = schedules.for_target(target)
+    space = strategy.space(prepared, target)
     if database is not None:
-        hit = database.lookup(key, target, intrin.name)
+        # the key names the op, not how it was prepared: a record tuned for an older layout of
+        # it can name loops that no longer exist (a crash in tensorize), so it must be in today's
+        # space
+        hit = database.lookup(key, target, intrin.name,
+                              accept=lambda rec: _config_of(strategy, rec) in space)
         if hit is not None:
             return TuneResult(strategy.from_key(hit["config"]), hit["gops"], True,
                               seconds=time.time() - t0)
-    space = strategy.space(prepared, target)
     default = space[0]
     if not measure:
         return TuneResult(default, 0.0, False, seconds=time.time() - t0)
@@ -182,6 +186,14 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
         database.append(key, target, intrin.name, best.key(), measured[best],
                         tuning_seconds=result.seconds, measured=len(measured))
     return result
+
+
+def _config_of(strategy, record):
+    """The config a database record names, or None when it names none this strategy knows."""
+    try:
+        return strategy.from_key(record["config"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _seconds(prepared, result):
