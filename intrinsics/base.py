@@ -259,8 +259,8 @@ class Intrinsic:
     def lanewise(self):
         """Whether every input is indexed by every data-parallel loop: each output lane reads
         its own operands (a depthwise window), none is shared across lanes."""
-        spatial = {ax.var.name for ax in self.output.op.axis}
-        return all(loops == spatial for loops in self._spatial_reads.values())
+        n_spatial = len(self.output.op.axis)
+        return all(len(loops) == n_spatial for loops in self._spatial_reads.values())
 
     @property
     def channel_blocks(self):

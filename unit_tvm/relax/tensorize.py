@@ -8,8 +8,8 @@ are packed to KCRS[x/4]c[y]k[4]c at compile time — and replaces the call with 
 tensorized kernel, its epilogue (dequantization, bias, residual, relu) fused into the write-back.
 Depthwise convs run on a lanewise instruction (vpermb + vpdpbusd: each lane sums window taps of its
 own channel) where the host has one; other grouped int8 convs keep their plain int8 loop nest
-(scheduled later by the default CPU schedule). Everything else is left for TVM's own legalization: this is one pass in TVM's
-pipeline, not a fork of tvm.compile.
+(scheduled later by the default CPU schedule). Everything else is left for TVM's own
+legalization: this is one pass in TVM's pipeline, not a fork of tvm.compile.
 """
 
 import hashlib

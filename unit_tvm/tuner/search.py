@@ -118,7 +118,7 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
         hit = database.lookup(key, target, intrin.name,
                               accept=lambda rec: _config_of(strategy, rec) in space)
         if hit is not None:
-            return TuneResult(strategy.from_key(hit["config"]), hit["gops"], True,
+            return TuneResult(_config_of(strategy, hit), hit["gops"], True,
                               seconds=time.time() - t0)
     default = space[0]
     if not measure:
