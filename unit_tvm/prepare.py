@@ -20,7 +20,7 @@ import tvm_ffi
 from tvm import te, tirx
 
 from . import intrinsics
-from .inspector import _eval, _unit_stride_dim, _vars_in, compute_isomorphism, inspect
+from .inspector import NoMatch, _eval, _unit_stride_dim, _vars_in, compute_isomorphism, inspect
 
 _TENSOR_LOAD = "te.tensor_load"
 SHIFT = 128
@@ -289,6 +289,20 @@ def _make_pack(tensor, plan, op_idx, extents, separable=False):
     return te.compute([e for *_, e in layout], fcompute, name=f"{tensor.op.name}_packed")
 
 
+def _padding_in_bounds(tensor, op_idx, padded_loops, padded_reduce, extents):
+    """True when the operand can be read in place although loops are padded: only data-parallel
+    loops are (their extra outputs are cropped, so any value read there is harmless) and every
+    padded read stays inside the tensor (a producer that already laid rows out to the padded
+    extent, e.g. an im2col buffer)."""
+    if any(_vars_in(i) & padded_reduce for i in op_idx):
+        return False
+    try:
+        return all(_max_index(i, extents) < int(n) for i, n in zip(op_idx, tensor.shape)
+                   if _vars_in(i) & padded_loops)
+    except NoMatch:  # an index that is not affine arithmetic: pack, as before
+        return False
+
+
 def _pack_index(op_idx, orig_idx, plan, var_of, shape, extents, separable=False):
     """Index into a pack for the op indices op_idx (vars already renamed to the core's);
     orig_idx: the same indices in the op's own vars (they decide the pack's layout)."""
@@ -350,6 +364,7 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     extent_of = {m.intrin_loop: m.intrin_extent for m in mapping.loops}
     padded = {m.op_loop: m.op_extent + m.padding for m in mapping.loops}
     padded_loops = {m.op_loop for m in mapping.loops if m.padding}
+    padded_reduce = {m.op_loop for m in mapping.loops if m.padding and m.kind == "R"}
     access = {a.intrin_operand: a for a in mapping.operands}
     all_extents = {ax.var.name: padded.get(ax.var.name, int(ax.dom.extent))
                    for ax in list(cop.axis) + list(cop.reduce_axis)}
@@ -357,7 +372,8 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     # 1. packs for operands that are strided, broadcast or read a padded loop
     packs = {}
     for name, (tensor, op_idx, in_idx) in bind.items():
-        reads_padded = any(_vars_in(i) & padded_loops for i in op_idx)
+        reads_padded = any(_vars_in(i) & padded_loops for i in op_idx) and not _padding_in_bounds(
+            tensor, op_idx, padded_loops, padded_reduce, all_extents)
         mixed = separable and any(len(_vars_in(i)) > 1 for i in op_idx)
         if access[name].contiguous and not reads_padded and not mixed:
             continue
