@@ -18,19 +18,22 @@ def test_bench_op_workloads_are_table1_and_gemms():
 
 
 def test_bench_op_candidates_follow_the_host():
-    got = [i.name for i, _, _ in bench_ops.candidates("conv", (128, 16, 128, 3, 1), host())]
+    got = [i.name for i, _, _ in bench_ops.candidates("conv", (96, 16, 128, 3, 1), host())]
     usable = {i.name for i in intrinsics.for_target(host())}
     assert set(got) <= usable
     if "x86.tdpbusd" in usable:
-        # 128 channels: AMX alone and chained twice fit exactly; chained 4x would pad 2x
-        assert got[:2] == ["x86.tdpbusd.x2", "x86.tdpbusd"]
-    # 80 input channels are padded to 128 for AMX (1.6x the work, tried and timed); 288 would be
-    # padded to 512 by the 4x chain (1.8x), 1056 to 2560 by nothing (a vector one stays)
-    got80 = [i.name for i, _, _ in bench_ops.candidates("conv", (80, 73, 192, 3, 1), host())]
-    if "x86.tdpbusd" in usable:
-        assert got80[:2] == ["x86.tdpbusd.x2", "x86.tdpbusd"] and "x86.tdpbusd.x4" not in got80
-    assert all(-(-80 // x) * x / 80 <= bench_ops.MAX_CHANNEL_WASTE
-               for _, x, _ in bench_ops.candidates("conv", (80, 73, 192, 3, 1), host()))
+        # AMX reads a 3x3 conv folded (3 columns x 96 channels = 288 reduced together): chained
+        # twice pads it to 384, alone to 320; chained 4x would pad it to 512 (1.8x), too much
+        assert got[:2] == ["x86.tdpbusd.x2", "x86.tdpbusd"] and "x86.tdpbusd.x4" not in got
+        assert {bench_ops.form("conv", (96, 16, 128, 3, 1), intrinsics.get(n))
+                for n in got[:2]} == {"folded"}
+    # 1x1 convs are not folded: 1056 channels would be padded to 1280 by the 4x chain (1.2x)
+    for intrin, x, _ in bench_ops.candidates("conv", (1056, 7, 192, 1, 1), host()):
+        assert -(-1056 // x) * x / 1056 <= bench_ops.MAX_CHANNEL_WASTE
+        assert bench_ops.form("conv", (1056, 7, 192, 1, 1), intrin) == "flat"
+    vector = [i for i, _, _ in bench_ops.candidates("conv", (80, 73, 192, 3, 1), host())
+              if i.broadcast_operand]
+    assert all(bench_ops.form("conv", (80, 73, 192, 3, 1), i) == "direct" for i in vector)
 
 
 def test_bench_op_only_selects_a_kind():

@@ -186,3 +186,55 @@ def test_build_picks_the_amx_form_that_pads_least():
         op = ops.dense_packed(64, 64, c, 16, c)  # one channel block: every form reads rows
         intrin, prepared, _ = choose(op)
         assert intrin.name == want, (c, intrin.name)
+
+
+def _folded_inputs(op):
+    """(data, kernel) placeholders of a conv2d_window_folded op (data sits behind its im2col)."""
+    from unit_tvm.prepare import placeholders_of
+
+    return placeholders_of(op)
+
+
+@pytest.mark.parametrize("c,h,k,r,stride,fold", [(80, 9, 32, 3, 1, "s"), (48, 9, 32, 3, 2, "s"),
+                                                 (32, 8, 16, 3, 2, "rs"), (20, 7, 16, 2, 1, "rs")])
+def test_window_folded_conv_is_a_conv(c, h, k, r, stride, fold, rng, host_target):
+    """The folded layout (im2col buffer built in the kernel, window and channels one reduction)
+    computes the conv: TVM's own build, against numpy, for odd channels and strides."""
+    op = ops.conv2d_window_folded(c, h, k, r, stride, fold, x=64, y=16)
+    data, kern = _folded_inputs(op)
+    lib = tvm.tirx.build(te.create_prim_func([data, kern, op]), target=host_target)
+    d = rng.integers(0, 256, (1, c, h, h)).astype("uint8")
+    w = rng.integers(-128, 128, (k, c, r, r)).astype("int8")
+    out = np.zeros([int(s) for s in op.shape], "int32")
+    args = measure.to_device([d.transpose(0, 2, 3, 1).copy(),
+                              reference.pack_folded_kernel(w, fold, 64, 16), out], tvm.cpu())
+    lib(*args)
+    o = (h - r) // stride + 1
+    got = args[-1].numpy().reshape(1, k // 16, o, o, 16)
+    np.testing.assert_array_equal(reference.unpack_nchwc(got).astype(np.int64),
+                                  reference.conv2d_nchw(d, w, stride))
+
+
+@pytest.mark.parametrize("intrin,x,y", [("x86.tdpbusd", 64, 16), ("x86.tdpbusd.x4.n2", 256, 32),
+                                        ("x86.vpdpbusd", 4, 16)])
+def test_window_folded_conv_tensorized_reads_im2col_in_place(intrin, x, y, rng):
+    """Tensorized on the folded layout: bit-exact, and the im2col buffer (already laid out to the
+    padded row count) is read by the instruction in place, not copied into another pack, while
+    an operand whose padded rows would leave the tensor is still packed."""
+    require_host(intrin)
+    c, h, k, r = 80, 11, 2 * y, 3
+    op = ops.conv2d_window_folded(c, h, k, r, 1, "s", x=x, y=y)
+    prepared = prepare(op, intrin)
+    assert not any(s.endswith("_packed") for s in prepared.stages), prepared.stages
+    d = rng.integers(0, 256, (1, c, h, h)).astype("uint8")
+    w = rng.integers(-128, 128, (k, c, r, r)).astype("int8")
+    got = _run([*_folded_inputs(op), op], [d.transpose(0, 2, 3, 1).copy(),
+                                           reference.pack_folded_kernel(w, "s", x, y)],
+               intrinsic=intrin)
+    o = h - r + 1
+    np.testing.assert_array_equal(reference.unpack_nchwc(got.reshape(1, k // y, o, o, y))
+                                  .astype(np.int64), reference.conv2d_nchw(d, w, 1))
+    if x > 4:  # a tile instruction pads the 9 output columns to 16 rows: the direct layout's
+        # rows would read past its 11 columns, so its data is still packed (zero-guarded)
+        direct = ops.conv2d_nchwc(1, x, h, h, k, r, r, 1, x=x, y=y)
+        assert "data_packed" in prepare(direct, intrin).stages

@@ -1,9 +1,11 @@
 """Op benchmark (`unit-tvm bench-op`, scripts/bench_ops.py): UNIT Table I convs and GEMMs.
 
-For each workload every usable int8 instruction family (AMX tdpbusd when the channels are a
-multiple of 64, the best vector dot product otherwise) is tuned in the layout it reads directly
-(NCHW[x]c data, KCRS[x/4]c[y]k[4]c weights, pre-packed and channel-padded as a graph pass
-would; GOPS count the real channels), and the faster is reported. Columns: unit-tvm tuned, unit-tvm default breakpoints, TVM without tensorize (default schedule),
+For each workload every usable int8 instruction family (each AMX tdpbusd form whose padded
+reduction wastes little, the best vector dot product) is tuned in the layout it reads (NCHW[x]c
+data, KCRS[x/4]c[y]k[4]c weights, pre-packed and channel-padded as a graph pass would; for AMX on
+a 3x3 window, NHWC data read through an im2col buffer of the window's columns built inside the
+timed kernel; 1x1 stride-1 convs as one row of pixels, the same bytes; GOPS count the real
+channels), and the fastest is reported. Columns: unit-tvm tuned, unit-tvm default breakpoints, TVM without tensorize (default schedule),
 PyTorch int8 (torch.ao quantized Conv2d / Linear, x86 backend = oneDNN, channels_last, same thread
 count). Every engine is warmed up; times are the minimum over repeats. unit-tvm's outputs are
 checked against TVM's default build by the tuner before they are timed.
@@ -21,7 +23,7 @@ from tvm import te
 
 from . import intrinsics, measure, ops
 from .peak import host_threads, peak
-from .prepare import prepare
+from .prepare import placeholders_of, prepare
 from .rewriter import schedule
 from .target import host
 from .tuner import Database, default_path, tune
@@ -57,17 +59,36 @@ INT8_CHOICES = ("x86.tdpbusd.x4", "x86.tdpbusd.x2", "x86.tdpbusd", "x86.tdpbusd.
 MAX_CHANNEL_WASTE = 1.75
 
 
+def _is_tile(intrin):
+    """A tile instruction (AMX): no operand broadcast to vector lanes, rows read with a stride."""
+    return not intrin.broadcast_operand and not intrin.lanewise
+
+
+def form(kind, p, intrin):
+    """How a workload is laid out for an instruction: "gemm"; for a conv "folded" (a tile
+    instruction on a window wider than 1: the window's columns and the channels are one
+    reduction read through an in-kernel im2col buffer, ops.conv2d_window_folded), "flat" (a 1x1
+    stride-1 conv: its pixels are one row of NCHW[x]c, the same bytes) or "direct"."""
+    if kind != "conv":
+        return "gemm"
+    _, _, _, r, s = p
+    if r > 1 and _is_tile(intrin):
+        return "folded"
+    return "flat" if r == 1 and s == 1 else "direct"
+
+
 def candidates(kind, p, target):
     """[(Intrinsic, x, y)] usable for a workload on target: each form of the tile instruction (AMX
     tdpbusd alone or chained, 64 to 256 wide, one or two accumulator columns) whose reduction
-    wastes at most MAX_CHANNEL_WASTE after channel padding (what the graph pass does), and the
-    first usable vector instruction."""
+    (the channels, or the folded window times the channels, see `form`) wastes at most
+    MAX_CHANNEL_WASTE after zero padding, and the first usable vector instruction."""
     out = []
-    reduce = p[0] if kind == "conv" else p[2]
     columns = p[2] if kind == "conv" else p[1]
     for name in INT8_CHOICES:
         intrin = intrinsics.get(name)
         x, y = intrin.channel_blocks
+        reduce = p[2] if kind == "gemm" else p[0] * (p[3] if form(kind, p, intrin) == "folded"
+                                                     else 1)
         if not intrin.supported(target) or -(-reduce // x) * x / reduce > MAX_CHANNEL_WASTE:
             continue
         if columns % y:
@@ -78,8 +99,17 @@ def candidates(kind, p, target):
     return out
 
 
-def _op(kind, p, x, y):
-    """The workload in the layout (x, y) reads, channels zero-padded to a multiple of x."""
+def _op(kind, p, intrin):
+    """The workload in the layout the instruction reads (see `form`), channels zero-padded to a
+    multiple of its reduction block x, output channels blocked by its columns y."""
+    x, y = intrin.channel_blocks
+    layout = form(kind, p, intrin)
+    if layout == "folded":
+        c, h, k, r, s = p
+        return ops.conv2d_window_folded(c, h, k, r, s, "s", x=x, y=y)
+    if layout == "flat":
+        c, h, k, _, _ = p
+        return ops.conv2d_nchwc(1, -(-c // x) * x, 1, h * h, k, 1, 1, x=x, y=y)
     if kind == "conv":
         c, h, k, r, s = p
         return ops.conv2d_nchwc(1, -(-c // x) * x, h, h, k, r, r, s, x=x, y=y)
@@ -166,9 +196,9 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
         number = 3 if n_ops > 2e10 else 10
         best = None
         tune_s = 0.0
-        for intrin, x, y in candidates(kind, p, target):
-            op = _op(kind, p, x, y)
-            tensors = [*op.op.input_tensors, op]
+        for intrin, _, _ in candidates(kind, p, target):
+            op = _op(kind, p, intrin)
+            tensors = [*placeholders_of(op), op]
             try:
                 prepared = prepare(op, intrin)
                 res = tune(prepared, intrin, target, trials=trials, database=database,

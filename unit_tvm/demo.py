@@ -89,8 +89,8 @@ def main(log=print):
     oh = hw - 2
     for intrin, x, y in families:
         lo, hi = intrin.operand_ranges.get("a", (0, 255))
-        if (lo, hi) != (0, 255):
-            continue
+        if (lo, hi) != (0, 255) or c % x:
+            continue  # the demo's conv is NCHW[x]c: whole channel blocks only
         peak_gops = peaks[intrin.name][str(threads)]
         log(f"tensorized with {intrin.name}, {threads} threads, time = min of 5 runs, "
             f"tuning database {database.path}:")

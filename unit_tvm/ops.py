@@ -4,7 +4,7 @@ Nothing here is special to the Inspector: it accepts any te.compute; these are j
 a quantized model uses (activations u8, weights s8, NCHW[x]c / KCRS[y]k[x]c packing).
 """
 
-from tvm import te
+from tvm import te, tirx
 
 
 def dense_packed(m, n, k, lanes=16, width=4, a_dtype="uint8", b_dtype="int8", acc="int32"):
@@ -59,6 +59,68 @@ def conv2d_nchwc(n, c, h, w, k, r, s, stride=1, dilation=1, x=4, y=16,
             axis=[rc, rr, rs]),
         name="conv2d_nchwc",
     )
+
+
+def _round_up(n, m):
+    return -(-n // m) * m
+
+
+def conv2d_window_folded(c, h, k, r, stride=1, fold="s", x=64, y=16, rows=16,
+                         a_dtype="uint8", b_dtype="int8", acc="int32"):
+    """conv2d (batch 1, square, no padding) whose window is folded into one reduction, as oneDNN
+    does for narrow-channel convs: data NHWC, read through an im2col buffer made in the kernel.
+
+    fold "s": cols[h, ow, (s, c)] (the window's columns and the channels, S*C bytes contiguous per
+    output pixel); the window's rows stay a reduction loop. Wins where C is not a multiple of the
+    instruction's reduction (80 channels: 240 of 256 used instead of 80 of 128).
+    fold "rs": cols[(oh, ow), (r, s, c)] (full im2col; the conv is then a GEMM). Wins where an
+    output row is short (OW=17: 289 pixels in 19 tiles of 16 instead of 17 rows of 32).
+    The reduction is zero-padded to a multiple of x and the pixel rows to a multiple of `rows`
+    inside cols, so the instruction reads cols in place. kernel: [k/y, r, KK/x, x/4, y, 4] ("s")
+    or [k/y, KK/x, x/4, y, 4] ("rs"), KK the padded reduction (reference.pack_folded_kernel); output
+    NCHW[y]c as [1, k/y, oh, ow, y] ("s") or [1, k/y, oh*ow, y] ("rs").
+    """
+    if fold not in ("s", "rs"):
+        raise ValueError(f"fold must be 's' or 'rs', not {fold!r}")
+    o = (h - r) // stride + 1
+    data = te.placeholder((1, h, h, c), a_dtype, name="data")
+    zero = tirx.const(0, a_dtype)
+    if fold == "s":
+        kk_n = _round_up(r * c, x)
+        # indices are clamped as well as guarded: a vectorised guard may read both branches
+        cols = te.compute(
+            (h, _round_up(o, rows), kk_n),
+            lambda hh, j, q: tirx.if_then_else(
+                tirx.all(j < o, q < r * c),
+                data[0, hh, tirx.min(j, o - 1) * stride + tirx.min(q, r * c - 1) // c, q % c],
+                zero),
+            name="cols")
+        kern = te.placeholder((k // y, r, kk_n // x, x // 4, y, 4), b_dtype, name="kernel")
+        rr = te.reduce_axis((0, r), name="rr")
+        q = te.reduce_axis((0, kk_n), name="q")
+        return te.compute(
+            (1, k // y, o, o, y),
+            lambda b, ko, i, j, ki: te.sum(
+                cols[i * stride + rr, j, q].astype(acc)
+                * kern[ko, rr, q // x, q % x // 4, ki, q % 4].astype(acc), axis=[rr, q]),
+            name="conv2d_folded")
+    kk_n = _round_up(r * r * c, x)
+    p_n = o * o
+
+    def col(p, q):
+        pc, qc = tirx.min(p, p_n - 1), tirx.min(q, r * r * c - 1)
+        return tirx.if_then_else(
+            tirx.all(p < p_n, q < r * r * c),
+            data[0, pc // o * stride + qc // (r * c), pc % o * stride + qc // c % r, qc % c], zero)
+
+    cols = te.compute((_round_up(p_n, rows), kk_n), col, name="cols")
+    kern = te.placeholder((k // y, kk_n // x, x // 4, y, 4), b_dtype, name="kernel")
+    q = te.reduce_axis((0, kk_n), name="q")
+    return te.compute(
+        (1, k // y, p_n, y),
+        lambda b, ko, p, ki: te.sum(
+            cols[p, q].astype(acc) * kern[ko, q // x, q % x // 4, ki, q % 4].astype(acc), axis=q),
+        name="conv2d_folded")
 
 
 def matmul_bt(m, n, k, a="uint8", b="int8", acc="int32"):

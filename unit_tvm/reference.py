@@ -29,6 +29,23 @@ def pack_kcrs(weight, y=16, x=4):
     return np.ascontiguousarray(w.transpose(0, 2, 5, 6, 3, 1, 4))
 
 
+def pack_folded_kernel(weight, fold="s", x=64, y=16):
+    """[k, c, r, s] -> the kernel of ops.conv2d_window_folded: the reduction in (r,) s, c order
+    (as its im2col buffer holds it), zero-padded to a multiple of x, blocked [k/y, (r,) KK/x,
+    x/4, y, 4]."""
+    k, c, r, s = weight.shape
+    taps = weight.transpose(0, 2, 3, 1)  # k r s c
+    flat = taps.reshape(k, r, s * c) if fold == "s" else taps.reshape(k, r * s * c)
+    kk = -(-flat.shape[-1] // x) * x
+    flat = np.concatenate([flat, np.zeros(flat.shape[:-1] + (kk - flat.shape[-1],), weight.dtype)],
+                          axis=-1)
+    lead = flat.shape[1:-1]  # (r,) for "s", () for "rs"
+    blocked = flat.reshape((k // y, y) + lead + (kk // x, x // 4, 4))
+    n = len(lead)
+    order = (0, *range(2, 2 + n), 2 + n, 3 + n, 1, 4 + n)
+    return np.ascontiguousarray(blocked.transpose(order))
+
+
 def dense(a, b):
     """a [m, k] @ b[n, k]^T, exact int64 for int8 data."""
     return (a.astype(np.float64) @ b.astype(np.float64).T).astype(np.int64)
