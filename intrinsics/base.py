@@ -263,6 +263,13 @@ class Intrinsic:
         return all(len(loops) == n_spatial for loops in self._spatial_reads.values())
 
     @property
+    def tile(self):
+        """Whether it is a tile instruction (AMX, i8mm, wmma): each input is shared along some data-parallel
+        loop and none is broadcast, so rows of pixels are read with a stride; the layouts that
+        suit it (a conv's window folded into the reduction) differ from a vector one's."""
+        return not self.broadcast_operand and not self.lanewise
+
+    @property
     def channel_blocks(self):
         """(x, y): the input- and output-channel blocks of a packed layout the instruction reads
         directly (NCHW[x]c activations, KCRS[x/4]c[y]k[4]c weights): its reduction width and its

@@ -183,6 +183,10 @@ def test_operand_roles_read_off_semantics():
     dw = intrinsics.get("x86.vpermb.vpdpbusd")
     assert dw.lanewise and dw.broadcast_operand is None
     assert dw.channel_blocks == (16, 16) and dw.reduction_width == 4
+    # tile instructions (rows of pixels shared by a tile, nothing broadcast) get folded conv layouts
+    tiles = {i.name for i in intrinsics.all() if i.tile}
+    assert {"x86.tdpbusd", "x86.tdpbusd.x4.n2", "arm.smmla", "cuda.wmma.s8s32"} <= tiles
+    assert not tiles & {"x86.vpdpbusd", "x86.vpermb.vpdpbusd", "arm.sdot", "x86.vdpbf16ps"}
 
 
 def test_vdpbf16ps_within_f32_accumulation_rounding(rng):

@@ -59,11 +59,6 @@ INT8_CHOICES = ("x86.tdpbusd.x4", "x86.tdpbusd.x2", "x86.tdpbusd", "x86.tdpbusd.
 MAX_CHANNEL_WASTE = 1.75
 
 
-def _is_tile(intrin):
-    """A tile instruction (AMX): no operand broadcast to vector lanes, rows read with a stride."""
-    return not intrin.broadcast_operand and not intrin.lanewise
-
-
 def form(kind, p, intrin):
     """How a workload is laid out for an instruction: "gemm"; for a conv "folded" (a tile
     instruction on a window wider than 1: the window's columns and the channels are one
@@ -72,7 +67,7 @@ def form(kind, p, intrin):
     if kind != "conv":
         return "gemm"
     _, _, _, r, s = p
-    if r > 1 and _is_tile(intrin):
+    if r > 1 and intrin.tile:
         return "folded"
     return "flat" if r == 1 and s == 1 else "direct"
 
