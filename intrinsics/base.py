@@ -264,9 +264,10 @@ class Intrinsic:
 
     @property
     def tile(self):
-        """Whether it is a tile instruction (AMX, i8mm, wmma): each input is shared along some data-parallel
-        loop and none is broadcast, so rows of pixels are read with a stride; the layouts that
-        suit it (a conv's window folded into the reduction) differ from a vector one's."""
+        """Whether it is a tile instruction (AMX, i8mm, wmma): each input is shared along some
+        data-parallel loop and none is broadcast, so rows of pixels are read with a stride; the
+        layouts that suit it (a conv's window folded into the reduction) differ from a vector
+        one's."""
         return not self.broadcast_operand and not self.lanewise
 
     @property

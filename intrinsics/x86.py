@@ -139,7 +139,6 @@ VDPBF16PS = Intrinsic(
 )
 
 
-
 def lanewise_semantics(lanes, width, a_dtype, b_dtype, acc_dtype):
     """d[c] = sum_t acc(a[t, c]) * acc(b[c, t]): every lane sums `width` products of its own
     activations (a: width rows of `lanes` channels, e.g. 4 neighbouring pixels of a channel-blocked

@@ -9,7 +9,7 @@ from tvm import te
 
 import unit_tvm
 from unit_tvm import measure, ops, reference
-from unit_tvm.prepare import prepare
+from unit_tvm.prepare import placeholders_of, prepare
 
 from .conftest import require_host
 
@@ -188,20 +188,13 @@ def test_build_picks_the_amx_form_that_pads_least():
         assert intrin.name == want, (c, intrin.name)
 
 
-def _folded_inputs(op):
-    """(data, kernel) placeholders of a conv2d_window_folded op (data sits behind its im2col)."""
-    from unit_tvm.prepare import placeholders_of
-
-    return placeholders_of(op)
-
-
 @pytest.mark.parametrize("c,h,k,r,stride,fold", [(80, 9, 32, 3, 1, "s"), (48, 9, 32, 3, 2, "s"),
                                                  (32, 8, 16, 3, 2, "rs"), (20, 7, 16, 2, 1, "rs")])
 def test_window_folded_conv_is_a_conv(c, h, k, r, stride, fold, rng, host_target):
     """The folded layout (im2col buffer built in the kernel, window and channels one reduction)
     computes the conv: TVM's own build, against numpy, for odd channels and strides."""
     op = ops.conv2d_window_folded(c, h, k, r, stride, fold, x=64, y=16)
-    data, kern = _folded_inputs(op)
+    data, kern = placeholders_of(op)  # data sits behind the im2col stage
     lib = tvm.tirx.build(te.create_prim_func([data, kern, op]), target=host_target)
     d = rng.integers(0, 256, (1, c, h, h)).astype("uint8")
     w = rng.integers(-128, 128, (k, c, r, r)).astype("int8")
@@ -228,8 +221,8 @@ def test_window_folded_conv_tensorized_reads_im2col_in_place(intrin, x, y, rng):
     assert not any(s.endswith("_packed") for s in prepared.stages), prepared.stages
     d = rng.integers(0, 256, (1, c, h, h)).astype("uint8")
     w = rng.integers(-128, 128, (k, c, r, r)).astype("int8")
-    got = _run([*_folded_inputs(op), op], [d.transpose(0, 2, 3, 1).copy(),
-                                           reference.pack_folded_kernel(w, "s", x, y)],
+    got = _run([*placeholders_of(op), op], [d.transpose(0, 2, 3, 1).copy(),
+                                            reference.pack_folded_kernel(w, "s", x, y)],
                intrinsic=intrin)
     o = h - r + 1
     np.testing.assert_array_equal(reference.unpack_nchwc(got.reshape(1, k // y, o, o, y))

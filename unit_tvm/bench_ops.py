@@ -5,9 +5,9 @@ reduction wastes little, the best vector dot product) is tuned in the layout it 
 data, KCRS[x/4]c[y]k[4]c weights, pre-packed and channel-padded as a graph pass would; for AMX on
 a 3x3 window, NHWC data read through an im2col buffer of the window's columns built inside the
 timed kernel; 1x1 stride-1 convs as one row of pixels, the same bytes; GOPS count the real
-channels), and the fastest is reported. Columns: unit-tvm tuned, unit-tvm default breakpoints, TVM without tensorize (default schedule),
-PyTorch int8 (torch.ao quantized Conv2d / Linear, x86 backend = oneDNN, channels_last, same thread
-count). Every engine is warmed up; times are the minimum over repeats. unit-tvm's outputs are
+channels), and the fastest is reported. Columns: unit-tvm tuned, unit-tvm default breakpoints,
+TVM without tensorize (default schedule), PyTorch int8 (torch.ao quantized Conv2d / Linear, x86
+backend = oneDNN, channels_last, same thread count). Every engine is warmed up; times are the minimum over repeats. unit-tvm's outputs are
 checked against TVM's default build by the tuner before they are timed.
 """
 
@@ -82,8 +82,8 @@ def candidates(kind, p, target):
     for name in INT8_CHOICES:
         intrin = intrinsics.get(name)
         x, y = intrin.channel_blocks
-        reduce = p[2] if kind == "gemm" else p[0] * (p[3] if form(kind, p, intrin) == "folded"
-                                                     else 1)
+        layout = form(kind, p, intrin)
+        reduce = p[2] if layout == "gemm" else p[0] * p[3] if layout == "folded" else p[0]
         if not intrin.supported(target) or -(-reduce // x) * x / reduce > MAX_CHANNEL_WASTE:
             continue
         if columns % y:

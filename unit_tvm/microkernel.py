@@ -12,6 +12,7 @@ from tvm import s_tir, te, tirx
 from .measure import numpy_dtype
 from .prepare import _mutate_expr
 
+
 def _rebuild(intrin, shapes, index_of, out_shape, out_index, name):
     """Re-express the semantics over bigger tensors.
 
