@@ -1,12 +1,16 @@
 """Tuning database: JSON lines keyed by workload + target + instruction.
 
 Each line is one finished tuning result. A line is appended in a single write on a file opened
-with O_APPEND, so concurrent tuners never interleave lines. A corrupt line or one not written by
-unit-tvm (wrong schema) is skipped with a warning, never fatal.
+with O_APPEND under an exclusive lock, so concurrent tuners never interleave lines; a line left
+without its newline (a process killed mid-write, a file edited by hand) is closed before the next
+record, so that record is not glued onto it. A corrupt line, one not written by unit-tvm (wrong
+schema) or one whose fields have the wrong types is skipped with a warning, never fatal.
 """
 
+import fcntl
 import hashlib
 import json
+import math
 import os
 import warnings
 
@@ -26,6 +30,9 @@ class Database:
     """A JSON-lines tuning database at `path` (created on first write)."""
 
     def __init__(self, path):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"a tuning database is a file path (str or os.PathLike), got "
+                            f"{type(path).__name__} ({path!r})")
         self.path = os.fspath(path)
 
     def _lines(self):
@@ -46,6 +53,11 @@ class Database:
                         k in rec for k in ("workload", "target", "intrinsic", "config", "gops")):
                     warnings.warn(f"{self.path}:{n}: line not written by unit-tvm skipped",
                                   DatabaseWarning, stacklevel=3)
+                    continue
+                wrong = _wrong_field(rec)
+                if wrong:
+                    warnings.warn(f"{self.path}:{n}: record skipped: {wrong}", DatabaseWarning,
+                                  stacklevel=3)
                     continue
                 yield rec
 
@@ -83,14 +95,38 @@ class Database:
         """Append one record atomically (one write to an O_APPEND file)."""
         rec = {"schema": SCHEMA, "workload": workload, "target": str(target),
                "intrinsic": intrinsic, "config": config, "gops": gops, **extra}
+        wrong = _wrong_field(rec)
+        if wrong:
+            raise TypeError(f"tuning record not written: {wrong}")
         data = (json.dumps(rec, sort_keys=True) + "\n").encode()
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         try:
-            os.write(fd, data)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released by close
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                data = b"\n" + data  # close a line left unfinished
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(f"{self.path}: wrote {written} of {len(data)} bytes")
         finally:
             os.close(fd)
         return rec
+
+
+_FIELD_TYPES = {"workload": str, "target": str, "intrinsic": str, "config": dict}
+
+
+def _wrong_field(rec):
+    """What is wrong with a record's field types ('' when nothing)."""
+    for name, kind in _FIELD_TYPES.items():
+        if not isinstance(rec[name], kind):
+            return f"{name} is {type(rec[name]).__name__}, not {kind.__name__}"
+    gops = rec["gops"]
+    if isinstance(gops, bool) or not isinstance(gops, (int, float)) or not math.isfinite(gops) \
+            or gops < 0:
+        return f"gops is {gops!r}, not a finite number >= 0"
+    return ""
 
 
 def default_path():
