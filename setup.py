@@ -15,7 +15,7 @@ setup(
     version="0.1.0",
     description="Tensorized instruction compilation (VNNI, BF16, ARM DOT/I8MM, Tensor Core) for TVM",
     python_requires=">=3.10",
-    packages=list(PACKAGE_DIR) + ["unit_tvm.tuner", "unit_tvm.cross", "unit_tvm.relax"],
+    packages=list(PACKAGE_DIR) + ["unit_tvm.tuner", "unit_tvm.cross", "unit_tvm.relax", "unit_tvm.fuzz"],
     package_dir=PACKAGE_DIR,
     package_data={"unit_tvm.intrinsics": ["README.md"], "unit_tvm.cross": ["*.c"]},
     install_requires=[

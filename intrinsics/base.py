@@ -284,6 +284,19 @@ class Intrinsic:
         """Arithmetic operations (multiply + add counted as 2) one instruction performs."""
         return 2 * self.lanes * self.reduction_width
 
+    @functools.cached_property
+    def pointer_operands(self):
+        """Whether the emit rule takes operands by pointer (tvm_access_ptr: AMX, vdpbf16ps)
+        rather than loading them as vectors: read off the implementation."""
+        found = []
+
+        def visit(call):
+            if getattr(call.op, "name", None) == "tirx.tvm_access_ptr":
+                found.append(call)
+
+        tvm_ffi.structural_walk(self.impl.body, [(tvm.ir.expr.Call, visit)])
+        return bool(found)
+
     # -- TensorIntrin -------------------------------------------------------------------------
     @functools.cached_property
     def desc(self):

@@ -151,6 +151,8 @@ def vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
              if any(v.same_as(loop.loop_var) for v in tvm.tirx.analysis.undefined_vars(value))]
     if len(bound) != 1:
         return
+    if any(iv.var.same_as(bound[0]) and iv.iter_type != iv.DataPar for iv in stmt.iter_vars):
+        return  # a reduction loop (a compensation's sum) does not vectorise this way
     for region in list(stmt.reads) + list(stmt.writes):
         axes = [tvm.tirx.analysis.undefined_vars(r.min) for r in region.region]
         if any(any(v.same_as(bound[0]) for v in a) for a in axes[:-1]):

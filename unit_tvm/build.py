@@ -1,15 +1,18 @@
 """unit_tvm.build: one tensor operation -> a runtime module, tensorized where an instruction fits."""
 
+import os
 import warnings
+from dataclasses import dataclass
 
 import tvm
 from tvm import te
 
-from . import intrinsics
+from . import checks, epilogue, intrinsics
 from .inspector import inspect
 from .prepare import placeholders_of, prepare
 from .rewriter import schedule
 from .target import as_target
+from .tuner.database import Database
 
 
 class FallbackWarning(UserWarning):
@@ -19,10 +22,15 @@ class FallbackWarning(UserWarning):
 def _split(tensors):
     """(inputs, output), checked: the inputs must be exactly the placeholders the output reads
     (TVM would otherwise fail inside its C++ when making the function)."""
+    if isinstance(tensors, te.Tensor) or not isinstance(tensors, (list, tuple)):
+        # a te.Tensor is indexable, so list() of one would never end
+        raise TypeError(f"unit_tvm.build takes a list of te tensors [inputs..., output], got "
+                        f"{type(tensors).__name__}")
     tensors = list(tensors)
     if not tensors or not all(isinstance(t, te.Tensor) for t in tensors):
         raise TypeError("unit_tvm.build takes te tensors: the inputs, then the te.compute output")
     inputs, out = tensors[:-1], tensors[-1]
+    checks.te_op(out, "unit_tvm.build (its last tensor)")
     needed = placeholders_of(out)
     if len(inputs) != len(needed) or not all(any(t.same_as(n) for n in needed) for t in inputs):
         raise ValueError(f"inputs {[t.op.name for t in inputs]} are not the placeholders "
@@ -55,8 +63,7 @@ def choose(out, target=None, intrinsic=None, params=None):
         if fits and intrin.family != fits[0][1].family:
             continue  # a faster family already fits; only its other forms are still compared
         try:
-            prepared = prepare(out, intrin, params=params,
-                               separable=target.kind.name == "cuda")
+            prepared = prepare_op(out, intrin, params=params, target=target)
             sch = schedule(prepared, intrin, None, target)  # the default must tensorize
         except (ValueError, tvm.s_tir.ScheduleError) as e:
             reasons.append(str(e).splitlines()[0])
@@ -95,12 +102,13 @@ def alternatives(out, target=None, intrinsic=None, params=None, first=None):
     else:
         pool = _exact_everywhere(intrinsics.for_target(target))
     found = []
+    chain = epilogue.find(out)
     for intrin in pool:
-        mappings = list(enumerate(inspect(out, intrin))) or [(0, None)]  # None: s8 x s8 shift
+        # None: the operands re-based (unit_tvm.shift) when the op as written does not match
+        mappings = list(enumerate(inspect(chain.core if chain else out, intrin))) or [(0, None)]
         for i, mapping in mappings:
             try:
-                prepared = prepare(out, intrin, mapping, params=params,
-                                   separable=target.kind.name == "cuda")
+                prepared = prepare_op(out, intrin, mapping, params=params, target=target)
                 schedule(prepared, intrin, None, target)
             except (ValueError, tvm.s_tir.ScheduleError):
                 continue
@@ -116,6 +124,18 @@ def alternatives(out, target=None, intrinsic=None, params=None, first=None):
         found = [(i, p) for i, p in found if not _replicates(p)]
     found.sort(key=lambda a: a[0] is not first or bool(a[1].variant))  # stable: registry order
     return found
+
+
+def prepare_op(out, intrin, mapping=None, params=None, target=None):
+    """prepare() for an op as users write it: a reduction, or elementwise stages after one
+    (bias, activation, requantization), which go into the kernel's write-back."""
+    target = as_target(target)
+    separable = target.kind.name == "cuda"
+    chain = epilogue.find(out)
+    if chain is None:
+        return prepare(out, intrin, mapping, params=params, separable=separable)
+    return prepare(chain.core, intrin, mapping, params=params, separable=separable,
+                   epilogue=chain.spec(out))
 
 
 def _replicates(prepared):
@@ -148,25 +168,35 @@ def default_schedule(func, target):
     return mod
 
 
-def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, database=None):
-    """Compile the te.compute `tensors[-1]` (its input placeholders are `tensors[:-1]`).
+@dataclass(frozen=True)
+class BuildReport:
+    """What unit_tvm.build made of one operation: the module and how it computes the op."""
 
-    target: None (this host), a dict or a tvm.target.Target. Returns a module callable as
-    mod(*arrays) with the arrays in the order of `tensors`. The best applicable instruction is
-    chosen by the Inspector unless `intrinsic` names one; when none applies, a FallbackWarning
-    says why and TVM's default schedule is built (a correct result, never an exception).
-    tune / trials / database: every fitting instruction and loop mapping (`alternatives`) is
-    timed with its default config and the fastest tuned (see unit_tvm.tuner.tune_instruction);
-    a database record of any of them is used without measuring.
-    """
+    module: object  # the runtime module, callable as module(*arrays)
+    intrinsic: str = ""  # the instruction used; "" when TVM's default schedule was built
+    mapping: str = ""  # the loop mapping ("" for the Inspector's first), e.g. "i:j,k:r"
+    stages: tuple = ()  # preparation stages (packs, shifts, compensation)
+    reason: str = ""  # why no instruction was used, when none was
+
+    @property
+    def tensorized(self) -> bool:
+        """Whether an instruction computes the op's core."""
+        return bool(self.intrinsic)
+
+
+def build_report(tensors, target=None, *, intrinsic=None, tune=False, trials=None,
+                 database=None) -> BuildReport:
+    """unit_tvm.build, returning a BuildReport (module, instruction, mapping, fallback reason)."""
+    _check_build_args(intrinsic, tune, trials, database)
     target = as_target(target)
     inputs, out = _split(tensors)
     intrin, prepared, sch = choose(out, target, intrinsic, params=inputs)
     if intrin is None:
         warnings.warn(f"unit_tvm.build: no tensorized instruction used: {prepared}",
-                      FallbackWarning, stacklevel=2)
-        return tvm.tirx.build(default_schedule(te.create_prim_func(inputs + [out]), target),
-                              target=target)
+                      FallbackWarning, stacklevel=3)
+        module = tvm.tirx.build(default_schedule(te.create_prim_func(inputs + [out]), target),
+                                target=target)
+        return BuildReport(module, reason=prepared)
     if tune or database is not None:
         from .tuner import tune_instruction
 
@@ -178,4 +208,31 @@ def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, data
                                          measure=bool(tune))
         intrin, prepared = alts[index]
         sch = schedule(prepared, intrin, result.config, target)
-    return tvm.tirx.build(sch.mod, target=target)
+    module = tvm.tirx.build(sch.mod, target=target)
+    return BuildReport(module, intrin.name, prepared.variant, tuple(prepared.stages))
+
+
+def _check_build_args(intrinsic, tune, trials, database):
+    """TypeError naming the expected type, before anything reaches TVM."""
+    checks.intrinsic(intrinsic, "unit_tvm.build", optional=True)
+    checks.flag(tune, "tune", "unit_tvm.build")
+    checks.count(trials, "trials", "unit_tvm.build")
+    if database is not None and not isinstance(database, (str, os.PathLike, Database)):
+        raise TypeError(f"unit_tvm.build: database must be a path or a unit_tvm.tuner.Database, "
+                        f"got {type(database).__name__} ({database!r})")
+
+
+def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, database=None):
+    """Compile the te.compute `tensors[-1]` (its input placeholders are `tensors[:-1]`).
+
+    target: None (this host), a dict or a tvm.target.Target. Returns a module callable as
+    mod(*arrays) with the arrays in the order of `tensors`. The best applicable instruction is
+    chosen by the Inspector unless `intrinsic` names one; when none applies, a FallbackWarning
+    says why and TVM's default schedule is built (a correct result, never an exception).
+    tune / trials / database: every fitting instruction and loop mapping (`alternatives`) is
+    timed with its default config and the fastest tuned (see unit_tvm.tuner.tune_instruction);
+    a database record of any of them is used without measuring. build_report() also says
+    which instruction and mapping were used.
+    """
+    return build_report(tensors, target, intrinsic=intrinsic, tune=tune, trials=trials,
+                        database=database).module

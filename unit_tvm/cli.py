@@ -1,4 +1,4 @@
-"""`unit-tvm` command line: intrinsics, peak, inspect, bench-op, bench-gpu, bench-model, demo."""
+"""`unit-tvm` command line: intrinsics, peak, inspect, bench-op, bench-gpu, bench-model, fuzz, demo."""
 
 import argparse
 import json
@@ -181,6 +181,27 @@ def _cmd_demo(args):
     return 0 if all(k["correct"] for k in out["kernels"]) else 1
 
 
+def _cmd_fuzz(args):
+    from . import fuzz
+
+    kinds = tuple(args.kinds) if args.kinds else fuzz.KINDS
+    if args.case is not None:  # one case, in this process: the reproduction of a finding
+        result = fuzz.run_case(fuzz.make_case(args.seed, args.case, kinds),
+                               emulate=args.emulate or "")
+        print(fuzz.result_line(result))
+        if result.detail and result.outcome not in fuzz.FAILURES:
+            print(f"       {result.detail}")
+        return 1 if result.outcome in fuzz.FAILURES else 0
+    log = (lambda r: None) if args.quiet else (lambda r: print(fuzz.result_line(r), flush=True))
+    report = fuzz.fuzz(args.cases, args.seed, kinds, first=args.first, workers=args.workers,
+                       timeout=args.timeout, on_result=log, emulate=args.emulate or "")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.as_json(), f, indent=1)
+    print(fuzz.table(report))
+    return 1 if report.failures else 0
+
+
 def _tuning_args(p, unit):
     """--trials and --database, shared by the benchmark commands."""
     p.add_argument("--trials", type=int, help=f"most candidates measured {unit}")
@@ -239,6 +260,20 @@ def main(argv=None):
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_model)
+    p = sub.add_parser("fuzz", help="differential fuzzer: random te/topi ops, unit_tvm.build vs TVM")
+    p.add_argument("--cases", type=int, default=200, help="how many cases (default 200)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--first", type=int, default=0, help="index of the first case")
+    p.add_argument("--case", type=int, help="run only this case, in this process")
+    p.add_argument("--kinds", nargs="+", help="kinds of op (default: all)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
+    p.add_argument("--emulate", metavar="INSTRUCTION",
+                   help="an instruction this CPU lacks (e.g. x86.tdpbusd.x4): compile its kernels "
+                   "for a CPU that has it and check their prepared graphs here")
+    p.add_argument("--quiet", action="store_true", help="only the summary")
+    p.add_argument("--json", metavar="FILE", help="write every case's result to FILE")
+    p.set_defaults(fn=_cmd_fuzz)
     p = sub.add_parser("demo", help="the main job: peaks, then a tensorized GEMM and conv2d")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_demo)

@@ -1,7 +1,10 @@
 """unit_tvm.compile: a Relax model -> a VM executable, quantized and tensorized on the way."""
 
+import os
+
 import tvm
 
+from . import checks
 from .target import as_target
 
 
@@ -18,10 +21,20 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
     from .relax import quantize as quantize_fn
     from .tuner import Database
 
+    checks.ir_module(mod, "unit_tvm.compile")
+    checks.flag(tune, "tune", "unit_tvm.compile")
+    checks.count(trials, "trials", "unit_tvm.compile")
+    if quantize is not None and not isinstance(quantize, dict):
+        raise TypeError(f"unit_tvm.compile: quantize must be None or a dict of "
+                        f"unit_tvm.relax.quantize arguments (e.g. {{'calibration_data': [...]}}), "
+                        f"got {type(quantize).__name__}")
+    if database is not None and not isinstance(database, (str, os.PathLike, Database)):
+        raise TypeError(f"unit_tvm.compile: database must be a path or a Database, got "
+                        f"{type(database).__name__}")
     target = as_target(target)
     if quantize is not None:
         mod = quantize_fn(mod, target=target, **quantize)
-    if isinstance(database, str):
+    if isinstance(database, (str, os.PathLike)):
         database = Database(database)
     mod = UnitTensorize(target, database=database, tune=tune, trials=trials)(mod)
     return build_relax(mod, target)

@@ -12,9 +12,11 @@ Two checks, on any te.compute written by anyone:
 
 import itertools
 
+import numpy as np
 from tvm import te, tirx
 
-from . import intrinsics
+from . import checks
+from .indexing import NotAffine, evaluate, tile_offsets, unit_stride_dim, vars_in
 from .mapping import LoopMatch, Mapping, OperandAccess
 
 _TENSOR_LOAD = "te.tensor_load"
@@ -51,45 +53,6 @@ def _describe(e):
     return f"{type(e).__name__} ({_dtype(e)})"
 
 
-def _vars_in(e):
-    """Names of loop variables an index expression uses."""
-    name = type(e).__name__
-    if name == "Var":
-        return {e.name}
-    if name in _BINARY:
-        return _vars_in(e.a) | _vars_in(e.b)
-    if name == "Cast":
-        return _vars_in(e.value)
-    return set()
-
-
-def _eval(e, env):
-    """Integer value of an index expression under env (var name -> int)."""
-    name = type(e).__name__
-    if name == "Var":
-        return env.get(e.name, 0)
-    if name == "IntImm":
-        return int(e.value)
-    if name == "Cast":
-        return _eval(e.value, env)
-    if name in _BINARY:
-        a, b = _eval(e.a, env), _eval(e.b, env)
-        return {
-            "Add": lambda: a + b, "Sub": lambda: a - b, "Mul": lambda: a * b,
-            "FloorDiv": lambda: a // b, "FloorMod": lambda: a % b,
-            "Div": lambda: int(a / b), "Mod": lambda: a - int(a / b) * b,
-            "Min": lambda: min(a, b), "Max": lambda: max(a, b),
-        }[name]()
-    raise NoMatch(f"index expression {e} is not affine arithmetic")
-
-
-def _address(indices, shape, env):
-    addr = 0
-    for idx, ext in zip(indices, shape):
-        addr = addr * int(ext) + _eval(idx, env)
-    return addr
-
-
 def _reduce_parts(op):
     body = op.body[0]
     if isinstance(body, tirx.Reduce):
@@ -103,6 +66,14 @@ def _combiner_name(red):
     result = red.combiner.result[0]
     ident = red.combiner.identity_element[0]
     return f"{type(result).__name__}(identity {float(ident.value):g})"
+
+
+def _reducer(red):
+    """'sum', 'max', 'min', ... of a Reduce, or 'no reduction'."""
+    if red is None:
+        return "no reduction"
+    kind = type(red.combiner.result[0]).__name__
+    return {"Add": "sum"}.get(kind, kind.lower())
 
 
 # -- 1. compute isomorphism -----------------------------------------------------------------------
@@ -180,7 +151,8 @@ def compute_isomorphism(op, intrin):
                       f"produces {op.output(0).dtype}")
     if _combiner_name(op_red) != _combiner_name(in_red):
         raise NoMatch(f"reduction combiner differs: instruction {_combiner_name(in_red)}, "
-                      f"operation {_combiner_name(op_red)} (sum is not max)")
+                      f"operation {_combiner_name(op_red)} ({_reducer(in_red)} is not "
+                      f"{_reducer(op_red)})")
     bind = {}
     _match_tree(in_src, op_src, bind)
     missing = [t.op.name for t in intrin.inputs if t.op.name not in bind]
@@ -196,21 +168,9 @@ def _op_loops(op):
     return loops
 
 
-def _unit_stride_dim(indices, loop):
-    """The dimension whose index steps by exactly 1 with `loop` (others fixed), or None."""
-    for d, idx in enumerate(indices):
-        if loop in _vars_in(idx):
-            try:
-                if _eval(idx, {loop: 1}) - _eval(idx, {loop: 0}) == 1:
-                    return d
-            except NoMatch:
-                continue
-    return None
-
-
-def _separable(index, loop_name):
+def _alone(index, loop_name):
     """True when `index` mentions no loop but `loop_name` (v, v//c, v%c, v*c, v+c ...)."""
-    return _vars_in(index) <= {loop_name}
+    return vars_in(index) <= {loop_name}
 
 
 def _paddable(op, loop_name, bind, kind):
@@ -225,48 +185,62 @@ def _paddable(op, loop_name, bind, kind):
     if kind == "S":
         return True
     reads = [idx for _, indices, _ in bind.values() for idx in indices
-             if loop_name in _vars_in(idx)]
-    return bool(reads) and all(_separable(i, loop_name) for i in reads)
+             if loop_name in vars_in(idx)]
+    return bool(reads) and all(_alone(i, loop_name) for i in reads)
 
 
-def _varies_within_tile(indices, shape, loop, ext):
-    """Whether the address changes while `loop` steps inside one instruction tile of `ext`.
-
-    Judged on values, not syntax: a grouped conv reads data[f // kg * cg + rc], which does not
-    change across 16 lanes of f when kg is a multiple of 16. Tiles at the start, the second
-    position and the end of a generous range are tried.
-    """
-    if not any(loop in _vars_in(i) for i in indices):
-        return False
+def _movement(op_idx, shape, loop, ext, extents):
+    """indexing.tile_offsets over every tile of `loop`, or None when it cannot be decided."""
     try:
-        for base in (0, ext, 7 * ext):
-            origin = _address(indices, shape, {loop: base})
-            if any(_address(indices, shape, {loop: base + t}) != origin for t in range(1, ext)):
-                return True
+        return tile_offsets(op_idx, shape, loop, ext, extents)
+    except NotAffine:
+        return None
+
+
+def _varies_within_tile(indices, shape, loop, ext, extents):
+    """Whether the operand's address changes while `loop` steps inside any instruction tile.
+
+    Judged on values over every tile (indexing.tile_offsets), not on syntax and not on samples:
+    a grouped conv reads data[f // kg * cg + rc], one value across 16 lanes of f only when every
+    tile of 16 stays inside one group (kg a multiple of 16)."""
+    if not any(loop in vars_in(i) for i in indices):
         return False
-    except NoMatch:
-        return True
+    moved = _movement(indices, shape, loop, ext, extents)
+    return moved is None or bool(np.any(moved.offsets[moved.real]))
 
 
-def _dims_varying(op_idx, f_inv, loop_extent):
-    """How many of the op's index dimensions change over one instruction tile (from its origin)."""
-    varying = set()
-    for op_loop, il in f_inv.items():
-        origin = [_eval(i, {}) for i in op_idx]
-        for t in range(1, loop_extent[il]):
-            here = [_eval(i, {op_loop: t}) for i in op_idx]
-            varying.update(d for d, (a, b) in enumerate(zip(origin, here)) if a != b)
-    return len(varying)
+def _steps_match(moved, want, row_size, row_stride):
+    """(whether the op's address steps like `want` (the dense steps of the instruction's own
+    operand) in every tile, the row stride found). Row-strided operands may use any one row
+    stride S >= the row's size: op step = row * S + column offset within the row."""
+    offsets, real = moved.offsets, moved.real
+    want = np.asarray(want, np.int64).reshape((1, -1) + (1,) * (offsets.ndim - 2))
+    rows, cols = np.divmod(want, row_size) if row_size else (np.zeros_like(want), want)
+    rows, cols = np.broadcast_to(rows, offsets.shape), np.broadcast_to(cols, offsets.shape)
+    flat = real & (rows == 0)
+    if not np.array_equal(offsets[flat], cols[flat]):
+        return False, row_stride
+    jump = real & (rows != 0)
+    if not jump.any():
+        return True, row_stride
+    diff, r = offsets[jump] - cols[jump], rows[jump]
+    if np.any(diff % r):
+        return False, row_stride
+    found = np.unique(diff // r)
+    if len(found) != 1 or (row_stride is not None and int(found[0]) != row_stride):
+        return False, row_stride
+    return True, int(found[0])
 
 
-def _access(intrin, name, bind, f_inv, loop_extent, op_shape_of):
+def _access(intrin, name, bind, f_inv, loop_extent, op_extents):
     """(S'(u) ⊆ S(v) holds?, OperandAccess, reason) for one operand under a loop map."""
     tensor, op_idx, in_idx = bind[name]
+    op_shape = [int(s) for s in tensor.shape]
     intrin_tensor = next(t for t in intrin.inputs if t.op.name == name)
     in_shape = [int(s) for s in intrin_tensor.shape]
-    s_v = set().union(*[_vars_in(i) for i in in_idx]) if in_idx else set()
+    s_v = set().union(*[vars_in(i) for i in in_idx]) if in_idx else set()
     s_u = {il for ol, il in f_inv.items()
-           if _varies_within_tile(op_idx, op_shape_of(tensor), ol, loop_extent[il])}
+           if _varies_within_tile(op_idx, op_shape, ol, loop_extent[il], op_extents)}
     if not s_u <= s_v:
         extra = sorted(s_u - s_v)
         return False, None, (f"S'({tensor.op.name}) = {sorted(s_u)} is not a subset of "
@@ -274,46 +248,29 @@ def _access(intrin, name, bind, f_inv, loop_extent, op_shape_of):
                              f"element per step of instruction loop(s) {extra}, but {name} is one "
                              f"value along them")
     # contiguity: along each instruction loop the op address must step exactly like the address
-    # in a dense buffer of the instruction operand's shape (checked at the tile origin and at the
-    # next aligned tile). Operands the instruction reads with a row stride may use any one row
-    # stride S: op step = row * S + column offset within the row.
-    op_shape = op_shape_of(tensor)
-    row_size = 1
-    for ext in in_shape[1:]:
-        row_size *= ext
-    row_strided = name in intrin.strided
-    contiguous = True
-    strides = []
-    row_stride = None
+    # in a dense buffer of the instruction operand's shape, in every tile
+    row_size = int(np.prod(in_shape[1:])) if name in intrin.strided else 0
+    contiguous, strides, row_stride, varying = True, [], None, set()
     for il, op_loop in sorted(((il, ol) for ol, il in f_inv.items()), key=lambda x: x[0]):
         ext = loop_extent[il]
-        in_steps = [_address(in_idx, in_shape, {il: t}) - _address(in_idx, in_shape, {il: 0})
-                    for t in range(ext)]
-        for base in (0, ext):
-            try:
-                origin = _address(op_idx, op_shape, {op_loop: base})
-                steps = [_address(op_idx, op_shape, {op_loop: base + t}) - origin for t in range(ext)]
-            except NoMatch:
-                contiguous, steps = False, None
-                break
-            if row_strided and il in _vars_in(in_idx[0]) and _unit_stride_dim(op_idx, op_loop) is None:
-                # rows that skip elements (a strided conv) are a constant address step, but not a
-                # dense block of any dimension, which is what tensorize can bind a tile to
-                contiguous = False
-            for got, want in zip(steps, in_steps):
-                row, col = divmod(want, row_size) if row_strided else (0, want)
-                if row == 0:
-                    ok = got == col
-                else:
-                    s_here = (got - col) / row
-                    ok = s_here == int(s_here) and (row_stride is None or s_here == row_stride)
-                    row_stride = int(s_here) if ok else row_stride
-                if not ok:
-                    contiguous = False
-        strides.append(steps[1] if steps and ext > 1 else 0)
+        moved = _movement(op_idx, op_shape, op_loop, ext, op_extents)
+        if moved is None:
+            contiguous = False
+            strides.append(0)
+            continue
+        if row_size and il in vars_in(in_idx[0]) and unit_stride_dim(op_idx, op_loop) is None:
+            # rows that skip elements (a strided conv) are a constant address step, but not a
+            # dense block of any dimension, which is what tensorize can bind a tile to
+            contiguous = False
+        want = [_dense_address(in_idx, in_shape, il, t) for t in range(ext)]
+        ok, row_stride = _steps_match(moved, want, row_size, row_stride)
+        contiguous = contiguous and ok
+        strides.append(int(moved.offsets[(0, 1) + (0,) * (moved.offsets.ndim - 2)])
+                       if ext > 1 and op_extents[op_loop] > 1 else 0)
+        varying.update(d for d, v in enumerate(moved.per_dim) if v is not None and np.any(v))
     if row_stride is not None and row_stride < row_size:
         contiguous = False  # rows would overlap
-    if contiguous and _dims_varying(op_idx, f_inv, loop_extent) > len(in_shape):
+    if contiguous and len(varying) > len(in_shape):
         # tensorize binds the instruction's buffer to the trailing dimensions of the op's, one to
         # one: a tile whose rows run on across two op dimensions (a 128-wide reduction over
         # 64-channel blocks) has the right addresses but no such binding
@@ -324,6 +281,14 @@ def _access(intrin, name, bind, f_inv, loop_extent, op_shape_of):
     return True, OperandAccess(tensor.op.name, name, contiguous, broadcast, tuple(strides)), None
 
 
+def _dense_address(in_idx, in_shape, loop, t):
+    """Element offset in the instruction operand's dense buffer when `loop` = t (others 0)."""
+    addr = 0
+    for idx, ext in zip(in_idx, in_shape):
+        addr = addr * ext + int(evaluate(idx, {loop: t}))
+    return addr
+
+
 def _candidates(op, intrin, bind):
     """Yield (Mapping | None, reason) for every injective kind-preserving loop map."""
     op_loops = _op_loops(op)
@@ -331,7 +296,7 @@ def _candidates(op, intrin, bind):
     loop_extent = {n: e for n, e, _ in in_loops}
     by_kind = {k: [i for i, l in enumerate(op_loops) if l[2] == k] for k in ("S", "R")}
     choices = [by_kind[k] for _, _, k in in_loops]
-    shape_of = lambda t: [int(s) for s in t.shape]  # noqa: E731
+    op_extents = {n: e for n, e, _ in op_loops}
     for assign in itertools.product(*choices):
         if len(set(assign)) != len(assign):
             continue
@@ -351,7 +316,7 @@ def _candidates(op, intrin, bind):
         f_inv = {m.op_loop: m.intrin_loop for m in matches}
         accesses = []
         for t in intrin.inputs:
-            ok, acc, why = _access(intrin, t.op.name, bind, f_inv, loop_extent, shape_of)
+            ok, acc, why = _access(intrin, t.op.name, bind, f_inv, loop_extent, op_extents)
             if not ok:
                 reason = why
                 break
@@ -362,13 +327,12 @@ def _candidates(op, intrin, bind):
         yield Mapping(intrin.name, op.name, tuple(matches), tuple(accesses)), None
 
 
-def _as_op(op):
-    if isinstance(op, te.Tensor):
-        return op.op
-    return op
+def _as_op(op, fn):
+    checks.te_op(op, fn)
+    return op.op if isinstance(op, te.Tensor) else op
 
 
-def _rank(mapping, n_loops):
+def rank(mapping, n_loops):
     """Best first: least padded work (the factor padding multiplies the op's work by: 16 rows
     padded onto a 17-wide loop cost less than onto a batch of 1), operands contiguous, innermost
     op loops (the paper's default)."""
@@ -380,27 +344,23 @@ def _rank(mapping, n_loops):
     return (round(waste, 6), strided, depth)
 
 
-def _get_intrin(intrinsic):
-    return intrinsics.get(intrinsic) if isinstance(intrinsic, str) else intrinsic
-
-
 def inspect(op, intrinsic):
     """Every feasible Mapping of `intrinsic` onto `op` (te.Tensor or ComputeOp), best first."""
-    op = _as_op(op)
-    intrin = _get_intrin(intrinsic)
+    op = _as_op(op, "unit_tvm.inspect")
+    intrin = checks.intrinsic(intrinsic, "unit_tvm.inspect")
     try:
         bind = compute_isomorphism(op, intrin)
     except NoMatch:
         return []
     found = [m for m, _ in _candidates(op, intrin, bind) if m is not None]
     n = len(_op_loops(op))
-    return sorted(found, key=lambda m: _rank(m, n))
+    return sorted(found, key=lambda m: rank(m, n))
 
 
 def explain(op, intrinsic):
     """Plain-words account of whether `intrinsic` fits `op`, and why not when it does not."""
-    op = _as_op(op)
-    intrin = _get_intrin(intrinsic)
+    op = _as_op(op, "unit_tvm.explain")
+    intrin = checks.intrinsic(intrinsic, "unit_tvm.explain")
     try:
         bind = compute_isomorphism(op, intrin)
     except NoMatch as e:
@@ -414,7 +374,7 @@ def explain(op, intrinsic):
         (found if m else reasons).append(m or why)
     if found:
         n = len(_op_loops(op))
-        best = sorted(found, key=lambda m: _rank(m, n))[0]
+        best = sorted(found, key=lambda m: rank(m, n))[0]
         return f"{intrin.name} fits {op.name} in {len(found)} way(s); best:\n{best}"
     if not reasons:
         kinds = [k for _, _, k in intrin.loops]

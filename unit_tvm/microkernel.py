@@ -10,7 +10,7 @@ import numpy as np
 from tvm import s_tir, te, tirx
 
 from .measure import numpy_dtype
-from .prepare import _mutate_expr
+from .te_expr import mutate_expr as _mutate_expr
 
 
 def _rebuild(intrin, shapes, index_of, out_shape, out_index, name):

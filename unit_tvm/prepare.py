@@ -16,14 +16,16 @@ schedule can place (weights packed once per call, never per tile):
 from dataclasses import dataclass
 
 import tvm
-import tvm_ffi
 from tvm import te, tirx
 
 from . import intrinsics
-from .inspector import NoMatch, _eval, _unit_stride_dim, _vars_in, compute_isomorphism, inspect
+from .indexing import NotAffine, bounds, unit_stride_dim, vars_in
+from .inspector import compute_isomorphism, explain, inspect, rank
+from .shift import SHIFT, shift_plans
+from .te_expr import loads, placeholders_of
+from .te_expr import mutate_expr as _mutate_expr
 
-_TENSOR_LOAD = "te.tensor_load"
-SHIFT = 128
+__all__ = ["Prepared", "prepare", "placeholders_of", "SHIFT"]
 
 
 @dataclass
@@ -46,121 +48,6 @@ class Prepared:
         return list(self.params) + [self.output]
 
 
-def _mutate_expr(expr, on_load, var_map):
-    """Rewrite a te expression: tensor loads via on_load(tensor, new indices), vars via var_map."""
-
-    def on_call(call, m):
-        if call.op.name == _TENSOR_LOAD:
-            idx = [m.mutate(x) for x in list(call.args)[1:]]
-            return on_load(call.args[0], idx)
-        return m.default_mutate(call)
-
-    def on_var(v, _m):
-        return var_map.get(v.name, v)
-
-    return tvm_ffi.structural_mutate(expr, [(tvm.ir.expr.Call, on_call), (tirx.Var, on_var)])
-
-
-def _reduce_source(op):
-    body = op.body[0]
-    return body.source[0] if isinstance(body, tirx.Reduce) else body
-
-
-def placeholders_of(tensor):
-    """All te.placeholder tensors `tensor` depends on, in first-read order."""
-    out, seen = [], set()
-
-    def visit(t):
-        if isinstance(t.op, te.PlaceholderOp):
-            if t.op.name not in seen:
-                seen.add(t.op.name)
-                out.append(t)
-            return
-        for child in t.op.input_tensors:
-            visit(child)
-
-    visit(tensor)
-    return out
-
-
-# -- s8 x s8 -> u8 x s8 -------------------------------------------------------------------------
-def _shifted(t):
-    """t + 128 as uint8: the s8 range [-128, 127] maps exactly onto [0, 255]."""
-    return te.compute(t.shape, lambda *i: (t(*i).astype("int32") + SHIFT).astype("uint8"),
-                      name=f"{t.op.name}_u8")
-
-
-def _shift_candidates(op, intrin):
-    """(shifted op, shifted tensor name, compensation factory) for each int8 operand that, once
-    shifted to uint8, lets the instruction match."""
-    wants = intrin.input_dtypes
-    if not ("uint8" in wants and "int8" in wants):
-        return []
-    out = []
-    for t in op.input_tensors:
-        if t.dtype != "int8":
-            continue
-        shifted = _shifted(t)
-        new = _recompute(op, lambda tensor, idx, t=t, s=shifted: s(*idx) if tensor.same_as(t)
-                         else tensor(*idx))
-        try:
-            compute_isomorphism(new.op, intrin)
-        except Exception:  # noqa: BLE001 - NoMatch: this operand cannot be the shifted one
-            continue
-        out.append((new, t, shifted))
-    return out
-
-
-def _compensation(op, shifted):
-    """comp[...] = sum over the reduction of SHIFT * (the other factors), over only the spatial
-    axes the other operands read (e.g. comp[j] = 128 * sum_k B[j, k] for a dense)."""
-    red = op.body[0]
-    src = red.source[0]
-    others = set()
-
-    def collect(call):
-        if call.op.name == _TENSOR_LOAD and not call.args[0].same_as(shifted):
-            for i in list(call.args)[1:]:
-                others.update(_vars_in(i))
-
-    tvm_ffi.structural_walk(src, [(tvm.ir.expr.Call, collect)])
-    axes = [ax for ax in op.axis if ax.var.name in others]
-
-    def on_cast(node, m):
-        v = node.value
-        if type(v).__name__ == "Call" and v.op.name == _TENSOR_LOAD and v.args[0].same_as(shifted):
-            return tirx.const(SHIFT, str(node.ty))
-        return m.default_mutate(node)
-
-    body = tvm_ffi.structural_mutate(src, [(tirx.Cast, on_cast)])
-    names = [ax.var.name for ax in axes]
-
-    def fcompute(*vs):
-        vm = dict(zip(names, vs))
-        new_red = [te.reduce_axis((0, int(r.dom.extent)), name=r.var.name) for r in red.axis]
-        vm.update({r.var.name: n.var for r, n in zip(red.axis, new_red)})
-        return te.sum(_mutate_expr(body, lambda t, idx: t(*idx), vm), axis=new_red)
-
-    comp = te.compute([int(ax.dom.extent) for ax in axes], fcompute, name="compensation")
-    return comp, names
-
-
-def _recompute(op, on_load):
-    """The same compute with tensor reads replaced by on_load(tensor, indices)."""
-    body = op.body[0]
-    names = [ax.var.name for ax in op.axis]
-
-    def fcompute(*vs):
-        vm = dict(zip(names, vs))
-        if isinstance(body, tirx.Reduce):
-            new_red = [te.reduce_axis((0, int(r.dom.extent)), name=r.var.name) for r in body.axis]
-            vm.update({r.var.name: n.var for r, n in zip(body.axis, new_red)})
-            return te.sum(_mutate_expr(body.source[0], on_load, vm), axis=new_red)
-        return _mutate_expr(body, on_load, vm)
-
-    return te.compute([int(ax.dom.extent) for ax in op.axis], fcompute, name=op.name)
-
-
 # -- packing and padding ------------------------------------------------------------------------
 def _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
     """How to lay one operand out for the instruction: a list of entries
@@ -175,25 +62,25 @@ def _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
     operand does not depend on the loop. None when the operand cannot be packed.
     """
     plan = []
-    reads = set().union(*[_vars_in(i) for i in in_idx]) if in_idx else set()
+    reads = set().union(*[vars_in(i) for i in in_idx]) if in_idx else set()
     broadcast = {ol: extent_of[il] for il, ol in loop_of.items() if il not in reads}
     for pos, iidx in enumerate(in_idx):
-        (il,) = _vars_in(iidx) or (None,)
+        (il,) = vars_in(iidx) or (None,)
         if il is None:
             return None
         ol = loop_of[il]
-        dims = [d for d, i in enumerate(op_idx) if ol in _vars_in(i)]
+        dims = [d for d, i in enumerate(op_idx) if ol in vars_in(i)]
         if not dims:
             plan.append((il, ol, None, extent_of[il], "broadcast", ()))
             continue
         if len(dims) != 1:
-            d = _unit_stride_dim(op_idx, ol)
-            if d is None or not _vars_in(op_idx[d]) <= {ol}:
+            d = unit_stride_dim(op_idx, ol)
+            if d is None or not vars_in(op_idx[d]) <= {ol}:
                 return None
             dims = [d]
         (d,) = dims
-        extra = tuple(sorted(_vars_in(op_idx[d]) - {ol}))
-        simple = not extra and _unit_stride_dim([op_idx[d]], ol) == 0
+        extra = tuple(sorted(vars_in(op_idx[d]) - {ol}))
+        simple = not extra and unit_stride_dim([op_idx[d]], ol) == 0
         if row_strided and pos == 0:
             plan.append((il, ol, d, extent_of[il], "row", () if simple else extra + (ol,)))
         else:
@@ -205,8 +92,8 @@ def _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
 
 
 def _max_index(idx, extents):
-    """Largest value of an index expression over loops [0, extent) (affine, non-negative steps)."""
-    return _eval(idx, {name: ext - 1 for name, ext in extents.items()})
+    """Largest value of an index expression over loops [0, extent) (exact)."""
+    return bounds(idx, extents)[1]
 
 
 def _pack_layout(plan, shape, op_idx, extents, separable=False):
@@ -220,7 +107,7 @@ def _pack_layout(plan, shape, op_idx, extents, separable=False):
     for d, ext in enumerate(shape):
         entry = by_dim.get(d)
         if entry is None:
-            mixed = sorted(_vars_in(op_idx[d]))
+            mixed = sorted(vars_in(op_idx[d]))
             if separable and len(mixed) > 1:
                 outer += [("loop", v, extents[v]) for v in mixed]
             else:
@@ -294,12 +181,12 @@ def _padding_in_bounds(tensor, op_idx, padded_loops, padded_reduce, extents):
     loops are (their extra outputs are cropped, so any value read there is harmless) and every
     padded read stays inside the tensor (a producer that already laid rows out to the padded
     extent, e.g. an im2col buffer)."""
-    if any(_vars_in(i) & padded_reduce for i in op_idx):
+    if any(vars_in(i) & padded_reduce for i in op_idx):
         return False
     try:
-        return all(_max_index(i, extents) < int(n) for i, n in zip(op_idx, tensor.shape)
-                   if _vars_in(i) & padded_loops)
-    except NoMatch:  # an index that is not affine arithmetic: pack, as before
+        return all(0 <= bounds(i, extents)[0] and bounds(i, extents)[1] < int(n)
+                   for i, n in zip(op_idx, tensor.shape) if vars_in(i) & padded_loops)
+    except NotAffine:  # an index that is not affine arithmetic (or too large to check): pack
         return False
 
 
@@ -325,6 +212,64 @@ def _pack_index(op_idx, orig_idx, plan, var_of, shape, extents, separable=False)
     return out
 
 
+def _best_form(op, intrin):
+    """(Shift or None, Mapping): the op as written, or with its 8-bit operands re-based
+    (unit_tvm.shift), whichever the instruction maps best (Inspector rank: least padding, then
+    contiguity, then innermost loops; ties keep fewer shifts). ValueError when none maps."""
+    n_loops = len(op.op.axis) + len(op.op.reduce_axis)
+    forms = [(None, m) for m in inspect(op, intrin)[:1]]
+    for plan in shift_plans(op, intrin):
+        forms += [(plan, m) for m in inspect(plan.op, intrin)[:1]]
+    if not forms:
+        raise ValueError(explain(op, intrin))
+    return min(forms, key=lambda f: (rank(f[1], n_loops), len(f[0].shifted) if f[0] else 0))
+
+
+def _check_distinct_names(op):
+    """ValueError when two different tensors the op reads share a name: preparation keys packs
+    by name (te.placeholder's default name is 'placeholder' for every tensor)."""
+    seen = {}
+    for call in loads(op.body[0].source[0] if isinstance(op.body[0], tirx.Reduce) else op.body[0]):
+        t = call.args[0]
+        if t.op.name in seen and not seen[t.op.name].same_as(t):
+            raise ValueError(f"{op.name} reads two different tensors named {t.op.name!r}; give "
+                             "each te.placeholder its own name")
+        seen[t.op.name] = t
+    return seen
+
+
+def _in_instruction_order(intrin, bind):
+    """The op's reduction source written as the instruction's (its reads in their places): the
+    Inspector matches b * a to a * b, tensorize compares trees as written."""
+
+    def on_load(t, _idx):
+        tensor, op_idx, _ = bind[t.op.name]
+        return tensor(*op_idx)
+
+    return _mutate_expr(intrin.output.op.body[0].source[0], on_load, {})
+
+
+def _stage_names(op):
+    """Names of every tensor in op's graph, op included."""
+    names, todo = set(), [op]
+    while todo:
+        t = todo.pop()
+        if t.op.name not in names:
+            names.add(t.op.name)
+            todo += list(t.op.input_tensors)
+    return names
+
+
+def _unique(name, taken):
+    """`name`, or name_2, name_3 ... the first not taken: the scheduler finds the core and the
+    output by name, and TVM renames the later of two blocks with one name."""
+    n, out = 1, name
+    while out in taken:
+        n += 1
+        out = f"{name}_{n}"
+    return out
+
+
 def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=None):
     """Prepared graph computing `op` (a te.Tensor) with `intrin`, or ValueError why not.
 
@@ -341,23 +286,14 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     intrin = intrinsics.get(intrin) if isinstance(intrin, str) else intrin
     stages = []
     shifted_name = ""
-    comp = None
+    shift = None
     work = op
     if mapping is None:
-        found = inspect(op, intrin)
-        if not found:
-            for new, t, shifted in _shift_candidates(op.op, intrin):
-                found = inspect(new, intrin)
-                if found:
-                    comp = _compensation(new.op, shifted)
-                    work, shifted_name = new, t.op.name
-                    stages += [shifted.op.name, "compensation"]
-                    break
-        if not found:
-            from .inspector import explain
-
-            raise ValueError(explain(op, intrin))
-        mapping = found[0]
+        shift, mapping = _best_form(op, intrin)
+        if shift is not None:
+            work, shifted_name = shift.op, ",".join(shift.shifted)
+            stages += list(shift.stages)
+    _check_distinct_names(work.op)
     cop = work.op
     bind = compute_isomorphism(cop, intrin)
     loop_of = {m.intrin_loop: m.op_loop for m in mapping.loops}
@@ -372,9 +308,9 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     # 1. packs for operands that are strided, broadcast or read a padded loop
     packs = {}
     for name, (tensor, op_idx, in_idx) in bind.items():
-        reads_padded = any(_vars_in(i) & padded_loops for i in op_idx) and not _padding_in_bounds(
+        reads_padded = any(vars_in(i) & padded_loops for i in op_idx) and not _padding_in_bounds(
             tensor, op_idx, padded_loops, padded_reduce, all_extents)
-        mixed = separable and any(len(_vars_in(i)) > 1 for i in op_idx)
+        mixed = separable and any(len(vars_in(i)) > 1 for i in op_idx)
         if access[name].contiguous and not reads_padded and not mixed:
             continue
         plan = _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, name in intrin.strided)
@@ -394,6 +330,7 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     core_shape = [(-(-sp_ext[n] // split_sp[n])) if n in split_sp else sp_ext[n] for n in sp_names]
     core_shape += [ext for *_, ext in out_loops]
     red = cop.body[0]
+    source = _in_instruction_order(intrin, bind)
     n_outer = len(sp_names)
 
     def core_compute(*vs):
@@ -412,9 +349,11 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
                                           separable))
             return tensor(*idx)
 
-        return te.sum(_mutate_expr(red.source[0], on_load, var_of), axis=new_red)
+        return te.sum(_mutate_expr(source, on_load, var_of), axis=new_red)
 
-    core = te.compute(core_shape, core_compute, name=f"{op.op.name}_core")
+    taken = _stage_names(op)
+    core_name = _unique(f"{op.op.name}_core", taken)
+    core = te.compute(core_shape, core_compute, name=core_name)
 
     # 3. the epilogue: user layout, crop, compensation
     out_names = sp_names  # the working op (shifted or not) has the same axes as op
@@ -429,13 +368,11 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
         if analyzer is not None:
             idx = [analyzer.simplify(i) for i in idx]
         result = core(*idx)
-        if comp is not None:
-            tensor, names = comp
-            result = result - tensor(*[var_of[n] for n in names])
-        return result
+        return shift.corrected(result, list(op_indices)) if shift is not None else result
 
     if epilogue is None:
-        output = te.compute([int(s) for s in op.shape], lambda *vs: value(vs), name=op.op.name)
+        output = te.compute([int(s) for s in op.shape], lambda *vs: value(vs),
+                            name=_unique(op.op.name, taken - {op.op.name} | {core_name}))
         reference = op
     else:
         shape, _dtype, fn, name = epilogue
@@ -449,7 +386,8 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
                     analyzer.bind(v, tvm.ir.Range(0, int(ext)))
             return fn(lambda idx: value(idx, analyzer), vs)
 
-        output = te.compute(list(shape), out_body, name=name)
+        output = te.compute(list(shape), out_body,
+                            name=_unique(name, taken - {op.op.name} | {core_name}))
         reference = te.compute(list(shape), lambda *vs: fn(lambda idx: op(*idx), vs),
                                name=name + "_reference")
     core_maps = [m for m in inspect(core, intrin)

@@ -3,7 +3,8 @@ innermost, tensorize (UNIT §III-C); loops around the instruction follow schedul
 
 from tvm import s_tir, te
 
-from . import intrinsics
+from . import checks
+from .mapping import Mapping
 from .prepare import prepare
 from .schedules import cpu, gpu
 from .target import as_target
@@ -36,6 +37,37 @@ def producer_stages(sch, prepared):
             if sch.get(b).name_hint not in skip]
 
 
+def _inline_copy_stages(sch, prepared, intrin):
+    """Inline producer stages read by nothing but other producers (a pad or a +128 shift feeding
+    a pack): one pass less, and no buffer dies before the core. That matters for instructions
+    that take their operands by pointer (AMX, vdpbf16ps): TVM's storage rewrite would lay a
+    later buffer (the accumulator, a pack) into a dead buffer of another dtype (a u8 shift, a
+    bf16 pad it re-typed to f32), and the pointer then fails to lower. ValueError when such an
+    instruction meets a stage that cannot be inlined."""
+    keep = {prepared.core.op.name, prepared.output.op.name}
+    changed = True
+    while changed:
+        changed = False
+        readers = {}
+        for b in sch.get_child_blocks(sch.get_sblock("root")):
+            for r in sch.get(b).reads:
+                readers.setdefault(r.source.name, set()).add(sch.get(b).name_hint)
+        for name in producer_stages(sch, prepared):
+            written = sch.get(sch.get_sblock(name)).writes[0].source.name
+            if readers.get(written, set()) & keep or not readers.get(written):
+                continue
+            try:
+                sch.compute_inline(sch.get_sblock(name))
+            except s_tir.ScheduleError:
+                if intrin.pointer_operands:
+                    raise ValueError(f"stage {name} cannot be inlined into the stage that reads "
+                                     f"it, and {intrin.name} takes its operands by pointer "
+                                     "(TVM's storage rewrite could re-type them)") from None
+                continue
+            changed = True
+            break
+
+
 def schedule(prepared, intrin, config=None, target=None):
     """s_tir.Schedule of a Prepared graph: the CPU strategy (schedules/cpu.py) around the
     tensorized core, or the GPU strategy (schedules/gpu.py) for a CUDA target."""
@@ -48,6 +80,7 @@ def schedule(prepared, intrin, config=None, target=None):
     core_op = prepared.core.op
     n_spatial = len(core_op.axis)
     sch = s_tir.Schedule(te.create_prim_func(prepared.tensors))
+    _inline_copy_stages(sch, prepared, intrin)
     for name in producer_stages(sch, prepared):
         _parallel_stage(sch, sch.get_sblock(name))
     block = sch.get_sblock(core_op.name)
@@ -85,7 +118,14 @@ def rewrite(op, intrinsic, mapping=None, config=None, target=None, params=None):
     (default: the strategy's default breakpoints). Returns the s_tir.Schedule, whose function
     takes op's placeholders (in first-read order) and then the output.
     """
-    intrin = intrinsics.get(intrinsic) if isinstance(intrinsic, str) else intrinsic
+    checks.te_op(op, "unit_tvm.rewrite")
+    intrin = checks.intrinsic(intrinsic, "unit_tvm.rewrite")
+    if mapping is not None and not isinstance(mapping, Mapping):
+        raise TypeError(f"unit_tvm.rewrite: mapping must be a unit_tvm.Mapping from "
+                        f"unit_tvm.inspect, got {type(mapping).__name__}")
+    if config is not None and not isinstance(config, (cpu.CpuConfig, gpu.GpuConfig)):
+        raise TypeError(f"unit_tvm.rewrite: config must be a schedules.cpu.CpuConfig or "
+                        f"schedules.gpu.GpuConfig, got {type(config).__name__}")
     target = as_target(target)
     prepared = prepare(op, intrin, mapping, params, separable=target.kind.name == "cuda")
     return schedule(prepared, intrin, config, target)

@@ -107,3 +107,18 @@ def is_host(target):
     if target.kind.name != "llvm" or arch(target) != arch(host()):
         return False
     return features(target) <= features(host()) | {"64bit"}
+
+
+def instruction_target(intrin):
+    """A target that can execute `intrin`: this host when it can, else this host's CPU with the
+    instruction's first feature set added (to compile its kernels here and run them elsewhere, or
+    to check everything but the instruction itself)."""
+    base = host()
+    if intrin.supported(base) or intrin.arch != arch(base):
+        return base
+    spec = dict(base.export())
+    have = features(base)
+    add = sorted("+" + f for f in intrin.requires[0] if f not in have)
+    spec["mattr"] = list(spec.get("mattr", [])) + add
+    return tvm.target.Target({k: v for k, v in spec.items() if k in (
+        "kind", "mcpu", "mattr", "num-cores", "mtriple")})

@@ -11,8 +11,9 @@ import numpy as np
 import tvm
 from tvm import te
 
-from .. import measure
+from .. import checks, measure
 from .. import schedules
+from ..prepare import Prepared
 from ..rewriter import schedule
 from ..target import as_target, host
 from .cost_model import CostModel
@@ -102,6 +103,11 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
     """
     import tqdm
 
+    if not isinstance(prepared, Prepared):
+        raise TypeError(f"unit_tvm.tune takes the Prepared op from unit_tvm.prepare.prepare(op, "
+                        f"intrinsic), got {type(prepared).__name__}")
+    intrin = checks.intrinsic(intrin, "unit_tvm.tune")
+    checks.count(trials, "trials", "unit_tvm.tune")
     target = as_target(target)
     t0 = time.time()
     if database is not None and not isinstance(database, Database):

@@ -1,0 +1,105 @@
+"""The differential fuzzer: random te/topi ops, unit_tvm.build against TVM's own build."""
+
+import json
+
+import numpy as np
+import pytest
+
+from unit_tvm import fuzz
+from unit_tvm.fuzz.check import compare, operand
+from unit_tvm.fuzz.worker import run_cases
+
+from . import fuzz_jobs
+
+FUZZ_SEED = 2026
+FUZZ_CASES = 300
+
+
+def test_a_few_hundred_random_ops_give_no_wrong_answer_and_no_crash(capsys):
+    report = fuzz.fuzz(FUZZ_CASES, FUZZ_SEED, workers=2, timeout=600)
+    with capsys.disabled():
+        print("\n" + fuzz.table(report))
+    assert len(report.results) == FUZZ_CASES
+    assert not report.failures, "\n".join(fuzz.result_line(r) for r in report.failures)
+    # the run must exercise the instructions, not only fall back
+    assert report.counts()["all"]["tensorized-correct"] >= FUZZ_CASES // 4
+
+
+def test_cases_are_reproducible_from_seed_and_index():
+    a, b = fuzz.make_case(7, 123), fuzz.make_case(7, 123)
+    assert a == b and a.reproduce() == "unit-tvm fuzz --seed 7 --case 123"
+    assert len({fuzz.make_case(7, i).describe() for i in range(50)}) > 40
+    kinds = {fuzz.make_case(7, i).kind for i in range(400)}
+    assert kinds == set(fuzz.KINDS)
+
+
+def test_every_kind_builds_a_te_function():
+    from tvm import te
+
+    for kind in fuzz.KINDS:
+        for i in range(40):
+            case = fuzz.make_case(3, i, (kind,))
+            te.create_prim_func(fuzz.make_op(case))
+
+
+def test_integer_operands_hold_the_range_ends():
+    x = operand((4096,), "int8", np.random.default_rng(0))
+    assert {-128, 0, 127} <= set(x.tolist())
+    u = operand((4096,), "uint8", np.random.default_rng(0))
+    assert {0, 255} <= set(u.tolist())
+
+
+def test_compare_is_exact_for_integers_and_bounded_for_floats():
+    want = np.arange(12, dtype=np.int32).reshape(3, 4)
+    assert compare(want.copy(), want) == ""
+    off = want.copy()
+    off[2, 1] += 1
+    assert "1 of 12 elements differ, first at (2, 1)" in compare(off, want)
+    fw = np.ones((5,), np.float32)
+    magnitude = np.full((5,), 100.0, np.float32)
+    assert compare(fw + 1e-3, fw, magnitude) == ""  # within 2^-12 of the products' magnitude
+    assert compare(fw + 1.0, fw, magnitude) != ""  # a missing term is not rounding
+
+
+def test_a_segfaulting_case_is_recorded_and_the_run_goes_on():
+    results = run_cases(11, range(3), ("dense",), workers=1, timeout=300,
+                        job=fuzz_jobs.segfault_on_case_1)
+    by_index = {r.index: r for r in results}
+    assert by_index[1].outcome == "hard-crash" and "exit code" in by_index[1].detail
+    assert by_index[1].reproduce == "unit-tvm fuzz --seed 11 --case 1"
+    assert by_index[0].outcome in fuzz.CLASSES and by_index[2].outcome != "hard-crash"
+
+
+def test_a_hanging_case_times_out_and_the_run_goes_on():
+    results = run_cases(11, range(2), ("dense",), workers=1, timeout=20,
+                        job=fuzz_jobs.hang_on_case_0)
+    by_index = {r.index: r for r in results}
+    assert by_index[0].outcome == "timeout"
+    assert by_index[1].outcome in ("tensorized-correct", "fallback-correct")
+
+
+def test_fuzz_cli_reruns_one_case_and_writes_json(tmp_path, capsys):
+    from unit_tvm.cli import main
+
+    assert main(["fuzz", "--seed", "5", "--case", "3"]) == 0
+    assert "#3" in capsys.readouterr().out
+    out = tmp_path / "fuzz.json"
+    assert main(["fuzz", "--cases", "4", "--seed", "5", "--quiet", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert len(data["results"]) == 4 and "counts" in data and data["cases_per_minute"] > 0
+
+
+def test_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="unknown fuzz kinds"):
+        fuzz.fuzz(1, 0, ("conv4d",))
+
+
+def test_an_instruction_this_cpu_lacks_is_checked_up_to_its_emit_rule():
+    from unit_tvm.fuzz.cases import Case
+
+    case = Case(0, 0, "packed", "int8", "uint8",
+                (("K", 512), ("M", 33), ("N", 48), ("form", "dense"), ("x", 256), ("y", 16)))
+    result = fuzz.run_case(case, emulate="x86.tdpbusd.x4")
+    assert result.outcome == "tensorized-correct", result.detail
+    assert result.intrinsic == "x86.tdpbusd.x4" and "compensation" in result.stages
+    assert result.reproduce.endswith("--emulate x86.tdpbusd.x4")

@@ -1,0 +1,37 @@
+"""Differential fuzzer: random te/topi operations built by unit_tvm.build and by TVM's default
+build, compared (exactly for integers, within a rounding bound for floats).
+
+    from unit_tvm import fuzz
+    report = fuzz.fuzz(cases=500, seed=0)      # a FuzzReport
+    print(fuzz.table(report))
+
+CLI: `unit-tvm fuzz --cases N --seed S [--kinds ...] [--json F]`; `--case I` reruns one case.
+"""
+
+import time
+
+from .. import intrinsics
+from .cases import KINDS, Case, make_case, make_op
+from .check import CLASSES, CaseResult, run_case
+from .report import FAILURES, FuzzReport, result_line, table
+from .worker import run_cases
+
+
+def fuzz(cases=200, seed=0, kinds=KINDS, *, first=0, workers=1, timeout=300.0,
+         on_result=None, emulate="") -> FuzzReport:
+    """Run cases first .. first+cases-1 of `seed`, each in a worker process; a FuzzReport.
+    emulate: an instruction this host lacks, checked as far as it can be here (see
+    check.run_case)."""
+    if emulate:
+        intrinsics.get(emulate)  # KeyError naming the known ones
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise ValueError(f"unknown fuzz kinds {unknown}; known: {', '.join(KINDS)}")
+    t0 = time.time()
+    results = run_cases(seed, range(first, first + cases), tuple(kinds), workers=workers,
+                        timeout=timeout, on_result=on_result, emulate=emulate)
+    return FuzzReport(seed, tuple(sorted(results, key=lambda r: r.index)), time.time() - t0)
+
+
+__all__ = ["fuzz", "FuzzReport", "Case", "CaseResult", "make_case", "make_op", "run_case",
+           "run_cases", "table", "result_line", "KINDS", "CLASSES", "FAILURES"]
