@@ -15,7 +15,7 @@ setup(
     version="0.1.0",
     description="Tensorized instruction compilation (VNNI, BF16, ARM DOT/I8MM, Tensor Core) for TVM",
     python_requires=">=3.10",
-    packages=list(PACKAGE_DIR) + ["unit_tvm.tuner", "unit_tvm.cross", "unit_tvm.relax", "unit_tvm.fuzz"],
+    packages=list(PACKAGE_DIR) + ["unit_tvm.tuner", "unit_tvm.cross", "unit_tvm.relax", "unit_tvm.fuzz", "unit_tvm.bench"],
     package_dir=PACKAGE_DIR,
     package_data={"unit_tvm.intrinsics": ["README.md"], "unit_tvm.cross": ["*.c"]},
     install_requires=[
@@ -31,7 +31,10 @@ setup(
     extras_require={
         # the model tests use PyTorch (torch.export) and the ONNX exporter as model sources
         "test": ["pytest==9.2.0", "torch==2.13.0", "onnxscript==0.7.2", "matplotlib==3.11.2"],
-        "bench": ["torch==2.13.0", "matplotlib==3.11.2", "onnxruntime==1.31.1", "onnxscript==0.7.2"],
+        # the engines bench-model compares: OpenVINO + NNCF, ONNX Runtime, PyTorch FX and PT2E
+        # (torchao's X86InductorQuantizer)
+        "bench": ["torch==2.13.0", "matplotlib==3.11.2", "onnxruntime==1.31.1", "onnxscript==0.7.2",
+                  "openvino==2026.4.1", "nncf==3.4.0", "torchao==0.18.0"],
     },
     entry_points={"console_scripts": ["unit-tvm=unit_tvm.cli:main"]},
 )

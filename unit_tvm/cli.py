@@ -141,32 +141,48 @@ def _cmd_bench_gpu(args):
 
 
 def _cmd_bench_model(args):
-    from . import bench_e2e
+    from .bench import model, report
+    from .target import host
 
-    quiet = args.json
-    log = (lambda *a: None) if quiet else print
-    engines = bench_e2e.ENGINES + (bench_e2e.BF16_ENGINES if args.bf16 else ())
+    log = (lambda *a: None) if args.json else print
+    engines = model.ENGINES + (model.BF16_ENGINES if args.bf16 else ())
+    if args.engines:
+        engines = tuple(args.engines)
     engines = tuple(e for e in engines if e not in (args.skip or []))
+    unknown = sorted(set(engines) - set(model.BUILDERS))
+    if unknown:
+        raise ValueError(f"unknown engines {unknown}; known: {', '.join(model.BUILDERS)}")
     results = []
     for name in args.models:
         log(f"{name}:")
-        results.append(bench_e2e.run_model(name, n_inputs=args.inputs, trials=args.trials,
-                                           tune=not args.no_tune, database=args.database,
-                                           engines=engines, log=log))
-    geo = bench_e2e.geomean_speedups(results)
-    geo_bf16 = bench_e2e.geomean_speedups(results, "bf16_speedup")
-    paths = bench_e2e.write_outputs(results, args.out)
+        results.append(model.run_model(name, engines=engines, n_inputs=args.inputs,
+                                       rounds=args.rounds, log=log, trials=args.trials,
+                                       tune=not args.no_tune, database=args.database))
+    paths = report.write_outputs(results, args.out, {"target": str(host())})
     if args.json:
-        print(json.dumps({"results": results, "geomean_speedup": geo,
-                          "geomean_bf16_speedup": geo_bf16}, indent=1))
+        print(json.dumps({"results": results,
+                          "geomean_speedup": model.geomean_speedups(results)}, indent=1,
+                         default=str))
     else:
-        if len(results) > 1:
-            print("geomean speedup of unit-tvm int8: " + ", ".join(
-                f"{v:.2f}x over {k}" for k, v in geo.items()))
-            if geo_bf16:
-                print("geomean speedup of unit-tvm bf16: " + ", ".join(
-                    f"{v:.2f}x over {k}" for k, v in geo_bf16.items()))
+        text = report.summary(results)
+        if text:
+            print(text)
         print("wrote " + ", ".join(paths))
+    return 0
+
+
+def _cmd_profile(args):
+    from . import profile
+
+    prof = profile.profile_model(args.model, database=args.database, tune=args.tune,
+                                 trials=args.trials, repeats=args.repeats)
+    if args.json:
+        print(json.dumps({"model": prof.model, "end_to_end_ms": prof.end_to_end_ms,
+                          "kernel_ms": prof.kernel_ms, "copy_gbps": prof.copy_gbps,
+                          "peaks": prof.peaks, "by_category": profile.by_category(prof),
+                          "kernels": [k.__dict__ for k in prof.kernels]}, indent=1))
+    else:
+        print(profile.table(prof, top=args.top))
     return 0
 
 
@@ -209,9 +225,27 @@ def _tuning_args(p, unit):
                    "~/.cache/unit-tvm/tuning.jsonl)")
 
 
+def _restrict_isa(level):
+    """--isa: before any target is made, for unit-tvm and the oneDNN-based engines alike."""
+    import os
+
+    from .target import ISA_LEVELS
+
+    if level is None:
+        return
+    if level.lower() not in ISA_LEVELS:
+        raise ValueError(f"--isa {level}: not one of {', '.join(ISA_LEVELS)}")
+    os.environ["UNIT_TVM_ISA"] = level.lower()
+    if level.lower() != "native":
+        os.environ["ONEDNN_MAX_CPU_ISA"] = level.upper()
+
+
 def main(argv=None):
     """Entry point of the `unit-tvm` console script."""
     parser = argparse.ArgumentParser(prog="unit-tvm", description=__doc__)
+    parser.add_argument("--isa", help="restrict this CPU to an ISA level, e.g. avx512_core_vnni "
+                        "(an AMX server measured as a VNNI-only one); also sets "
+                        "ONEDNN_MAX_CPU_ISA for the oneDNN-based baselines. Same as UNIT_TVM_ISA")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("intrinsics", help="table of registered instructions and host support")
     p.add_argument("--json", action="store_true")
@@ -255,11 +289,22 @@ def main(argv=None):
     _tuning_args(p, "per distinct op")
     p.add_argument("--no-tune", action="store_true", help="database or default configs only")
     p.add_argument("--skip", action="append", help="an engine to leave out (repeatable)")
+    p.add_argument("--engines", nargs="+", help="only these engines (default: all int8 ones)")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="interleaved timing rounds (3 timed single calls per engine each)")
     p.add_argument("--bf16", action="store_true",
                    help="also unit-tvm bf16 (quantize dtype=bfloat16) and PyTorch bf16 (autocast)")
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_model)
+    p = sub.add_parser("profile", help="per-kernel time, GOPS and %% of peak of a compiled model")
+    p.add_argument("model", help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
+    _tuning_args(p, "per distinct op")
+    p.add_argument("--tune", action="store_true", help="tune what the database lacks")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs of each kernel call")
+    p.add_argument("--top", type=int, default=25, help="kernels listed")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_cmd_profile)
     p = sub.add_parser("fuzz", help="differential fuzzer: random te/topi ops, unit_tvm.build vs TVM")
     p.add_argument("--cases", type=int, default=200, help="how many cases (default 200)")
     p.add_argument("--seed", type=int, default=0)
@@ -279,6 +324,7 @@ def main(argv=None):
     p.set_defaults(fn=_cmd_demo)
     args = parser.parse_args(argv)
     try:
+        _restrict_isa(args.isa)
         return args.fn(args)
     except (KeyError, ValueError, RuntimeError) as e:
         print(f"unit-tvm: error: {e.args[0] if e.args else e}", file=sys.stderr)

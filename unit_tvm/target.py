@@ -24,6 +24,31 @@ _CPUINFO_TO_LLVM = {
 }
 
 
+# ISA levels a user may restrict this host to (UNIT_TVM_ISA / --isa), named as oneDNN names them
+# (ONEDNN_MAX_CPU_ISA), and the LLVM features each level turns off: an AMX server can then be
+# measured as the VNNI-only server it also stands for.
+_AMX = ("amx-tile", "amx-int8", "amx-bf16")
+ISA_LEVELS = {
+    "native": (),
+    "avx512_core_amx": (),
+    "avx512_core_vnni": _AMX + ("avx512bf16", "avx512fp16"),
+    "avx512_core": _AMX + ("avx512bf16", "avx512fp16", "avx512vnni", "avxvnni"),
+    "avx2_vnni": _AMX + ("avx512f",),
+    "avx2": _AMX + ("avx512f", "avxvnni"),
+}
+
+
+def isa_level():
+    """The ISA level this process is restricted to ($UNIT_TVM_ISA, default 'native');
+    ValueError naming the levels for an unknown one."""
+    import os
+
+    level = os.environ.get("UNIT_TVM_ISA", "native").lower()
+    if level not in ISA_LEVELS:
+        raise ValueError(f"UNIT_TVM_ISA={level!r} is not one of {', '.join(ISA_LEVELS)}")
+    return level
+
+
 def _cpuinfo_flags():
     try:
         with open("/proc/cpuinfo") as f:
@@ -37,7 +62,8 @@ def _cpuinfo_flags():
 
 @functools.lru_cache(maxsize=None)
 def host(num_cores=None):
-    """Return a tvm.target.Target (dict form) for this CPU: LLVM's host CPU plus /proc/cpuinfo features.
+    """Return a tvm.target.Target (dict form) for this CPU: LLVM's host CPU plus /proc/cpuinfo
+    features, less those the ISA level ($UNIT_TVM_ISA) turns off.
 
     num_cores defaults to the number of CPUs this process may run on.
     """
@@ -54,8 +80,9 @@ def host(num_cores=None):
         if flag in _cpuinfo_flags() and llvm not in have
     )
     spec = {"kind": "llvm", "mcpu": cpu, "num-cores": int(num_cores)}
-    if extra:
-        spec["mattr"] = extra
+    off = ["-" + f for f in ISA_LEVELS[isa_level()]]
+    if extra or off:
+        spec["mattr"] = [e for e in extra if "-" + e[1:] not in off] + off
     return tvm.target.Target(spec)
 
 

@@ -81,6 +81,34 @@ def _register_block(extent, outer_work, most=8):
         d == 1 or outer_work // d >= MIN_PARALLEL or outer_work < MIN_PARALLEL))
 
 
+ACCUMULATORS = 24  # vector registers a register tile may hold (of 32 zmm)
+
+
+def _register_tile(sch, block, loops, extents, lead, vec):
+    """Organise a matmul-like reduction around a register tile of f rows x v vectors: the
+    vector loop is cut into tiles of v vectors (lanes wide), the reduction runs inside a tile
+    and the f rows and v vectors are unrolled, so f * v accumulators stay in registers while
+    each loaded row vector serves f rows and each broadcast value v vectors. Returns (the loop
+    over row tiles, the loop over column tiles, the tile's width in elements)."""
+    ext = extents[vec]
+    lanes = 16 if ext % 16 == 0 else 8
+    v = next(d for d in (4, 3, 2, 1) if (ext // lanes) % d == 0)
+    f = _register_block(extents[vec - 1], math.prod(extents[:vec]), most=min(8, ACCUMULATORS // v))
+    row_loop = loops[vec - 1]
+    rows = []
+    if f > 1:
+        row_loop, row = sch.split(row_loop, [None, f])
+        rows = [row]
+    tile, col = sch.split(loops[vec], [None, v * lanes])
+    sch.reorder(*loops[:vec - 1], row_loop, tile, *loops[lead:], *rows, col)
+    vectors, lane = sch.split(col, [None, lanes])
+    for lp in rows + [vectors]:
+        if int(sch.get(lp).extent) > 1:
+            sch.unroll(lp)
+    sch.vectorize(lane)
+    return row_loop, tile, v * lanes
+
+
 def _elementwise_consumer(sch, block):
     """The single consumer of block that reads its result elementwise (the same index as it
     writes, e.g. a requantization after a conv), or None."""
@@ -134,34 +162,26 @@ def _schedule(func):
             continue
         head, head_ext = loops[:lead if vec is None else vec], extents
         outer = loops[vec - 1] if vec is not None else None  # the loop above the vector loop
+        width, tile = (extents[vec] if vec is not None else 0), None
         if vec is not None and reduction:
-            f = _register_block(extents[vec - 1], math.prod(extents[:vec]))
-            rows = []
-            if f > 1:
-                # f rows of vector accumulators stay in registers across the reduction (the
-                # second breakpoint of UNIT's strategy): each weight vector is loaded once per f
-                outer, row = sch.split(outer, [None, f])
-                head = head[:-1] + [outer]
-                head_ext = extents[:vec - 1] + [extents[vec - 1] // f]
-                rows = [row]
-            sch.reorder(*head, *loops[lead:], *rows, loops[vec])
-            if rows:
-                sch.unroll(rows[0])
+            outer, tile, width = _register_tile(sch, block, loops, extents, lead, vec)
+            head = [lp for lp in head if not lp.same_as(loops[vec - 1])] + [outer]
+            head_ext = extents[:vec - 1] + [int(sch.get(outer).extent)]
         par = _parallel_prefix(head, head_ext)
         if par:
             fused_loop = sch.fuse(*par) if len(par) > 1 else par[0]
             sch.parallel(fused_loop)
             if par[-1].same_as(outer):
                 outer = fused_loop
-        if vec is not None:
+        if vec is not None and not reduction:
             _vectorize(sch, loops[vec], extents[vec])
         consumer = _elementwise_consumer(sch, block) if reduction and vec is not None else None
         if consumer is not None and outer is not None:
-            # the consumer (requantization, bias, activation) runs on each vector of results
+            # the consumer (requantization, bias, activation) runs on each tile of results
             # while it is in registers, instead of a second pass over an int32 buffer
             fused.add(sch.get(consumer).name_hint)
-            sch.reverse_compute_at(consumer, outer)
-            _vectorize(sch, sch.get_loops(consumer)[-1], extents[vec])
+            sch.reverse_compute_at(consumer, tile if tile is not None else outer)
+            _vectorize(sch, sch.get_loops(consumer)[-1], width)
         if reduction and vec is not None:
             # the init moves above the reduction loops (their RVs survive the fuse and split)
             sch.decompose_reduction(block, loops[lead])

@@ -15,6 +15,7 @@ legalization: this is one pass in TVM's pipeline, not a fork of tvm.compile.
 import hashlib
 import json
 import warnings
+from typing import NamedTuple
 
 import tvm
 from tvm import relax
@@ -51,6 +52,7 @@ class UnitTensorize:
         self.tune = tune
         self.trials = trials
         self.report = []  # (op, instruction or None, reason) per quantized op
+        self.kernels = {}  # function name -> KernelInfo, for profiles
         self._graphs = {}  # (tuning form, instruction) -> prepared graph
 
     def transform_module(self, mod, ctx):  # noqa: D401 - tvm pass hook
@@ -104,14 +106,17 @@ class UnitTensorize:
         keep the call as it is. packed_out: the result goes to a packed edge (NCHW[y]c)."""
         entry = self._build(recipe, packed_out)
         name = f"unit_{recipe['kind']}_{index}"
+        label = self.report[-1][0] if self.report else recipe["kind"]
         if entry is not None:
             func_t, blocks, final = entry
+            self.kernels[name] = KernelInfo(name, label, self.report[-1][1], macs(recipe))
             return (bb.add_func(func_t.with_attr("global_symbol", name), name),
                     lambda w: pack_weight(final, w, *blocks), final)
         if packed_out:
             found = candidates(recipe, self.target)
             recipe = dict(recipe, out_block=found[0].channel_blocks[1] if found else 16)
         if recipe != original:  # a packed edge: the plain loop nest reads / writes the blocks
+            self.kernels[name] = KernelInfo(name, label, "", macs(recipe))
             func_p = plain_func(recipe).with_attr("global_symbol", name)
             return bb.add_func(func_p, name), lambda w: plain_weight(recipe, w), recipe
         return None
@@ -185,6 +190,25 @@ class UnitTensorize:
         warnings.warn(f"UnitTensorize: {label} keeps TVM's schedule: {reason}", stacklevel=3)
         self.report.append((label, None, reason))
         return None
+
+
+class KernelInfo(NamedTuple):
+    """What the pass put behind one function name (for `unit-tvm profile`)."""
+
+    name: str
+    label: str  # op kind and shapes
+    instruction: str  # "" when the int8 loop nest is not tensorized
+    macs: int  # multiply-adds of the op
+
+
+def macs(recipe) -> int:
+    """Multiply-adds of a quantized op: every output element reduces over one weight row."""
+    n = 1
+    for d in recipe["out_shape"]:
+        n *= int(d)
+    for d in recipe["w_shape"][1:]:
+        n *= int(d)
+    return n
 
 
 def _choice_key(recipe, packed_out):

@@ -1,0 +1,71 @@
+"""`unit-tvm profile`: a compiled model's kernels, timed as they run in it."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from unit_tvm import frontends, profile
+
+from .conftest import require_host
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(16, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 32, 3, padding=1)
+        self.fc = nn.Linear(32, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.conv1(x))
+        y = torch.relu(self.conv2(y) + y)
+        return self.fc(y.mean((2, 3)))
+
+
+def test_profile_names_every_kernel_and_its_instruction(tmp_path):
+    require_host("x86.vpdpbusd")
+    torch.manual_seed(0)
+    model = _Block().eval()
+    rng = np.random.default_rng(0)
+    cal = [rng.standard_normal((1, 16, 12, 12)).astype(np.float32) for _ in range(2)]
+    mod = frontends.from_torch(model, [torch.tensor(cal[0])])
+    prof = profile.profile_module(mod, cal, cal[0], name="block",
+                                  database=str(tmp_path / "db.jsonl"), repeats=2)
+    tensorized = [k for k in prof.kernels if k.category.startswith("tensorized")]
+    assert len(tensorized) >= 3  # two convs and the dense
+    assert all(k.instruction and k.gops > 0 and 0 < k.peak_pct for k in tensorized)
+    assert sum(k.share for k in prof.kernels) == pytest.approx(1.0)
+    assert prof.end_to_end_ms > 0 and prof.kernel_ms > 0 and prof.copy_gbps > 0
+    assert set(prof.peaks) == {k.instruction for k in tensorized}
+    text = profile.table(prof)
+    assert "by category: tensorized conv2d" in text and tensorized[0].name in text
+
+
+def test_kernel_categories_follow_the_names():
+    assert profile.category("unit_conv2d_3", "x86.vpdpbusd") == "tensorized conv2d"
+    assert profile.category("unit_conv2d_3", "") == "int8 loop nest"
+    assert profile.category("qconv2d_7", "") == "int8 loop nest"
+    assert profile.category("fused_transpose_reshape", "") == "layout change"
+    assert profile.category("matmul1", "") == "fp32 compute"
+    assert profile.category("fused_softmax_add", "") == "elementwise / other"
+
+
+def test_isa_level_restricts_the_host_target(monkeypatch):
+    from unit_tvm import intrinsics, target
+
+    monkeypatch.setenv("UNIT_TVM_ISA", "avx512_core")
+    target.host.cache_clear()
+    try:
+        restricted = target.host()
+        assert "avx512vnni" not in target.features(restricted)
+        assert not any(i.name.startswith(("x86.vpdpbusd", "x86.tdp"))
+                       for i in intrinsics.for_target(restricted))
+        monkeypatch.setenv("UNIT_TVM_ISA", "avx512_vnnni")
+        target.host.cache_clear()
+        with pytest.raises(ValueError, match="not one of"):
+            target.host()
+    finally:
+        monkeypatch.delenv("UNIT_TVM_ISA")
+        target.host.cache_clear()
+    assert "-avx512vnni" not in str(target.host())

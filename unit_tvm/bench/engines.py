@@ -1,0 +1,90 @@
+"""The engines a model benchmark compares, as one typed interface.
+
+An Engine is what it takes to run a model once (`call`, on the benchmark input), to get its
+outputs on other inputs (`infer`, for accuracy), and what it reports about itself: the thread
+count read back from the engine (not the one asked for) and which variant was used.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class ModelCase:
+    """One model and its data, shared by every engine of a run."""
+
+    name: str
+    model: object  # torch.nn.Module with fixed-seed weights, eval mode
+    shape: tuple
+    calibration: list  # numpy inputs for post-training quantization
+    inputs: list  # numpy inputs for accuracy (inputs[0] is the timed one)
+    threads: int
+    options: dict = field(default_factory=dict)  # database, tune, trials, target
+
+    @property
+    def transformer(self) -> bool:
+        """Whether the model is a token sequence model (BERT): its quantizers differ."""
+        return len(self.shape) == 3
+
+
+@dataclass
+class Engine:
+    """A compiled model of one engine, ready to time."""
+
+    name: str
+    precision: str  # "int8", "bf16" or "fp32"
+    call: Callable[[], object]  # one inference on case.inputs[0]
+    infer: Callable[[np.ndarray], np.ndarray]  # first output for an input, as numpy
+    threads: str  # what the engine reports it uses
+    compile_s: float
+    variant: str = ""  # which configuration (ORT format, PT2E mode...)
+    extra: dict = field(default_factory=dict)  # engine-specific facts for the JSON
+
+
+def first_output(out):
+    """The first output of an engine's call as a numpy array."""
+    while isinstance(out, (list, tuple)) or (hasattr(out, "__getitem__") and
+                                             not hasattr(out, "shape") and
+                                             not hasattr(out, "numpy")):
+        out = out[0]
+    if hasattr(out, "numpy"):
+        out = out.numpy()
+    return np.asarray(out)
+
+
+class Stopwatch:
+    """Seconds since creation (compile times)."""
+
+    def __init__(self):
+        self.t0 = time.time()
+
+    def __call__(self):
+        return time.time() - self.t0
+
+
+def cosine(a, b) -> float:
+    """Cosine similarity of two arrays, flattened."""
+    a, b = np.asarray(a, np.float64).reshape(-1), np.asarray(b, np.float64).reshape(-1)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
+
+
+def accuracy(outs, refs):
+    """(mean cosine similarity, top-1 agreement). Top-1 is the argmax over the last axis, per
+    row: per image for classifiers, per token for an encoder's [1, seq, hidden] output."""
+    cos, top1 = [], []
+    for o, r in zip(outs, refs):
+        o, r = np.asarray(o, np.float64), np.asarray(r, np.float64)
+        cos.append(cosine(o, r))
+        rows_o, rows_r = o.reshape(-1, o.shape[-1]), r.reshape(-1, r.shape[-1])
+        top1.append(float(np.mean(rows_o.argmax(-1) == rows_r.argmax(-1))))
+    return float(np.mean(cos)), float(np.mean(top1))
+
+
+def fastest_accurate(times, cosines, min_cosine=0.99):
+    """The variant with the lowest minimum time among those within min_cosine of fp32 (the most
+    accurate one when none is)."""
+    accurate = [n for n in times if cosines[n] >= min_cosine] or [max(cosines, key=cosines.get)]
+    return min(accurate, key=lambda n: times[n].min_ms)

@@ -1,0 +1,122 @@
+"""Model benchmark (`unit-tvm bench-model`): batch-1 latency and accuracy of unit-tvm against
+the engines a user of this CPU would otherwise pick, all in one process, one timing protocol.
+
+Engines (same weights, same calibration inputs, same thread count, read back from each):
+unit-tvm int8 (and bf16), OpenVINO + NNCF int8, ONNX Runtime int8 (its fastest accurate
+variant), PyTorch PT2E int8 (X86InductorQuantizer + inductor), PyTorch FX int8, TVM int8 and
+fp32 (default schedules; minutes per model, timed with fewer calls). "Strongest" is the fastest
+int8 engine other than unit-tvm whose outputs keep cosine >= 0.99 to fp32.
+"""
+
+from dataclasses import asdict
+
+import numpy as np
+
+from .. import zoo
+from ..peak import host_threads
+from . import engine_openvino, engine_ort, engine_torch, engine_tvm
+from .engines import Engine, ModelCase, accuracy
+from .timing import interleaved
+
+# name -> (builder, takes the fp32 references)
+BUILDERS = {
+    "unit-tvm int8": (engine_tvm.unit_tvm_int8, False),
+    "OpenVINO int8": (engine_openvino.openvino_int8, False),
+    "ORT int8": (engine_ort.ort_int8, True),
+    "PyTorch PT2E int8": (engine_torch.torch_pt2e_int8, True),
+    "PyTorch int8": (engine_torch.torch_fx_int8, False),
+    "TVM int8": (engine_tvm.tvm_int8, False),
+    "TVM fp32": (engine_tvm.tvm_fp32, False),
+    "unit-tvm bf16": (engine_tvm.unit_tvm_bf16, False),
+    "PyTorch bf16": (engine_torch.torch_bf16, False),
+}
+ENGINES = tuple(k for k in BUILDERS if "bf16" not in k)
+BF16_ENGINES = ("unit-tvm bf16", "PyTorch bf16")
+SLOW = ("TVM int8", "TVM fp32")  # untensorized: seconds per call
+MIN_COSINE = 0.99
+
+
+def make_case(name, n_inputs=8, n_calibration=4, threads=None, **options) -> ModelCase:
+    """The zoo model `name` with its calibration and accuracy inputs."""
+    model, shape = zoo.get(name)
+    return ModelCase(name, model, shape, zoo.inputs(shape, n_calibration, seed=1),
+                     zoo.inputs(shape, n_inputs, seed=2), threads or host_threads(), options)
+
+
+def _references(case):
+    import torch
+
+    torch.set_num_threads(case.threads)
+    with torch.no_grad():
+        return [case.model(torch.tensor(x)).numpy() for x in case.inputs]
+
+
+def strongest(engines: dict) -> str:
+    """The fastest int8 engine other than unit-tvm that keeps cosine >= MIN_COSINE, or ''."""
+    rivals = [n for n, e in engines.items() if e["precision"] == "int8"
+              and not n.startswith("unit-tvm") and n not in SLOW
+              and (e["cosine"] or 0) >= MIN_COSINE]
+    return min(rivals, key=lambda n: engines[n]["min_ms"]) if rivals else ""
+
+
+def run_model(name, *, engines=ENGINES, n_inputs=8, rounds=10, log=print, **options) -> dict:
+    """Build every engine, check its accuracy, time them interleaved; a plain-data result."""
+    case = make_case(name, n_inputs, **options)
+    refs = _references(case)
+    built: dict[str, Engine] = {}
+    for engine in engines:
+        builder, wants_refs = BUILDERS[engine]
+        try:
+            built[engine] = builder(case, refs) if wants_refs else builder(case)
+        except Exception as e:  # noqa: BLE001 - one engine failing must not lose the others
+            log(f"  {name:<13} {engine:<18} failed: {type(e).__name__}: {str(e)[:200]}")
+    fast = {n: e.call for n, e in built.items() if n not in SLOW}
+    times = interleaved(fast, rounds=rounds) if fast else {}
+    for n in built:
+        if n in SLOW:
+            times.update(interleaved({n: built[n].call}, rounds=1, per_slot=1, warmup=1))
+    result = {"model": name, "threads": case.threads, "engines": {}}
+    for n, e in built.items():
+        check = case.inputs if n not in SLOW else case.inputs[:2]
+        cos, top1 = accuracy([e.infer(x) for x in check], refs[:len(check)])
+        result["engines"][n] = {**asdict(times[n]), "cosine": cos, "top1_agreement": top1,
+                                "precision": e.precision, "threads": e.threads,
+                                "compile_s": e.compile_s, "variant": e.variant,
+                                "extra": e.extra}
+        log(f"  {name:<13} {n:<18} {times[n]}  cos {cos:.5f} top1 {top1:.2f}  "
+            f"threads {e.threads}  compile {e.compile_s:.0f}s  {e.variant}")
+    _speedups(result, log)
+    return result
+
+
+def _speedups(result, log):
+    e = result["engines"]
+    result["strongest"] = strongest(e)
+    for ours, key in (("unit-tvm int8", "speedup"), ("unit-tvm bf16", "bf16_speedup")):
+        if ours not in e:
+            continue
+        base = e[ours]["min_ms"]
+        result[key] = {k: v["min_ms"] / base for k, v in e.items()
+                       if not k.startswith("unit-tvm") and (v["precision"] == e[ours][
+                           "precision"] or k in SLOW)}
+        if key == "speedup" and result["strongest"]:
+            result["vs_strongest"] = result[key][result["strongest"]]
+        log(f"  {ours}: " + ", ".join(f"{v:.2f}x vs {k}" for k, v in result[key].items())
+            + (f"; strongest: {result['strongest']}" if key == "speedup" else ""))
+
+
+def geomean(values) -> float:
+    """Geometric mean (nan for none)."""
+    values = [v for v in values if v]
+    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
+
+
+def geomean_speedups(results, key="speedup") -> dict:
+    """{engine: geometric mean of unit-tvm's speedup over it} across models, plus 'strongest'."""
+    out = {}
+    engines = {k for r in results for k in r.get(key, {})}
+    for engine in sorted(engines):
+        out[engine] = geomean([r[key][engine] for r in results if engine in r.get(key, {})])
+    if key == "speedup":
+        out["strongest"] = geomean([r.get("vs_strongest") for r in results])
+    return out

@@ -1,0 +1,211 @@
+"""`unit-tvm profile MODEL`: where a compiled model's time goes, kernel by kernel.
+
+Each kernel the Relax VM calls is timed as it runs in the model (the VM's instrument hook runs
+it `repeats` times on the model's own tensors before letting the VM continue), so the inputs,
+shapes and layouts are the real ones. For each kernel: calls, time per call, share of the
+summed kernel time, what it is (tensorized conv/dense, int8 loop nest, layout change, leftover
+fp32 op), the instruction, GOPS and % of that instruction's measured peak on this host, and for
+the others the bytes they move per second against a measured copy bandwidth.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import te
+
+from .peak import host_threads, peak
+
+_LAYOUT = ("transpose", "permute", "reshape", "strided_slice", "concat", "split", "layout_transform",
+           "squeeze", "expand_dims", "flatten")
+_FP32_COMPUTE = ("matmul", "conv", "dense")
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One kernel of a compiled model."""
+
+    name: str
+    category: str
+    calls: int
+    us_per_call: float  # minimum over repeats, per call
+    share: float = 0.0  # of the summed kernel time
+    instruction: str = ""
+    label: str = ""
+    gops: float = 0.0
+    peak_pct: float = 0.0  # of the instruction's measured peak
+    gbps: float = 0.0  # bytes of its arguments per second
+    bandwidth_pct: float = 0.0  # of the measured copy bandwidth
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A model's kernels, largest first, and its end-to-end latency."""
+
+    model: str
+    end_to_end_ms: float
+    kernels: tuple
+    copy_gbps: float
+    peaks: dict = field(default_factory=dict)  # instruction -> measured GOPS on this host
+
+    @property
+    def kernel_ms(self) -> float:
+        """Sum of every kernel's time (the rest is the VM's own work)."""
+        return sum(k.us_per_call * k.calls for k in self.kernels) / 1e3
+
+
+def category(name, instruction) -> str:
+    """What a kernel is, from the name the compiler gave it."""
+    if name.startswith("unit_"):
+        return f"tensorized {name.split('_')[1]}" if instruction else "int8 loop nest"
+    if name.startswith("q") and name[1:].split("_")[0] in ("conv2d", "dense"):
+        return "int8 loop nest"
+    low = name.lower()
+    if any(k in low for k in _LAYOUT):
+        return "layout change"
+    if "quantize" in low or "requant" in low:
+        return "quantization"
+    if any(k in low for k in _FP32_COMPUTE):
+        return "fp32 compute"
+    return "elementwise / other"
+
+
+def copy_bandwidth(threads=None, mbytes=64) -> float:
+    """GB/s (read + write) of a parallel vectorised fp32 copy of `mbytes` MB with TVM."""
+    n = mbytes * (1 << 20) // 4
+    a = te.placeholder((n // 64, 64), "float32", name="a")
+    b = te.compute(a.shape, lambda i, j: a[i, j], name="b")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
+    i, j = sch.get_loops(sch.get_sblock("b"))
+    sch.parallel(i)
+    sch.vectorize(j)
+    lib = tvm.tirx.build(sch.mod, target=_target())
+    dev = tvm.cpu()
+    shape = (n // 64, 64)
+    args = [tvm.runtime.tensor(np.ones(shape, np.float32), dev),
+            tvm.runtime.tensor(np.zeros(shape, np.float32), dev)]
+    secs = min(lib.time_evaluator("main", dev, number=3, repeat=5)(*args).results)
+    return 2 * 4 * n / secs / 1e9
+
+
+def _target():
+    from .target import host
+
+    return host()
+
+
+class _Recorder:
+    """The VM instrument: times every kernel call on its real arguments."""
+
+    def __init__(self, repeats):
+        self.repeats = repeats
+        self.times, self.calls, self.nbytes = {}, {}, {}
+
+    def __call__(self, func, symbol, before_run, ret_value, *args):
+        if before_run and not symbol.startswith("vm."):  # kernels, not the VM's builtins
+            best = float("inf")
+            for _ in range(self.repeats):
+                t0 = time.perf_counter()
+                func(*args)
+                best = min(best, time.perf_counter() - t0)
+            self.times[symbol] = self.times.get(symbol, 0.0) + best
+            self.calls[symbol] = self.calls.get(symbol, 0) + 1
+            self.nbytes[symbol] = sum(_nbytes(a) for a in args)
+        return 0  # let the VM run the call as usual
+
+
+def _nbytes(arg):
+    shape = getattr(arg, "shape", None)
+    if shape is None:
+        return 0
+    return int(np.prod([int(s) for s in shape])) * tvm.runtime.DataType(str(arg.dtype)).bits // 8
+
+
+def profile_model(name, *, database=None, tune=False, trials=None, repeats=5) -> Profile:
+    """Compile the zoo model `name` as bench-model does (int8, database configs; tuned when
+    tune=True) and profile one inference kernel by kernel."""
+    from .bench.engine_tvm import relax_module
+    from .bench.model import make_case
+
+    case = make_case(name, 2)
+    return profile_module(relax_module(case), case.calibration, case.inputs[0], name=name,
+                          database=database, tune=tune, trials=trials, repeats=repeats)
+
+
+def profile_module(mod, calibration, x, *, name="model", database=None, tune=False,
+                   trials=None, repeats=5) -> Profile:
+    """Quantize (int8, with `calibration`), tensorize and compile the Relax module `mod`, then
+    profile one inference on input `x` kernel by kernel."""
+    import json
+
+    from tvm import relax
+
+    from .bench.timing import interleaved
+    from .compiler import build_relax
+    from .relax import UnitTensorize, quantize
+    from .relax.qops import ATTR
+    from .relax.tensorize import macs
+    from .tuner import Database, default_path
+
+    target = _target()
+    qmod = quantize(mod, calibration_data=calibration, target=target)
+    pass_ = UnitTensorize(target, database=Database(database or default_path()), tune=tune,
+                          trials=trials)
+    tmod = pass_(qmod)
+    recipes = {gv.name_hint: json.loads(str(f.attrs[ATTR])) for gv, f in tmod.functions.items()
+               if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and ATTR in f.attrs}
+    vm = relax.VirtualMachine(build_relax(tmod, target), tvm.cpu())
+    arg = tvm.runtime.tensor(np.asarray(x), tvm.cpu())
+    e2e = interleaved({name: lambda: vm["main"](arg)}, rounds=5)[name].min_ms
+    recorder = _Recorder(repeats)
+    vm.set_instrument(recorder)
+    vm["main"](arg)
+    copy = copy_bandwidth()
+    peaks, kernels = {}, []
+    for sym, secs in recorder.times.items():
+        info = pass_.kernels.get(sym)
+        instr = info.instruction if info else ""
+        mac = info.macs if info else (macs(recipes[sym]) if sym in recipes else 0)
+        calls = recorder.calls[sym]
+        us = 1e6 * secs / calls
+        gops = 2 * mac / (us * 1e3) if mac else 0.0
+        if instr and instr not in peaks:
+            peaks[instr] = peak(instr, host_threads(), target)["gops"]
+        gbps = recorder.nbytes[sym] / (us * 1e3)
+        kernels.append(KernelTime(sym, category(sym, instr), calls, us, 0.0, instr,
+                                  info.label if info else "", gops,
+                                  100 * gops / peaks[instr] if instr else 0.0, gbps,
+                                  100 * gbps / copy))
+    total = sum(k.us_per_call * k.calls for k in kernels) or 1.0
+    kernels = sorted((KernelTime(**{**k.__dict__, "share": k.us_per_call * k.calls / total})
+                      for k in kernels), key=lambda k: -k.share)
+    return Profile(name, e2e, tuple(kernels), copy, peaks)
+
+
+def by_category(profile: Profile) -> dict:
+    """{category: share of the summed kernel time}."""
+    out = {}
+    for k in profile.kernels:
+        out[k.category] = out.get(k.category, 0.0) + k.share
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def table(profile: Profile, top=25) -> str:
+    """The profile as text: the largest kernels, then the share of each category."""
+    lines = [f"{profile.model}: {profile.end_to_end_ms:.2f} ms end to end (min of single calls), "
+             f"kernels sum to {profile.kernel_ms:.2f} ms; copy bandwidth "
+             f"{profile.copy_gbps:.1f} GB/s; peaks: "
+             + ", ".join(f"{k} {v:.0f} GOPS" for k, v in profile.peaks.items()),
+             f"{'kernel':<34}{'calls':>6}{'us/call':>10}{'share':>8}  {'what':<20}"
+             f"{'GOPS':>8}{'%peak':>7}{'GB/s':>8}{'%bw':>6}  instruction / op"]
+    for k in profile.kernels[:top]:
+        lines.append(f"{k.name[:33]:<34}{k.calls:>6}{k.us_per_call:>10.1f}{100 * k.share:>7.1f}%"
+                     f"  {k.category:<20}{k.gops:>8.0f}{k.peak_pct:>6.0f}%{k.gbps:>8.1f}"
+                     f"{k.bandwidth_pct:>5.0f}%  {k.instruction} {k.label}")
+    if len(profile.kernels) > top:
+        rest = sum(k.share for k in profile.kernels[top:])
+        lines.append(f"... {len(profile.kernels) - top} more kernels, {100 * rest:.1f}%")
+    lines.append("by category: " + ", ".join(f"{c} {100 * s:.1f}%"
+                                               for c, s in by_category(profile).items()))
+    return "\n".join(lines)
