@@ -40,9 +40,11 @@ cross-tools:
 	else echo "note: not root or no apt; ARM execution tests will skip"; fi
 
 test: $(STAMP) cross-tools
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -rs -m "not slow" tests
 
 test-all: $(STAMP) cross-tools
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -rs tests
 
 clean:

@@ -13,9 +13,10 @@ PACKAGE_DIR = {
 setup(
     name="unit-tvm",
     version="0.1.0",
-    description="Tensorized instruction compilation (VNNI, BF16, ARM DOT/I8MM, Tensor Core) for TVM",
+    description="Tensorized instruction compilation (VNNI, BF16, ARM DOT/I8MM, Tensor Core), TVM",
     python_requires=">=3.10",
-    packages=list(PACKAGE_DIR) + ["unit_tvm.tuner", "unit_tvm.cross", "unit_tvm.relax", "unit_tvm.fuzz", "unit_tvm.bench"],
+    packages=list(PACKAGE_DIR) + ["unit_tvm.tuner", "unit_tvm.cross", "unit_tvm.relax",
+                                  "unit_tvm.fuzz", "unit_tvm.bench"],
     package_dir=PACKAGE_DIR,
     package_data={"unit_tvm.intrinsics": ["README.md"], "unit_tvm.cross": ["*.c"]},
     install_requires=[
@@ -30,7 +31,8 @@ setup(
     ],
     extras_require={
         # the model tests use PyTorch (torch.export) and the ONNX exporter as model sources
-        "test": ["pytest==9.2.0", "torch==2.13.0", "onnxscript==0.7.2", "matplotlib==3.11.2"],
+        "test": ["pytest==9.2.0", "torch==2.13.0", "onnxscript==0.7.2", "matplotlib==3.11.2",
+                 "ruff==0.14.0"],
         # the engines bench-model compares: OpenVINO + NNCF, ONNX Runtime, PyTorch FX and PT2E
         # (torchao's X86InductorQuantizer)
         "bench": ["torch==2.13.0", "matplotlib==3.11.2", "onnxruntime==1.31.1", "onnxscript==0.7.2",

@@ -97,7 +97,8 @@ def derive_desc(output, *, scopes=None, offset_factor=1):
             out = bufs[op.name]
             inputs = [bufs[t.op.name] for t in op.input_tensors]
             with T.sblock("root"):
-                T.reads(([_full_region(out)] if is_reduce else []) + [_full_region(b) for b in inputs])
+                T.reads(([_full_region(out)] if is_reduce else [])
+                        + [_full_region(b) for b in inputs])
                 T.writes([_full_region(out)])
                 loops = [T.serial(0, int(ax.dom.extent)) for ax in axes]
                 loop_vars = [frame.__enter__() for frame in loops]
@@ -139,7 +140,8 @@ def derive_impl(output, emit, *, scopes=None, offset_factor=1, strided=()):
             out = bufs[op.name]
             inputs = [bufs[t.op.name] for t in op.input_tensors]
             with T.sblock("root"):
-                T.reads(([_full_region(out)] if is_reduce else []) + [_full_region(b) for b in inputs])
+                T.reads(([_full_region(out)] if is_reduce else [])
+                        + [_full_region(b) for b in inputs])
                 T.writes([_full_region(out)])
                 emit(bufs)
     return ib.get()

@@ -56,7 +56,8 @@ def _vpmaddubsw_emit(bufs):
     b_vec = b.vload([0, 0], "int8x64")
     pairs = tirx.call_llvm_pure_intrin("int16x32", "llvm.x86.avx512.pmaddubs.w.512", a_vec, b_vec)
     quads = tirx.call_llvm_pure_intrin(
-        "int32x16", "llvm.x86.avx512.pmaddw.d.512", pairs, tirx.Broadcast(tirx.const(1, "int16"), 32)
+        "int32x16", "llvm.x86.avx512.pmaddw.d.512", pairs,
+        tirx.Broadcast(tirx.const(1, "int16"), 32)
     )
     T.buffer_store(d, d.vload([0], "int32x16") + quads, [tirx.Ramp(0, 1, 16)])
 
@@ -78,7 +79,7 @@ define void @unit_tvm_vdpbf16ps(ptr %d, ptr %a, ptr %b) {
   store <16 x float> %r, ptr %d, align 4
   ret void
 }
-"""
+"""  # noqa: E501 - LLVM IR lines are as long as they are
 
 
 def _storage_ptr(buf, extent):

@@ -131,8 +131,8 @@ def _order(n, front):
 
 
 def vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
-    """Vectorise a block's innermost loop (one of `widths` long, or a multiple of the widest, then
-    split into such vectors) when every buffer it touches along that loop is contiguous there
+    """Vectorise a block's innermost loop (split into vectors of the widest of `widths` that
+    divides it) when every buffer it touches along that loop is contiguous there
     (its last axis only): an epilogue into a blocked layout (NCHW16c) reads the
     accumulator lanes and writes the output lanes in place; a pad/copy stage between two blocked
     layouts copies whole channel vectors. Scattering accesses keep scalar code."""
@@ -140,7 +140,8 @@ def vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
     if not loops:
         return
     extent = int(sch.get(loops[-1]).extent)
-    if extent not in widths and extent % widths[-1]:
+    width = next((w for w in sorted(widths, reverse=True) if extent % w == 0), None)
+    if width is None:
         return
     loop = sch.get(loops[-1])
     realize = loop.body
@@ -157,9 +158,10 @@ def vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
         axes = [tvm.tirx.analysis.undefined_vars(r.min) for r in region.region]
         if any(any(v.same_as(bound[0]) for v in a) for a in axes[:-1]):
             return
-    if extent not in widths:
-        # a wider row (a 256-channel block, an im2col row) is copied one widest vector at a time
-        loops = [*loops[:-1], *sch.split(loops[-1], [None, widths[-1]])]
+    if extent != width:
+        # a wider row (a 256-channel block, an im2col row, a 6-block register tile of a
+        # dense's results) goes one vector of the widest width that divides it at a time
+        loops = [*loops[:-1], *sch.split(loops[-1], [None, width])]
     sch.vectorize(loops[-1])
 
 

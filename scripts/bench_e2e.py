@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""End-to-end benchmark of zoo models vs TVM, PyTorch and ONNX Runtime. Same as `unit-tvm bench-model`."""
+"""End-to-end benchmark of zoo models against other engines. Same as `unit-tvm bench-model`."""
 import sys
 
 from unit_tvm.cli import main

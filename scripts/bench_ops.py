@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Op benchmark: UNIT Table I convs and GEMMs vs TVM and PyTorch int8. Same as `unit-tvm bench-op`."""
+"""Op benchmark: UNIT Table I convs and GEMMs vs TVM and PyTorch int8 (`unit-tvm bench-op`)."""
 import sys
 
 from unit_tvm.cli import main

@@ -7,8 +7,9 @@ import unit_tvm
 from unit_tvm import ops, reference
 from unit_tvm.cross import aarch64
 
-pytestmark = pytest.mark.skipif(bool(aarch64.missing_tools()),
-                                reason=f"cannot run aarch64 code: missing {aarch64.missing_tools()}")
+pytestmark = pytest.mark.skipif(
+    bool(aarch64.missing_tools()),
+    reason=f"cannot run aarch64 code: missing {aarch64.missing_tools()}")
 
 CASES = [("arm.sdot", "sdot", "int8", "int8", "int32"),
          ("arm.udot", "udot", "uint8", "uint8", "uint32"),

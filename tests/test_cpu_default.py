@@ -127,7 +127,8 @@ def test_row_reductions_are_vectorised_by_rfactor():
 def test_blocked_depthwise_conv_vectorised_and_requantized_in_registers(stride, host_target, rng):
     """A packed int8 depthwise conv (NCHW16c in and out, 20 channels so 12 are padding): the
     accumulation is vectorised over the 16 channels of a block, several output pixels at once
-    (unrolled rows of accumulators), and the requantization runs inside the same parallel loop (no second pass over an int32 buffer); the result equals
+    (unrolled rows of accumulators), and the requantization runs inside the same parallel loop
+    (no second pass over an int32 buffer); the result equals
     TVM's build of the unscheduled loop nest."""
     from unit_tvm.relax.qops import in_shape, out_shape, plain_func, plain_weight_shape
 

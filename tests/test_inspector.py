@@ -20,7 +20,7 @@ def loop_map(mapping):
 def test_dense_packed_exact_map_and_contiguous():
     (m,) = unit_tvm.inspect(ops.dense_packed(64, 64, 64), "x86.vpdpbusd")
     assert loop_map(m) == [("i", "j"), ("k", "k")]
-    assert [l.fit for l in m.loops] == ["divisible", "divisible"]
+    assert [lm.fit for lm in m.loops] == ["divisible", "divisible"]
     assert all(a.contiguous for a in m.operands)
     assert "i[16] -> j[64]" in str(m)
 
@@ -76,7 +76,7 @@ def test_non_divisible_channels_are_padded():
     assert found
     best = found[0]
     assert loop_map(best) == [("i", "f"), ("k", "rc")]
-    assert [(l.padding, l.fit) for l in best.loops] == [(6, "padded"), (1, "padded")]
+    assert [(lm.padding, lm.fit) for lm in best.loops] == [(6, "padded"), (1, "padded")]
     assert "(+6 padding)" in str(best)
 
 
@@ -87,9 +87,11 @@ def test_arm_and_bf16_and_wmma():
     assert udot
     smmla = unit_tvm.inspect(matmul_bt(16, 16, 16, "int8", "int8"), "arm.smmla")
     assert loop_map(smmla[0]) == [("i", "i"), ("j", "j"), ("k", "k")]
-    bf16 = unit_tvm.inspect(matmul_bt(16, 32, 32, "bfloat16", "bfloat16", "float32"), "x86.vdpbf16ps")
+    bf16 = unit_tvm.inspect(matmul_bt(16, 32, 32, "bfloat16", "bfloat16", "float32"),
+                            "x86.vdpbf16ps")
     assert loop_map(bf16[0]) == [("i", "j"), ("k", "k")]
-    wmma = unit_tvm.inspect(matmul_bn(64, 64, 64, "float16", "float16", "float32"), "cuda.wmma.f16f32")
+    wmma = unit_tvm.inspect(matmul_bn(64, 64, 64, "float16", "float16", "float32"),
+                            "cuda.wmma.f16f32")
     assert loop_map(wmma[0]) == [("i", "i"), ("j", "j"), ("k", "k")]
     assert unit_tvm.inspect(conv2d_nhwc(32, 18, 32, 3), "cuda.wmma.s8s32") == []  # u8 data
     assert unit_tvm.inspect(
@@ -166,8 +168,8 @@ def test_operand_bound_twice():
                                                   axis=r), name="gram")
     assert "A is uint8" in _rejected(op)
     B = te.placeholder((16, 16), "int8", name="B")
-    op2 = te.compute((16, 16), lambda i, j: te.sum(B[i, r].astype("int32") * B[j, r].astype("int32"),
-                                                   axis=r), name="gram8")
+    op2 = te.compute((16, 16), lambda i, j: te.sum(
+        B[i, r].astype("int32") * B[j, r].astype("int32"), axis=r), name="gram8")
     assert "bind two instruction operands" in unit_tvm.explain(op2, "arm.sdot")
 
 

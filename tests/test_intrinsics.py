@@ -24,7 +24,7 @@ def test_all_nine_required_plus_amx_registered():
 def test_get_unknown_lists_known_names():
     with pytest.raises(KeyError) as err:
         intrinsics.get("nope")
-    assert "nope" in str(err.value) and "x86.vpdpbusd" in str(err.value) and "arm.smmla" in str(err.value)
+    assert all(s in str(err.value) for s in ("nope", "x86.vpdpbusd", "arm.smmla"))
 
 
 def test_require_names_missing_feature():
@@ -43,7 +43,8 @@ def test_require_names_missing_feature():
 def test_loop_kinds_and_shapes_read_off_semantics():
     v = intrinsics.get("x86.vpdpbusd")
     assert [(e, k) for _, e, k in v.loops] == [(16, "S"), (4, "R")]
-    assert (v.lanes, v.reduction_width, v.input_dtypes, v.output_dtype) == (16, 4, ("uint8", "int8"), "int32")
+    assert (v.lanes, v.reduction_width, v.input_dtypes, v.output_dtype) == (
+        16, 4, ("uint8", "int8"), "int32")
     m = intrinsics.get("arm.smmla")
     assert [(e, k) for _, e, k in m.loops] == [(2, "S"), (2, "S"), (8, "R")]
     w = intrinsics.get("cuda.wmma.f16f32")
@@ -106,7 +107,8 @@ def test_amx_tdpbusd_bit_exact(name, steps, cols, rng):
     args = measure.to_device([a, b, np.zeros((8, 16, 16 * cols), "int32")], tvm.cpu())
     lib(*args)
     bk = b.astype(np.int64).transpose(0, 1, 3, 2).reshape(8, 64 * steps, 16 * cols)  # [x, k, n]
-    np.testing.assert_array_equal(args[-1].numpy(), np.einsum("xmk,xkn->xmn", a.astype(np.int64), bk))
+    np.testing.assert_array_equal(args[-1].numpy(),
+                                  np.einsum("xmk,xkn->xmn", a.astype(np.int64), bk))
 
 
 @pytest.mark.parametrize("name,steps,cols", [("x86.tdpbf16ps", 1, 1), ("x86.tdpbf16ps.x4", 4, 1),

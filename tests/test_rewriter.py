@@ -63,7 +63,8 @@ def test_conv_nchw_packing_and_padding(c, h, k, r, stride, dilation, groups, rng
     with warnings.catch_warnings():
         warnings.simplefilter("error", unit_tvm.FallbackWarning)  # every case tensorizes
         got = _run([*op.op.input_tensors, op], [d, w])
-    np.testing.assert_array_equal(got.astype(np.int64), _grouped_ref(d, w, groups, stride, dilation))
+    np.testing.assert_array_equal(got.astype(np.int64),
+                                  _grouped_ref(d, w, groups, stride, dilation))
 
 
 @pytest.mark.parametrize("m,n,k", [(64, 48, 40), (7, 10, 3), (1, 16, 4), (33, 17, 130)])
@@ -172,8 +173,8 @@ def test_amx_chained_forms_build_exact_convs(intrin, x, y, rng):
     op = ops.conv2d_nchwc(1, c, h, h, k, r, r, 1, x=x, y=y)
     d = rng.integers(0, 256, (1, c, h, h)).astype("uint8")
     w = rng.integers(-128, 128, (k, c, r, r)).astype("int8")
-    got = _run([*op.op.input_tensors, op], [reference.pack_nchwc(d, x), reference.pack_kcrs(w, y, x)],
-               intrinsic=intrin)
+    got = _run([*op.op.input_tensors, op],
+               [reference.pack_nchwc(d, x), reference.pack_kcrs(w, y, x)], intrinsic=intrin)
     np.testing.assert_array_equal(reference.unpack_nchwc(got).astype(np.int64),
                                   reference.conv2d_nchw(d, w, 1))
 

@@ -95,5 +95,6 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
     ratios = [r["speedup_vs_cudnn"] for r in rows if r["speedup_vs_cudnn"]]
     meta = {"device": str(dev.device_name), "arch": _arch(dev), "dtype": dtype,
             "intrinsic": intrin_name, "repeat": repeat, "statistic": "min",
-            "geomean_vs_cudnn": math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None}
+            "geomean_vs_cudnn": (math.exp(sum(map(math.log, ratios)) / len(ratios))
+                                 if ratios else None)}
     return rows, meta

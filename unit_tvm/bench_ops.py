@@ -7,8 +7,9 @@ a 3x3 window, NHWC data read through an im2col buffer of the window's columns bu
 timed kernel; 1x1 stride-1 convs as one row of pixels, the same bytes; GOPS count the real
 channels), and the fastest is reported. Columns: unit-tvm tuned, unit-tvm default breakpoints,
 TVM without tensorize (default schedule), PyTorch int8 (torch.ao quantized Conv2d / Linear, x86
-backend = oneDNN, channels_last, same thread count). Every engine is warmed up; times are the minimum over repeats. unit-tvm's outputs are
-checked against TVM's default build by the tuner before they are timed.
+backend = oneDNN, channels_last, same thread count). Every engine is warmed up; times are the
+minimum over repeats. unit-tvm's outputs are checked against TVM's default build by the tuner
+before they are timed.
 """
 
 import csv
@@ -181,8 +182,8 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
             "database": database.path, "timing": "min over repeats, each engine warmed up"}
     for name, g in peaks.items():
         log(f"{name} peak on {threads} threads: {g:.1f} GOPS (measured now)")
-    header = (f"{'workload':<22} {'instr':<13} {'tuned':>8} {'default':>8} {'tvm':>7} {'torch':>8}  "
-              f"{'%peak':>6} {'xTorch':>7} {'tune s':>7}")
+    header = (f"{'workload':<22} {'instr':<13} {'tuned':>8} {'default':>8} {'tvm':>7} "
+              f"{'torch':>8}  {'%peak':>6} {'xTorch':>7} {'tune s':>7}")
     log(header)
     rows = []
     rng = np.random.default_rng(0)
@@ -230,7 +231,8 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
     convs = [r["speedup_vs_torch"] for r in rows if r["kind"] == "conv" and r["speedup_vs_torch"]]
     if convs:
         meta["conv_geomean_speedup_vs_torch"] = float(np.exp(np.mean(np.log(convs))))
-        log(f"Table I geomean speedup over PyTorch int8: {meta['conv_geomean_speedup_vs_torch']:.2f}x")
+        log("Table I geomean speedup over PyTorch int8: "
+            f"{meta['conv_geomean_speedup_vs_torch']:.2f}x")
     return rows, meta
 
 
@@ -243,7 +245,8 @@ def write_outputs(rows, meta, out_dir):
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows:
-            w.writerow({**r, "shape": "x".join(map(str, r["shape"])), "config": json.dumps(r["config"])})
+            w.writerow({**r, "shape": "x".join(map(str, r["shape"])),
+                        "config": json.dumps(r["config"])})
     with open(os.path.join(out_dir, "bench_ops.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     paths = [csv_path]

@@ -1,4 +1,5 @@
-"""unit_tvm.build: one tensor operation -> a runtime module, tensorized where an instruction fits."""
+"""unit_tvm.build: one tensor operation -> a runtime module, tensorized where an instruction
+fits."""
 
 import os
 import warnings

@@ -1,4 +1,5 @@
-"""`unit-tvm` command line: intrinsics, peak, inspect, bench-op, bench-gpu, bench-model, fuzz, demo."""
+"""`unit-tvm` command line: intrinsics, peak, inspect, bench-op, bench-gpu, bench-model, profile,
+fuzz, demo."""
 
 import argparse
 import json
@@ -15,7 +16,8 @@ def _cmd_intrinsics(args):
         missing = i.missing_features(target)
         feature = " | ".join("+".join(alt) for alt in i.requires)
         rows.append({
-            "name": i.name, "isa": feature, "dtypes": f"{','.join(i.input_dtypes)}->{i.output_dtype}",
+            "name": i.name, "isa": feature,
+            "dtypes": f"{','.join(i.input_dtypes)}->{i.output_dtype}",
             "shape": f"{i.lanes} x {i.reduction_width}", "usable": not missing,
             "missing": ", ".join(missing),
         })
@@ -70,10 +72,12 @@ def _inspect_ops():
                    "M N K"),
         "batch_matmul": (lambda lay, p, a, b, acc, *_: ops.batch_matmul(
             p["B"], p["M"], p["N"], p["K"], a, b, acc), "B M N K"),
-        "conv1d": (lambda lay, p, a, b, acc, *_: ops.conv1d_ncw(p["C"], p["W"], p["K"], p["S"], a, b),
+        "conv1d": (lambda lay, p, a, b, acc, *_: ops.conv1d_ncw(p["C"], p["W"], p["K"], p["S"],
+                                                                 a, b),
                    "C W K S"),
         "conv2d": (conv2d, "C H K R"),
-        "conv3d": (lambda lay, p, a, b, acc, *_: ops.conv3d_ncdhw(p["C"], p["D"], p["K"], p["R"], a, b),
+        "conv3d": (lambda lay, p, a, b, acc, *_: ops.conv3d_ncdhw(p["C"], p["D"], p["K"], p["R"],
+                                                                   a, b),
                    "C D K R"),
     }
 
@@ -284,7 +288,8 @@ def main(argv=None):
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_gpu)
     p = sub.add_parser("bench-model", help="batch-1 latency and int8 accuracy of zoo models")
-    p.add_argument("models", nargs="+", help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
+    p.add_argument("models", nargs="+",
+                   help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
     p.add_argument("--inputs", type=int, default=8, help="random inputs for the accuracy check")
     _tuning_args(p, "per distinct op")
     p.add_argument("--no-tune", action="store_true", help="database or default configs only")
@@ -305,7 +310,8 @@ def main(argv=None):
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_profile)
-    p = sub.add_parser("fuzz", help="differential fuzzer: random te/topi ops, unit_tvm.build vs TVM")
+    p = sub.add_parser("fuzz",
+                       help="differential fuzzer: random te/topi ops, unit_tvm.build vs TVM")
     p.add_argument("--cases", type=int, default=200, help="how many cases (default 200)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--first", type=int, default=0, help="index of the first case")

@@ -37,7 +37,8 @@ def _run_kernel(title, op, intrin, arrays, expected, n_ops, peak_gops, target, d
         else:
             prepared = prepare(op, intrin)
             result = tune(prepared, intrin, target, database=database, progress=False)
-            lib = tvm.tirx.build(schedule(prepared, intrin, result.config, target).mod, target=target)
+            sch = schedule(prepared, intrin, result.config, target)
+            lib = tvm.tirx.build(sch.mod, target=target)
             note = ("from database, 0 measured" if result.from_database else
                     f"tuned {result.seconds:4.1f}s, {result.measured} measured")
         gops, secs, ok = _time(lib, arrays, expected, n_ops, shape)
@@ -101,7 +102,8 @@ def main(log=print):
         results += _run_kernel(
             f"conv2d 64->64 3x3 56x56 NCHW{x}c", ops.conv2d_nchwc(1, c, hw, hw, kk, 3, 3, x=x, y=y),
             intrin, [reference.pack_nchwc(data, x), reference.pack_kcrs(weight, y, x)],
-            np.ascontiguousarray(conv_expected.reshape(1, kk // y, y, oh, oh).transpose(0, 1, 3, 4, 2)),
+            np.ascontiguousarray(
+                conv_expected.reshape(1, kk // y, y, oh, oh).transpose(0, 1, 3, 4, 2)),
             2 * kk * c * 9 * oh * oh, peak_gops, target, database, log)
         log("")
     return {"peaks": peaks, "kernels": results}

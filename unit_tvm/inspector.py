@@ -82,8 +82,8 @@ def _match_tree(iu, ou, bind, path="root"):
     ik, ok = _kind(iu), _kind(ou)
     if ik == "load":
         if ok != "load":
-            raise NoMatch(f"at {path}: the instruction reads operand {iu.args[0].op.name} where the "
-                          f"operation has {_describe(ou)}")
+            raise NoMatch(f"at {path}: the instruction reads operand {iu.args[0].op.name} where "
+                          f"the operation has {_describe(ou)}")
         if iu.args[0].dtype != ou.args[0].dtype:
             raise NoMatch(f"at {path}: operand {iu.args[0].op.name} must be {iu.args[0].dtype} but "
                           f"operation tensor {ou.args[0].op.name} is {ou.args[0].dtype}")
@@ -137,11 +137,13 @@ def _match_tree(iu, ou, bind, path="root"):
 
 
 def compute_isomorphism(op, intrin):
-    """Operand binding {intrin operand: (op tensor, op indices, intrin indices)}; NoMatch if none."""
+    """Operand binding {intrin operand: (op tensor, op indices, intrin indices)}; NoMatch if
+    none."""
     op_red, op_src = _reduce_parts(op)
     in_red, in_src = _reduce_parts(intrin.output.op)
     if (op_red is None) != (in_red is None):
-        raise NoMatch("the instruction is a reduction and the operation is not" if in_red is not None
+        raise NoMatch("the instruction is a reduction and the operation is not"
+                      if in_red is not None
                       else "the operation is a reduction and the instruction is not")
     if op_red is not None and not (type(op_red.condition).__name__ == "IntImm"
                                    and int(op_red.condition.value) == 1):
@@ -294,7 +296,7 @@ def _candidates(op, intrin, bind):
     op_loops = _op_loops(op)
     in_loops = intrin.loops
     loop_extent = {n: e for n, e, _ in in_loops}
-    by_kind = {k: [i for i, l in enumerate(op_loops) if l[2] == k] for k in ("S", "R")}
+    by_kind = {k: [i for i, lp in enumerate(op_loops) if lp[2] == k] for k in ("S", "R")}
     choices = [by_kind[k] for _, _, k in in_loops]
     op_extents = {n: e for n, e, _ in op_loops}
     for assign in itertools.product(*choices):
@@ -379,9 +381,9 @@ def explain(op, intrinsic):
     if not reasons:
         kinds = [k for _, _, k in intrin.loops]
         have = [k for _, _, k in _op_loops(op)]
-        return (f"{intrin.name} does not fit {op.name}: it needs {kinds.count('S')} data-parallel and "
-                f"{kinds.count('R')} reduction loops, the operation has {have.count('S')} and "
-                f"{have.count('R')}")
+        return (f"{intrin.name} does not fit {op.name}: it needs {kinds.count('S')} "
+                f"data-parallel and {kinds.count('R')} reduction loops, the operation has "
+                f"{have.count('S')} and {have.count('R')}")
     uniq = list(dict.fromkeys(reasons))
     return (f"{intrin.name} does not fit {op.name}: no loop mapping is feasible; "
             + "; ".join(uniq[:4]) + ("" if len(uniq) <= 4 else f"; ... ({len(uniq) - 4} more)"))

@@ -74,7 +74,8 @@ def peak_kernel(intrin, threads, rows=6, cols=4, steps=None, reps=None):
         n = 1
         for x in t.shape:
             n *= int(x)
-        step_bytes += n * (rows if t.op.name == bname else cols) * np.dtype(numpy_dtype(t.dtype)).itemsize
+        itemsize = np.dtype(numpy_dtype(t.dtype)).itemsize
+        step_bytes += n * (rows if t.op.name == bname else cols) * itemsize
     if steps is None:
         steps = max(1, min(64, 32768 // step_bytes))
     if reps is None:

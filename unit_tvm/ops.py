@@ -133,8 +133,8 @@ def matmul_bn(m, n, k, a="uint8", b="int8", acc="int32"):
     A = te.placeholder((m, k), a, name="A")
     B = te.placeholder((k, n), b, name="B")
     r = te.reduce_axis((0, k), name="k")
-    return te.compute((m, n), lambda i, j: te.sum(A[i, r].astype(acc) * B[r, j].astype(acc), axis=r),
-                      name="matmul")
+    return te.compute((m, n), lambda i, j: te.sum(
+        A[i, r].astype(acc) * B[r, j].astype(acc), axis=r), name="matmul")
 
 
 def batch_matmul(bs, m, n, k, a="uint8", b="int8", acc="int32"):
@@ -142,8 +142,8 @@ def batch_matmul(bs, m, n, k, a="uint8", b="int8", acc="int32"):
     A = te.placeholder((bs, m, k), a, name="A")
     B = te.placeholder((bs, n, k), b, name="B")
     r = te.reduce_axis((0, k), name="k")
-    return te.compute((bs, m, n), lambda z, i, j: te.sum(A[z, i, r].astype(acc) * B[z, j, r].astype(acc),
-                                                         axis=r), name="batch_matmul")
+    return te.compute((bs, m, n), lambda z, i, j: te.sum(
+        A[z, i, r].astype(acc) * B[z, j, r].astype(acc), axis=r), name="batch_matmul")
 
 
 def conv1d_ncw(c, w, k, s, a="uint8", b="int8"):
@@ -172,7 +172,8 @@ def conv2d_nchw(c, h, k, r, stride=1, dilation=1, groups=1, a="uint8", b="int8")
         return f // kg * cg + rc if groups > 1 else rc
 
     return te.compute((1, k, oh, oh), lambda n, f, y, x: te.sum(
-        data[n, channel(f, rc), y * stride + ry * dilation, x * stride + rx * dilation].astype("int32")
+        data[n, channel(f, rc), y * stride + ry * dilation,
+             x * stride + rx * dilation].astype("int32")
         * kern[f, rc, ry, rx].astype("int32"), axis=[rc, ry, rx]), name="conv2d")
 
 
@@ -198,5 +199,5 @@ def conv3d_ncdhw(c, d, k, r, a="uint8", b="int8"):
     rz, ry, rx = (te.reduce_axis((0, r), name=n) for n in ("rz", "ry", "rx"))
     o = d - r + 1
     return te.compute((1, k, o, o, o), lambda n, f, z, y, x: te.sum(
-        data[n, rc, z + rz, y + ry, x + rx].astype("int32") * kern[f, rc, rz, ry, rx].astype("int32"),
-        axis=[rc, rz, ry, rx]), name="conv3d")
+        data[n, rc, z + rz, y + ry, x + rx].astype("int32")
+        * kern[f, rc, rz, ry, rx].astype("int32"), axis=[rc, rz, ry, rx]), name="conv3d")

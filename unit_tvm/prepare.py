@@ -323,7 +323,8 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
 
     # 2. the core: output in the instruction's layout (spatial mapped loops split, lanes inner)
     out_loops = [(il, ol, ext) for il, ol, ext in
-                 ((m.intrin_loop, m.op_loop, m.intrin_extent) for m in mapping.loops if m.kind == "S")]
+                 ((m.intrin_loop, m.op_loop, m.intrin_extent) for m in mapping.loops
+                  if m.kind == "S")]
     sp_names = [ax.var.name for ax in cop.axis]
     sp_ext = {ax.var.name: int(ax.dom.extent) for ax in cop.axis}
     split_sp = {ol: ext for _, ol, ext in out_loops}
@@ -363,7 +364,8 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
         analyzer: bounds of the output's loop variables, to simplify the core's indices (a block
         that matches the core's lanes then reads them in place, which vectorises)."""
         var_of = dict(zip(out_names, op_indices))
-        idx = [tirx.floordiv(var_of[n], split_sp[n]) if n in split_sp else var_of[n] for n in out_names]
+        idx = [tirx.floordiv(var_of[n], split_sp[n]) if n in split_sp else var_of[n]
+               for n in out_names]
         idx += [tirx.floormod(var_of[ol], ext) for _, ol, ext in out_loops]
         if analyzer is not None:
             idx = [analyzer.simplify(i) for i in idx]

@@ -17,8 +17,8 @@ from tvm import te
 
 from .peak import host_threads, peak
 
-_LAYOUT = ("transpose", "permute", "reshape", "strided_slice", "concat", "split", "layout_transform",
-           "squeeze", "expand_dims", "flatten")
+_LAYOUT = ("transpose", "permute", "reshape", "strided_slice", "concat", "split",
+           "layout_transform", "squeeze", "expand_dims", "flatten")
 _FP32_COMPUTE = ("matmul", "conv", "dense")
 
 

@@ -21,7 +21,7 @@ from .timing import interleaved
 # name -> (builder, takes the fp32 references)
 BUILDERS = {
     "unit-tvm int8": (engine_tvm.unit_tvm_int8, False),
-    "OpenVINO int8": (engine_openvino.openvino_int8, False),
+    "OpenVINO int8": (engine_openvino.openvino_int8, True),
     "ORT int8": (engine_ort.ort_int8, True),
     "PyTorch PT2E int8": (engine_torch.torch_pt2e_int8, True),
     "PyTorch int8": (engine_torch.torch_fx_int8, False),

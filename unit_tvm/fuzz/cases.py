@@ -71,8 +71,8 @@ def _conv_geometry(rng, dims, most_size):
 
 def _params_for(kind, rng):
     if kind in ("dense", "minmax"):
-        form = rng.choice(("topi_dense", "te_nt", "topi_matmul_nn")) if kind == "dense" else rng.choice(
-            ("max", "min"))
+        form = (rng.choice(("topi_dense", "te_nt", "topi_matmul_nn")) if kind == "dense"
+                else rng.choice(("max", "min")))
         return {"form": form, "M": _ext(rng), "N": _ext(rng), "K": _ext(rng)}
     if kind == "batch_matmul":
         return {"B": rng.randint(1, 3), "M": _ext(rng, 33), "N": _ext(rng, 33), "K": _ext(rng),
@@ -156,8 +156,9 @@ def _minmax(case):
     b = te.placeholder((n, k), case.b_dtype, name="B")
     r = te.reduce_axis((0, k), name="r")
     reducer = te.max if case.param("form") == "max" else te.min
-    return [a, b], te.compute((m, n), lambda i, j: reducer(_cast_mul(acc)(a[i, r], b[j, r]), axis=r),
-                              name=f"{case.param('form')}_of_products")
+    out = te.compute((m, n), lambda i, j: reducer(_cast_mul(acc)(a[i, r], b[j, r]), axis=r),
+                     name=f"{case.param('form')}_of_products")
+    return [a, b], out
 
 
 def _batch_matmul(case):
@@ -223,7 +224,8 @@ def _conv(case):
     data = te.placeholder(data_shape, case.a_dtype, name="data")
     if kind == "depthwise":
         if first:
-            kern = te.placeholder((c, case.param("multiplier"), *window), case.b_dtype, name="kernel")
+            kern = te.placeholder((c, case.param("multiplier"), *window), case.b_dtype,
+                                  name="kernel")
             return [data, kern], topi.nn.depthwise_conv2d_nchw(data, kern, stride, pad, dil, acc)
         kern = te.placeholder((*window, c, case.param("multiplier")), case.b_dtype, name="kernel")
         return [data, kern], topi.nn.depthwise_conv2d_nhwc(data, kern, stride, pad, dil,

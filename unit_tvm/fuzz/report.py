@@ -84,5 +84,6 @@ def table(report: FuzzReport) -> str:
     fails = report.failures
     lines.append(f"failures: {len(fails)}" if fails else "failures: none")
     for r in fails:
-        lines.append(f"  {r.outcome}: {r.description}\n    {r.detail}\n    reproduce: {r.reproduce}")
+        lines.append(f"  {r.outcome}: {r.description}\n    {r.detail}\n"
+                     f"    reproduce: {r.reproduce}")
     return "\n".join(lines)

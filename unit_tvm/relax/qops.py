@@ -74,8 +74,13 @@ def _epilogue(recipe, comp, mult, bias, residual):
         else:
             v = (acc - comp[k]).astype("float32") * mult[k] + bias[k]
         if residual is not None:
-            r = residual(*out_idx)
-            if recipe.get("residual_q"):  # a uint8 residual (a pool's result): dequantized here
+            rb = recipe.get("residual_block")
+            if rb:  # a residual in NCHW[rb]c blocks (a shared uint8 edge)
+                b, f, i, j = out_idx
+                r = residual(b, f // rb, i, j, f % rb)
+            else:
+                r = residual(*out_idx)
+            if recipe.get("residual_q"):  # a uint8 residual (a pool's or conv's): dequantized here
                 scale, zp = recipe["residual_q"]
                 r = (r.astype("float32") - tirx.const(float(zp), "float32")) * tirx.const(
                     float(scale), "float32")
@@ -162,8 +167,10 @@ def _placeholders(recipe, x_shape, w_shape):
     comp = None if is_bf16(recipe) else te.placeholder((k,), "int32", name="comp")
     mult = None if is_bf16(recipe) else te.placeholder((k,), "float32", name="mult")
     bias = te.placeholder((k,), "float32", name="bias")
-    residual = te.placeholder(recipe["out_shape"], "uint8" if recipe.get("residual_q") else
-                              "float32", name="residual") if recipe["residual"] else None
+    rb = recipe.get("residual_block")
+    residual = te.placeholder(packed_shape(recipe["out_shape"], rb) if rb else recipe["out_shape"],
+                              "uint8" if recipe.get("residual_q") else "float32",
+                              name="residual") if recipe["residual"] else None
     return x, w, comp, mult, bias, residual
 
 
@@ -319,13 +326,27 @@ def tensorized_graph(recipe, intrin):
         _, oc, oh, ow = recipe["out_shape"]
         x, w, comp, mult, bias, res = _placeholders(
             recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // word, y_blk, word))
-        hp, wpd = h + pt + pb, w_ + pl + pr
+        # output columns computed: padded when their count has no divisor a register tile can
+        # use (17, 71, 73), the extra columns reading padding and cropped by the epilogue
+        owp = tiled_extent(ow)
+        hp, wpd = h + pt + pb, max(w_ + pl + pr, (owp - 1) * sw + (s - 1) * dw + 1)
         ib = recipe.get("in_block")
-        if recipe.get("in_u8") and ib and ib % x_blk == 0 and c % ib == 0 and not any(
-                recipe["padding"]):
+        blocked = recipe.get("in_u8") and ib and ib % x_blk == 0 and c % ib == 0
+        if blocked and not any(recipe["padding"]) and owp == ow:
             # the producer's NCHW[ib]c uint8 already holds every x_blk channels of a pixel
             # together: the instruction reads it in place, no pass over the input
             xb = x
+        elif blocked:
+            # padded, still in the producer's blocks: a copy of whole channel vectors (the
+            # instruction reads x_blk of a block's ib channels in place); indices are clamped
+            # as well as guarded, since a vectorised select may load both sides
+            def xb_body(b, co, i, j, ci):
+                inside = tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl)
+                ic = tirx.max(tirx.min(i - pt, h - 1), 0)
+                jc = tirx.max(tirx.min(j - pl, w_ - 1), 0)
+                return tirx.if_then_else(inside, x[b, co, ic, jc, ci], pad)
+
+            xb = te.compute((n, c // ib, hp, wpd, ib), xb_body, name="xq")
         else:
             # quantize, pad (with the zero point: real 0.0) and pack NCHW -> NCHW[x]c in one pass
             ib = x_blk
@@ -335,8 +356,9 @@ def tensorized_graph(recipe, intrin):
                                          co * x_blk + ci < c),
                                 _load_input(x, recipe, (b, co * x_blk + ci, i - pt, j - pl)),
                                 pad), name="xq")
-        rc, rr, rs = (te.reduce_axis((0, e), name=nm) for e, nm in ((cp, "rc"), (r, "rr"), (s, "rs")))
-        acc = te.compute((n, kp // y_blk, oh, ow, y_blk), lambda b, ko, i, j, ki: te.sum(
+        rc, rr, rs = (te.reduce_axis((0, e), name=nm)
+                      for e, nm in ((cp, "rc"), (r, "rr"), (s, "rs")))
+        acc = te.compute((n, kp // y_blk, oh, owp, y_blk), lambda b, ko, i, j, ki: te.sum(
             xb[b, rc // ib, i * sh + rr * dh, j * sw + rs * dw, rc % ib].astype(acc_t)
             * w[ko, rc // x_blk, rr, rs, rc % x_blk // word, ki, rc % word].astype(acc_t),
             axis=[rc, rr, rs]), name="acc")
@@ -363,6 +385,18 @@ def tensorized_graph(recipe, intrin):
     prepared = prepare(acc, intrin, params=params,
                        epilogue=(out_shape(recipe), out_dtype(recipe), epi, "out"))
     return prepared, (x_blk, y_blk)
+
+
+TILE_WIDTHS = range(4, 9)  # output columns a register tile holds (schedules.cpu: <= MAX_UNROLL)
+
+
+def tiled_extent(extent):
+    """The number of output columns to compute: `extent` when a register tile width divides
+    it, else the next multiple of the width that pads least (17 -> 18, 71 -> 72, 73 -> 75)."""
+    if extent < TILE_WIDTHS[0] or any(extent % t == 0 for t in TILE_WIDTHS):
+        return extent
+    return min((_round_up(extent, t) - extent, -t, _round_up(extent, t))
+               for t in TILE_WIDTHS)[2]
 
 
 def is_depthwise(recipe):

@@ -109,7 +109,8 @@ def _match_start(binding):
         if (str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW"
                 or str(value.args[0].ty.dtype) != "float32"):
             return None
-        return _Chain(binding.var, "conv2d", value.args[0], _np(value.args[1]).astype(np.float64), a)
+        weight = _np(value.args[1]).astype(np.float64)
+        return _Chain(binding.var, "conv2d", value.args[0], weight, a)
     if name == "relax.matmul" and _const(value.args[1]) and len(value.args[1].ty.shape) == 2:
         x = value.args[0]
         if len(x.ty.shape) < 2 or str(x.ty.dtype) != "float32":
@@ -329,6 +330,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
                   (x_scale * w_scale).astype(np.float32), chain.shift.astype(np.float32)]
         by_end[chain.end] = (chain, recipe, consts)
     _requantize_edges(func, chains, by_end)
+    _requantize_shared_edges(func, chains, by_end)
     return _rewrite(mod, chains, by_end, _requantize_through_pools(func, chains, by_end))
 
 
@@ -368,6 +370,37 @@ def _requantize_edges(func, chains, by_end):
             continue
         recipe["out_q"] = [next_recipe["x_scale"], next_recipe["x_zp"]]
         next_recipe["in_u8"] = True
+
+
+def _requantize_shared_edges(func, chains, by_end):
+    """Where every user of a conv's result is a quantized conv that reads it as its input or
+    adds it as its residual (a ResNet or MobileNetV2 block output), the producer writes uint8
+    in the quantization its input readers share (they observed the same tensor), the input
+    readers read it as is and the residual readers dequantize it in their epilogue: the block
+    output travels as uint8 instead of fp32 there and back. UnitTensorize lays such an edge out
+    NCHW[y]c, for input and residual readers alike."""
+    uses = count_uses(_bindings(func), func)
+    readers, adders = {}, {}
+    for c in chains:
+        readers.setdefault(c.x, []).append(c)
+        if c.residual is not None:
+            adders.setdefault(c.residual, []).append(c)
+    for chain in chains:
+        _, recipe, _ = by_end[chain.end]
+        ins, res = readers.get(chain.end, []), adders.get(chain.end, [])
+        if (recipe.get("out_q") or not ins or len(ins) + len(res) != uses.get(chain.end, 0)
+                or recipe["kind"] != "conv2d" or len(recipe["out_shape"]) != 4):
+            continue
+        users = [by_end[c.end][1] for c in ins + res]
+        if any(r["kind"] != "conv2d" or "nd_in_shape" in r or "nd_out_shape" in r
+               for r in users):
+            continue
+        scale, zp = users[0]["x_scale"], users[0]["x_zp"]
+        recipe["out_q"] = [scale, zp]
+        for c in ins:
+            by_end[c.end][1].update(x_scale=scale, x_zp=zp, in_u8=True)
+        for c in res:
+            by_end[c.end][1]["residual_q"] = [scale, zp]
 
 
 def _requantize_through_pools(func, chains, by_end):
@@ -487,7 +520,7 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
     x_arg = u8_of[chain.x] if chain.x in u8_of else _sub(chain.x, remap)
     residual = None
     if chain.residual is not None:
-        residual = (u8_of[chain.residual] if recipe.get("residual_q")
+        residual = (u8_of[chain.residual] if chain.residual in u8_of
                     else _sub(chain.residual, remap))
     if "nd_in_shape" in recipe:  # N-D dense: rows flattened around the kernel
         x_arg = bb.emit(relax.op.reshape(x_arg, recipe["in_shape"]))

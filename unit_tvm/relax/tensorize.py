@@ -80,8 +80,8 @@ class UnitTensorize:
             if built[key] is None:
                 continue
             gv, layout_weight, final = built[key]
-            if i in consumer:
-                recipes[consumer[i]]["in_block"] = final["out_block"]
+            for j, role in consumer.get(i, ()):
+                recipes[j]["in_block" if role == "x" else "residual_block"] = final["out_block"]
             if i in pooled:
                 pools[pooled[i]] = final["out_block"]
             args = list(call.args[1].fields)
@@ -298,20 +298,29 @@ def _producers(func, calls):
 
 
 def _packed_consumers(func, calls, recipes):
-    """{producer index: consumer index} of the edges that become NCHW[y]c: where a conv's
-    uint8 result (requantized) feeds exactly one conv, the producer writes NCHW[y]c (y: its
-    instruction's output block, e.g. 16 for VNNI and AMX) and the consumer reads it, so neither a
-    scatter to NCHW nor a full repack sits between two int8 convs."""
-    _, producer_of = _producers(func, calls)
+    """{producer index: [(consumer index, "x" | "residual")]} of the edges that become
+    NCHW[y]c: where a conv's uint8 result (requantized) goes only to quantized convs, as their
+    input or as the residual they add, the producer writes NCHW[y]c (y: its instruction's
+    output block, e.g. 16 for VNNI and AMX) and every reader reads the blocks, so neither a
+    scatter to NCHW nor a repack sits between two int8 convs."""
+    bindings, producer_of = _producers(func, calls)
+    count = uses(bindings, func)
     out = {}
     for j, (call, recipe) in enumerate(zip(calls, recipes)):
-        x = call.args[1].fields[0]
-        i = producer_of.get(x) if isinstance(x, relax.Var) else None
-        if i is None or not recipe.get("in_u8") or recipe["kind"] != "conv2d":
+        if recipe["kind"] != "conv2d":
             continue
-        if recipes[i]["kind"] == "conv2d" and recipes[i].get("out_q"):
-            out[i] = j
-    return out
+        fields = list(call.args[1].fields)
+        roles = [(fields[0], "x", recipe.get("in_u8"))]
+        if recipe.get("residual"):
+            roles.append((fields[-1], "residual", recipe.get("residual_q")))
+        for arg, role, is_u8 in roles:
+            i = producer_of.get(arg) if isinstance(arg, relax.Var) else None
+            if (i is not None and is_u8 and recipes[i]["kind"] == "conv2d"
+                    and recipes[i].get("out_q")):
+                out.setdefault(i, []).append((j, role))
+    var_of = {i: v for v, i in producer_of.items()}
+    # an edge is laid out in blocks only when every one of its readers reads the blocks
+    return {i: readers for i, readers in out.items() if len(readers) == count.get(var_of[i])}
 
 
 def _pooled_producers(func, calls, recipes):
