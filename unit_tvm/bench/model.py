@@ -63,6 +63,10 @@ def run_model(name, *, engines=ENGINES, n_inputs=8, rounds=10, log=print, **opti
     """Build every engine, check its accuracy, time them interleaved; a plain-data result."""
     case = make_case(name, n_inputs, **options)
     refs = _references(case)
+    # the inputs are shared by every engine: one that writes into them (OpenVINO does, into
+    # arrays it is handed) must fail loudly rather than change the others' inputs
+    for x in case.inputs + case.calibration:
+        x.setflags(write=False)
     built: dict[str, Engine] = {}
     for engine in engines:
         builder, wants_refs = BUILDERS[engine]
