@@ -554,3 +554,86 @@ def test_odd_widths_are_computed_padded_and_cropped_exactly():
     for got, base, ref in zip(_run(ex, xs), plain, refs):
         np.testing.assert_array_equal(got, base)
         assert _cos(got, ref) > 0.995
+
+
+class InceptionLike(nn.Module):
+    """Two Inception-style blocks: branches of convs (one ending in an inner concat, one after
+    an average pool) concatenated; the concat read by a strided conv, a max-pool (both into a
+    second concat) and an average pool feeding a conv."""
+
+    def __init__(self):
+        super().__init__()
+        conv = nn.Conv2d
+        self.stem = conv(3, 16, 3, padding=1)
+        self.b1, self.b2a, self.b2b = conv(16, 16, 1), conv(16, 8, 1), conv(8, 16, 3, padding=1)
+        self.b3, self.b3x = conv(16, 16, 1), conv(16, 16, (1, 3), padding=(0, 1))
+        self.b3y, self.bp = conv(16, 16, (3, 1), padding=(1, 0)), conv(16, 16, 1)
+        self.down, self.head = conv(80, 32, 3, stride=2), conv(112, 32, 1)
+        self.pooled = conv(80, 16, 1)
+
+    def forward(self, x):
+        r = torch.relu
+        x = r(self.stem(x))
+        y = r(self.b3(x))
+        cat1 = torch.cat([r(self.b1(x)), r(self.b2b(r(self.b2a(x)))),
+                          torch.cat([r(self.b3x(y)), r(self.b3y(y))], 1),
+                          r(self.bp(nn.functional.avg_pool2d(x, 3, 1, 1)))], 1)
+        cat2 = torch.cat([r(self.down(cat1)), nn.functional.max_pool2d(cat1, 3, 2)], 1)
+        a = self.head(cat2).mean((2, 3))
+        b = self.pooled(nn.functional.avg_pool2d(cat1, 3, 1, 1, count_include_pad=False))
+        return torch.cat([a, b.mean((2, 3))], 1)
+
+
+def test_concats_and_pools_carry_uint8():
+    """Inception's concats run on uint8: the branch convs requantize into the concat's
+    quantization (an inner concat's too), the concat's conv readers read it as is, an average
+    pool sums it in integers and requantizes for its conv, a max-pool of it is requantized into
+    the next concat. Equal to TVM's plain build of the same quantized graph, close to fp32."""
+    require_host("x86.vpdpbusd")
+    model = InceptionLike()
+    cal, xs, refs = _prepare(model, (1, 3, 15, 15))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    script = qmod["main"].script()
+    concats = [ln for ln in script.splitlines() if "R.concat" in ln]
+    assert sum('dtype="uint8"' in ln.split(") = ")[0] for ln in concats) == 3, concats
+    assert sum("qavg_pool" in ln for ln in script.splitlines() if "call_tir" in ln) == 1
+    by_name = dict(recipes(qmod))
+    assert sum(bool(r.get("in_u8")) for r in by_name.values()) >= 4  # down, pooled, head...
+    tpass = UnitTensorize(unit_tvm.target.host())
+    ex = build_relax(tpass(qmod), unit_tvm.target.host())
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, ref in zip(_run(ex, xs), plain, refs):
+        np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
+        assert _cos(got, ref) > 0.995
+
+
+@pytest.mark.parametrize("shape,window,stride,padding,include_pad", [
+    ((1, 5, 9, 11), 3, 2, 1, False),  # strided: the te graph with the default schedule
+    ((1, 5, 9, 11), 3, 1, 1, True),  # rows of 9 interior columns: one 8-lane vector + overlap
+    ((1, 16, 20, 30), (3, 5), 1, (1, 2), False),  # 16 lanes, overlapping last vector, 4 edges
+    ((1, 32, 17, 17), 3, 1, 1, True),  # Inception's 17x17
+])
+def test_uint8_average_pool_is_the_pool_of_real_values(shape, window, stride, padding,
+                                                       include_pad):
+    """u8_values.avg_pool_func == quantize(avg_pool2d(dequantize(x))) computed in float64
+    (padding is real 0.0), up to one step where a value lies on a rounding tie."""
+    from unit_tvm.relax import u8_values
+    from unit_tvm.relax.cpu_default import DefaultCPUSchedule
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, shape, dtype=np.uint8)
+    src, dst = u8_values.QParams(0.0513, 37), u8_values.QParams(0.0297, 12)
+    call = relax.op.nn.avg_pool2d(relax.Var("x", relax.TensorType(shape, "float32")), window,
+                                  stride, padding, count_include_pad=include_pad)
+    func = u8_values.avg_pool_func(shape, call.attrs, u8_values.AvgPoolPlan(src, dst))
+    mod = DefaultCPUSchedule()(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
+    lib = tvm.compile(mod, target=unit_tvm.target.host())
+    real = torch.tensor((x.astype(np.float64) - src.zp) * src.scale)
+    pooled = nn.functional.avg_pool2d(real, window, stride, padding,
+                                      count_include_pad=include_pad).numpy()
+    want = np.clip(np.round(pooled / dst.scale) + dst.zp, 0, 255)
+    out = tvm.runtime.tensor(np.zeros(want.shape, np.uint8))
+    lib(tvm.runtime.tensor(x), out)
+    diff = np.abs(out.numpy().astype(np.int64) - want)
+    assert diff.max() <= 1 and (diff > 0).mean() < 0.01

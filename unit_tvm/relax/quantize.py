@@ -28,6 +28,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from . import u8_values
 from .graph import is_nchw_max_pool, max_pool_on, uses as count_uses
 from .qops import ATTR, out_dtype, plain_func
 
@@ -331,7 +332,9 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
         by_end[chain.end] = (chain, recipe, consts)
     _requantize_edges(func, chains, by_end)
     _requantize_shared_edges(func, chains, by_end)
-    return _rewrite(mod, chains, by_end, _requantize_through_pools(func, chains, by_end))
+    pools = _requantize_through_pools(func, chains, by_end)
+    return _rewrite(mod, chains, by_end, pools,
+                    u8_values.plan(_bindings(func), func, chains, by_end, pools))
 
 
 def _to_bfloat16(mod, chains):
@@ -457,14 +460,16 @@ def _free_vars(expr):
     return found
 
 
-def _rewrite(mod, chains, by_end, pools=None):
+def _rewrite(mod, chains, by_end, pools=None, plan=None):
     """Re-emit main with every chain replaced by its int8 call. Emission follows dependencies:
     a chain is emitted where it ends, after its inputs (a residual may be defined later in the
     original order, e.g. a downsample branch). pools: {max-pool var: (scale, zp)} of the pools
-    that run on their uint8 producer; their uint8 result goes to the convs that read uint8, a
-    dequantized copy to every other user (DCE drops it when there is none)."""
+    that run on their uint8 producer; plan: the uint8 concats and pools (u8_values.plan).
+    Their uint8 results go to the convs that read uint8, a dequantized copy to every other user
+    (DCE drops it when there is none)."""
     pools = pools or {}
-    u8_of = {}
+    plan = plan or u8_values.U8Plan({}, {}, {})
+    u8_of = {}  # var -> (uint8 expression, QParams) of the values carried as uint8
     func = mod["main"]
     removed = set()
     for c in chains:
@@ -473,6 +478,46 @@ def _rewrite(mod, chains, by_end, pools=None):
     bb = relax.BlockBuilder(mod)
     remap = {}
     counter = [0]
+
+    def u8_source(var):
+        """(uint8 expression, QParams) of a value carried as uint8 (a pool's or concat's, or a
+        chain's requantized result), or None."""
+        if var in u8_of:
+            return u8_of[var]
+        if var in by_end and by_end[var][1].get("out_q"):
+            return remap[var], u8_values.QParams(*by_end[var][1]["out_q"])
+        return None
+
+    def u8_value(var, value, q):
+        """Emit `value`, var's uint8 result in quantization q; remap gets a dequantized copy."""
+        u8_of[var] = (bb.emit(value), q)
+        real = u8_values.dequantize(u8_of[var][0], q)
+        remap[var] = (bb.emit(real) if isinstance(by_var[var].var, relax.DataflowVar)
+                      else bb.emit_output(real))
+
+    def emit_special(var, b):
+        if var in pools or var in plan.max_pools:
+            src, q = u8_source(b.value.args[0])
+            u8_value(var, max_pool_on(b.value, src), q)
+        elif var in plan.concats:
+            q = plan.concats[var]
+            parts = []
+            for field in b.value.args[0].fields:
+                found = u8_source(field)
+                parts.append(bb.emit(u8_values.requantize(found[0], found[1], q)) if found
+                             else bb.emit(u8_values.quantize(_sub(field, remap), q)))
+            u8_value(var, relax.op.concat(parts, axis=1), q)
+        else:  # a uint8 average pool
+            pool = plan.avg_pools[var]
+            src, q = u8_source(b.value.args[0])
+            name = f"qavg_pool_{counter[0]}"
+            counter[0] += 1
+            func_p = u8_values.avg_pool_func(b.value.args[0].ty.shape, b.value.attrs, pool)
+            gv = bb.add_func(func_p.with_attr("global_symbol", name), name)
+            u8_value(var, relax.call_tir(gv, [bb.emit(u8_values.requantize(src, q, pool.source))],
+                                         relax.TensorType(b.value.ty.shape, "uint8")), pool.result)
+
+    special = set(pools) | set(plan.concats) | set(plan.avg_pools) | set(plan.max_pools)
 
     def emit_var(var):
         if var in remap or var not in by_var:
@@ -487,14 +532,8 @@ def _rewrite(mod, chains, by_end, pools=None):
             emit_var(d)
         if var in by_end:
             remap[var] = _emit_chain(bb, chain, recipe, consts, remap, counter, b.var, u8_of)
-        elif var in pools:
-            u8_of[var] = bb.emit(max_pool_on(b.value, remap[b.value.args[0]]))
-            scale, zp = pools[var]
-            real = relax.op.multiply(relax.op.subtract(relax.op.astype(u8_of[var], "float32"),
-                                                       relax.const(float(zp), "float32")),
-                                     relax.const(float(scale), "float32"))
-            remap[var] = bb.emit(real) if isinstance(b.var, relax.DataflowVar) else \
-                bb.emit_output(real)
+        elif var in special:
+            emit_special(var, b)
         else:
             value = _sub(b.value, remap)
             remap[var] = (bb.emit(value) if isinstance(b.var, relax.DataflowVar)
@@ -517,11 +556,12 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
     name = f"q{recipe['kind']}_{counter[0]}"
     counter[0] += 1
     gv = bb.add_func(plain_func(recipe).with_attr("global_symbol", name), name)
-    x_arg = u8_of[chain.x] if chain.x in u8_of else _sub(chain.x, remap)
+    x_arg = u8_of[chain.x][0] if recipe.get("in_u8") and chain.x in u8_of else _sub(chain.x,
+                                                                                       remap)
     residual = None
     if chain.residual is not None:
-        residual = (u8_of[chain.residual] if chain.residual in u8_of
-                    else _sub(chain.residual, remap))
+        residual = (u8_of[chain.residual][0] if recipe.get("residual_q")
+                    and chain.residual in u8_of else _sub(chain.residual, remap))
     if "nd_in_shape" in recipe:  # N-D dense: rows flattened around the kernel
         x_arg = bb.emit(relax.op.reshape(x_arg, recipe["in_shape"]))
     if residual is not None and "nd_out_shape" in recipe:
