@@ -568,8 +568,9 @@ class InceptionLike(nn.Module):
         self.b1, self.b2a, self.b2b = conv(16, 16, 1), conv(16, 8, 1), conv(8, 16, 3, padding=1)
         self.b3, self.b3x = conv(16, 16, 1), conv(16, 16, (1, 3), padding=(0, 1))
         self.b3y, self.bp = conv(16, 16, (3, 1), padding=(1, 0)), conv(16, 16, 1)
-        self.down, self.head = conv(80, 32, 3, stride=2), conv(112, 32, 1)
-        self.pooled = conv(80, 16, 1)
+        self.down, self.head = conv(80, 32, 3, stride=2), conv(48, 32, 1)
+        self.pooled, self.pooled2 = conv(80, 16, 1), conv(48, 16, 1)
+        self.e1, self.e2, self.e3 = conv(112, 16, 1), conv(112, 16, 3, padding=1), conv(112, 16, 1)
 
     def forward(self, x):
         r = torch.relu
@@ -579,28 +580,39 @@ class InceptionLike(nn.Module):
                           torch.cat([r(self.b3x(y)), r(self.b3y(y))], 1),
                           r(self.bp(nn.functional.avg_pool2d(x, 3, 1, 1)))], 1)
         cat2 = torch.cat([r(self.down(cat1)), nn.functional.max_pool2d(cat1, 3, 2)], 1)
-        a = self.head(cat2).mean((2, 3))
+        # a block whose parts are all convs and whose readers convs and a pool: NCHW16c
+        e = torch.cat([r(self.e1(cat2)), torch.cat([r(self.e2(cat2)), r(self.e3(cat2))], 1)], 1)
+        a = self.head(e).mean((2, 3))
         b = self.pooled(nn.functional.avg_pool2d(cat1, 3, 1, 1, count_include_pad=False))
-        return torch.cat([a, b.mean((2, 3))], 1)
+        c = self.pooled2(nn.functional.avg_pool2d(e, 3, 1, 1))
+        return torch.cat([a, b.mean((2, 3)), c.mean((2, 3))], 1)
 
 
 def test_concats_and_pools_carry_uint8():
     """Inception's concats run on uint8: the branch convs requantize into the concat's
     quantization (an inner concat's too), the concat's conv readers read it as is, an average
     pool sums it in integers and requantizes for its conv, a max-pool of it is requantized into
-    the next concat. Equal to TVM's plain build of the same quantized graph, close to fp32."""
+    the next concat. After UnitTensorize the concat whose parts and readers are all convs (and
+    a pool) is NCHW16c throughout: parts write blocks, the pool runs on them. Equal to TVM's
+    plain build of the same quantized graph, close to fp32."""
     require_host("x86.vpdpbusd")
     model = InceptionLike()
     cal, xs, refs = _prepare(model, (1, 3, 15, 15))
     qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
     script = qmod["main"].script()
     concats = [ln for ln in script.splitlines() if "R.concat" in ln]
-    assert sum('dtype="uint8"' in ln.split(") = ")[0] for ln in concats) == 3, concats
-    assert sum("qavg_pool" in ln for ln in script.splitlines() if "call_tir" in ln) == 1
+    assert sum('dtype="uint8"' in ln.split(") = ")[0] for ln in concats) == 5, concats
+    assert sum("qavg_pool" in ln for ln in script.splitlines() if "call_tir" in ln) == 2
     by_name = dict(recipes(qmod))
-    assert sum(bool(r.get("in_u8")) for r in by_name.values()) >= 4  # down, pooled, head...
+    assert sum(bool(r.get("in_u8")) for r in by_name.values()) >= 6  # down, pooled, head...
     tpass = UnitTensorize(unit_tvm.target.host())
-    ex = build_relax(tpass(qmod), unit_tvm.target.host())
+    tmod = tpass(qmod)
+    tscript = tmod["main"].script()
+    blocked = [ln for ln in tscript.splitlines() if "R.concat" in ln
+               and re.search(r"R.Tensor\(\(1, \d+, \d+, \d+, 16\)", ln.split(") = ")[0])]
+    assert len(blocked) == 2, tscript  # e and its inner concat
+    assert "qavg_pool" in tscript and "_blocked" in tscript
+    ex = build_relax(tmod, unit_tvm.target.host())
     assert all(instr for _, instr, _ in tpass.report), tpass.report
     plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
     for got, base, ref in zip(_run(ex, xs), plain, refs):

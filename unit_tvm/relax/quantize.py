@@ -504,8 +504,11 @@ def _rewrite(mod, chains, by_end, pools=None, plan=None):
             parts = []
             for field in b.value.args[0].fields:
                 found = u8_source(field)
-                parts.append(bb.emit(u8_values.requantize(found[0], found[1], q)) if found
-                             else bb.emit(u8_values.quantize(_sub(field, remap), q)))
+                part = (u8_values.requantize(found[0], found[1], q) if found
+                        else u8_values.quantize(_sub(field, remap), q))
+                # a part already in q is the producer's own variable (what the layout pass
+                # follows), not an alias of it
+                parts.append(part if found and part.same_as(found[0]) else bb.emit(part))
             u8_value(var, relax.op.concat(parts, axis=1), q)
         else:  # a uint8 average pool
             pool = plan.avg_pools[var]
@@ -514,7 +517,8 @@ def _rewrite(mod, chains, by_end, pools=None, plan=None):
             counter[0] += 1
             func_p = u8_values.avg_pool_func(b.value.args[0].ty.shape, b.value.attrs, pool)
             gv = bb.add_func(func_p.with_attr("global_symbol", name), name)
-            u8_value(var, relax.call_tir(gv, [bb.emit(u8_values.requantize(src, q, pool.source))],
+            src = u8_values.requantize(src, q, pool.source)
+            u8_value(var, relax.call_tir(gv, [src if isinstance(src, relax.Var) else bb.emit(src)],
                                          relax.TensorType(b.value.ty.shape, "uint8")), pool.result)
 
     special = set(pools) | set(plan.concats) | set(plan.avg_pools) | set(plan.max_pools)

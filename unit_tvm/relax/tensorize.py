@@ -24,6 +24,7 @@ from ..target import as_target
 from .graph import is_nchw_max_pool, max_pool_on, uses
 from .qops import (ATTR, candidates, out_dtype, out_shape, pack_weight, plain_func,
                    plain_weight, tensorized_func, tensorized_graph, tuning_form)
+from .u8_values import POOL_ATTR, blocked_pool_func, pool_out_shape
 
 
 def _recipe_of(mod, call):
@@ -67,16 +68,26 @@ class UnitTensorize:
         recipes = [json.loads(json.dumps(_recipe_of(mod, c))) for c in calls]
         consumer = _packed_consumers(func, calls, recipes)
         pooled = _pooled_producers(func, calls, recipes)
+        concats = _packed_concats(mod, func, calls, recipes, self.target)
+        for j, block in concats.readers.items():
+            recipes[j]["in_block"] = block
         bb = relax.BlockBuilder(mod)
         built, replace, pools = {}, [], {}
+        for pool, block in concats.pools.items():
+            func_p = blocked_pool_func(mod[pool.args[0]], block)
+            name = f"{pool.args[0].name_hint}_blocked"
+            replace.append((pool, bb.add_func(func_p.with_attr("global_symbol", name), name),
+                            list(pool.args[1].fields),
+                            relax.TensorType(pool_out_shape(mod[pool.args[0]], block), "uint8")))
         # calls come in post order (producers first): a producer's output block is known (its
         # instruction's) before its consumer's recipe is keyed
         for i, (call, recipe) in enumerate(zip(calls, recipes)):
-            packed_out = i in consumer or i in pooled
-            key = json.dumps([recipe, packed_out], sort_keys=True)
+            block = concats.producers.get(i)  # a concat's blocks are fixed for all its parts
+            packed_out = i in consumer or i in pooled or block is not None
+            key = json.dumps([recipe, packed_out, block], sort_keys=True)
             if key not in built:
                 built[key] = self._entry(bb, recipe, packed_out, _recipe_of(mod, call),
-                                         len(built))
+                                         len(built), block)
             if built[key] is None:
                 continue
             gv, layout_weight, final = built[key]
@@ -100,11 +111,12 @@ class UnitTensorize:
             return self.database
         return Database(self.database)
 
-    def _entry(self, bb, recipe, packed_out, original, index):
+    def _entry(self, bb, recipe, packed_out, original, index, block=None):
         """(GlobalVar, weight layout function, final recipe) of the function that computes
         recipe — tensorized, else the plain int8 loop nest when the layout changes — or None to
-        keep the call as it is. packed_out: the result goes to a packed edge (NCHW[y]c)."""
-        entry = self._build(recipe, packed_out)
+        keep the call as it is. packed_out: the result goes to a packed edge (NCHW[y]c); block:
+        y when the edge fixes it (a concat's parts), else the instruction's."""
+        entry = self._build(recipe, packed_out, block)
         name = f"unit_{recipe['kind']}_{index}"
         label = self.report[-1][0] if self.report else recipe["kind"]
         if entry is not None:
@@ -114,20 +126,23 @@ class UnitTensorize:
                     lambda w: pack_weight(final, w, *blocks), final)
         if packed_out:
             found = candidates(recipe, self.target)
-            recipe = dict(recipe, out_block=found[0].channel_blocks[1] if found else 16)
+            recipe = dict(recipe, out_block=block or (found[0].channel_blocks[1] if found
+                                                      else 16))
         if recipe != original:  # a packed edge: the plain loop nest reads / writes the blocks
             self.kernels[name] = KernelInfo(name, label, "", macs(recipe))
             func_p = plain_func(recipe).with_attr("global_symbol", name)
             return bb.add_func(func_p, name), lambda w: plain_weight(recipe, w), recipe
         return None
 
-    def _build(self, recipe, packed_out):
+    def _build(self, recipe, packed_out, block=None):
         """(tensorized PrimFunc, (x, y), final recipe), or None with the reason reported. Every
-        candidate instruction is an alternative (packed_out: with its own output block); the
-        database or a race of the tuner picks one, the rest are fallbacks in preference order."""
+        candidate instruction is an alternative (packed_out: with its own output block, or only
+        those whose block is `block`); the database or a race of the tuner picks one, the rest
+        are fallbacks in preference order."""
         label = f"{recipe['kind']} {recipe['in_shape']}->{recipe['out_shape']}"
         reasons = []
-        found = candidates(recipe, self.target)
+        found = [i for i in candidates(recipe, self.target)
+                 if block is None or i.channel_blocks[1] == block]
         if recipe.get("groups", 1) != 1 and not found:
             # expected, not a warning: a grouped conv, or a depthwise one that is dilated or on
             # a host without a lanewise instruction; the int8 loop nest gets the default CPU
@@ -152,7 +167,8 @@ class UnitTensorize:
 
         chosen, config = (found[0] if found else None), None
         database = self._database()
-        remembered = _remembered_choice(database, recipe, packed_out, self.target, found)
+        remembered = _remembered_choice(database, recipe, (packed_out, block), self.target,
+                                        found)
         if remembered is not None and alternative(remembered) is not None:
             # an earlier race decided: only that instruction's graph is built
             from ..tuner import tune
@@ -170,7 +186,8 @@ class UnitTensorize:
                     trials=self.trials, database=database, measure=bool(self.tune))
                 chosen, config = alts[index][0], result.config
                 if database is not None and result.gops > 0:  # measured now or before
-                    _remember_choice(database, recipe, packed_out, self.target, chosen, result)
+                    _remember_choice(database, recipe, (packed_out, block), self.target, chosen,
+                                     result)
             except RuntimeError as e:
                 reasons.append(str(e).splitlines()[0])
         for intrin in ([chosen] if chosen else []) + [i for i in found if i is not chosen]:
@@ -211,24 +228,27 @@ def macs(recipe) -> int:
     return n
 
 
-def _choice_key(recipe, packed_out):
-    """Database workload key of the instruction choice for one quantized op (its shape)."""
-    text = json.dumps([tuning_form(recipe), bool(packed_out)], sort_keys=True)
+def _choice_key(recipe, edge):
+    """Database workload key of the instruction choice for one quantized op (its shape); edge:
+    (whether its result is packed, the block a concat fixes or None)."""
+    packed_out, block = edge
+    text = json.dumps([tuning_form(recipe), bool(packed_out)] + ([block] if block else []),
+                      sort_keys=True)
     return "choice:" + hashlib.sha1(text.encode()).hexdigest()
 
 
-def _remembered_choice(database, recipe, packed_out, target, found):
+def _remembered_choice(database, recipe, edge, target, found):
     """The candidate the latest race chose for this op (a database record), or None."""
     if database is None:
         return None
-    rec = database.latest(_choice_key(recipe, packed_out), target)
+    rec = database.latest(_choice_key(recipe, edge), target)
     return next((i for i in found if rec is not None and i.name == rec["intrinsic"]), None)
 
 
-def _remember_choice(database, recipe, packed_out, target, intrin, result):
+def _remember_choice(database, recipe, edge, target, intrin, result):
     """Record which instruction won for this op, so that a later build of the model prepares
     only that one (each candidate's graph costs up to ~1 s to prepare)."""
-    database.append(_choice_key(recipe, packed_out), target, intrin.name, result.config.key(),
+    database.append(_choice_key(recipe, edge), target, intrin.name, result.config.key(),
                     result.gops, choice=True)
 
 
@@ -336,4 +356,93 @@ def _pooled_producers(func, calls, recipes):
         if (i is not None and count.get(src) == 1 and recipes[i]["kind"] == "conv2d"
                 and recipes[i].get("out_q") and len(recipes[i]["out_shape"]) == 4):
             out[i] = b.value
+    return out
+
+
+class _ConcatEdges(NamedTuple):
+    """uint8 channel concats laid out NCHW[block]c: their parts' producers write the blocks,
+    the concat joins them along the block axis, its readers read them."""
+
+    producers: dict  # call index -> block
+    readers: dict  # call index (a conv reading a blocked concat or pool) -> block
+    pools: dict  # average pool call (uint8, POOL_ATTR) -> block
+
+
+def _is_u8_concat(value):
+    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+            and value.op.name == "relax.concat" and isinstance(value.args[0], relax.Tuple)
+            and str(value.ty.dtype) == "uint8" and value.ty.ndim == 4
+            and int(value.attrs.axis) in (1, -3))
+
+
+def _is_pool_call(mod, value):
+    if not (isinstance(value, relax.Call) and value.op.name == "relax.call_tir"):
+        return False
+    f = mod.functions.get(value.args[0]) if isinstance(value.args[0], tvm.ir.GlobalVar) else None
+    return isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and POOL_ATTR in f.attrs
+
+
+def _packed_concats(mod, func, calls, recipes, target):
+    """The uint8 concats (u8_values) whose every part is a requantizing conv read only by the
+    concat (or an inner concat of such parts) and whose every reader is a conv reading it as its
+    input or an average pool read only by such convs: laid out in the blocks of the first
+    part's instruction, when every part's channels are whole blocks. Others stay NCHW."""
+    bindings, producer_of = _producers(func, calls)
+    count = uses(bindings, func)
+    value_of = {b.var: b.value for b in bindings}
+    readers_of = {}
+    for b in bindings:
+        if isinstance(b.value, relax.Call):
+            for a in (b.value.args[1].fields if b.value.op.name == "relax.call_tir"
+                      else b.value.args[0].fields if _is_u8_concat(b.value) else ()):
+                if isinstance(a, relax.Var):
+                    readers_of.setdefault(a, []).append(b)
+
+    def parts(var):
+        """(producer call indices, inner concat vars) of a concat, or None."""
+        found, inner = [], []
+        for f in value_of[var].args[0].fields:
+            if not isinstance(f, relax.Var) or count.get(f) != 1:
+                return None
+            i = producer_of.get(f)
+            if i is not None and recipes[i]["kind"] == "conv2d" and recipes[i].get("out_q"):
+                found.append(i)
+            elif _is_u8_concat(value_of.get(f)) and parts(f) is not None:
+                sub, sub_inner = parts(f)
+                found, inner = found + sub, inner + [f] + sub_inner
+            else:
+                return None
+        return found, inner
+
+    def conv_reader(b, var):
+        i = producer_of.get(b.var)
+        return (i is not None and recipes[i]["kind"] == "conv2d" and recipes[i].get("in_u8")
+                and b.value.args[1].fields[0].same_as(var)
+                and not (recipes[i].get("residual") and b.value.args[1].fields[-1].same_as(var)))
+
+    out = _ConcatEdges({}, {}, {})
+    inner_done = set()
+    for b in reversed(bindings):  # outer concats first: an inner one goes with its outer one
+        if not _is_u8_concat(b.value) or b.var in inner_done:
+            continue
+        found = parts(b.var)
+        readers = readers_of.get(b.var, [])
+        if found is None or len(readers) != count.get(b.var):
+            continue
+        pools = [r for r in readers if _is_pool_call(mod, r.value)]
+        pool_readers = [(p, readers_of.get(p.var, [])) for p in pools]
+        if not (all(conv_reader(r, b.var) or r in pools for r in readers) and all(
+                rs and len(rs) == count.get(p.var) and all(conv_reader(r, p.var) for r in rs)
+                for p, rs in pool_readers)):
+            continue
+        first = candidates(recipes[found[0][0]], target)
+        block = first[0].channel_blocks[1] if first else 16
+        if any(recipes[i]["out_channels"] % block for i in found[0]):
+            continue
+        inner_done.update(found[1])
+        out.producers.update({i: block for i in found[0]})
+        for r in readers + [r for _, rs in pool_readers for r in rs]:
+            if r not in pools:
+                out.readers[producer_of[r.var]] = block
+        out.pools.update({p.value: block for p in pools})
     return out

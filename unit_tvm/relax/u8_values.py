@@ -15,6 +15,7 @@ The plan is made on the fp32 graph after calibration (`plan`); `_rewrite` in qua
 it with the helpers below.
 """
 
+import json
 from typing import NamedTuple
 
 import tvm
@@ -175,16 +176,85 @@ class _Pool(NamedTuple):
         return (h + pt + pb - kh) // sh + 1, (w + pl + pr - kw) // sw + 1
 
 
+POOL_ATTR = "unit_tvm.pool"  # a uint8 average pool's geometry and quantization (JSON)
+
+
 def avg_pool_func(shape, attrs, pool: AvgPoolPlan) -> tvm.tirx.PrimFunc:
     """PrimFunc(x uint8 NCHW, out uint8 NCHW): relax.nn.avg_pool2d(attrs) of the real values
     (padding is real 0.0, the source's zero point), summed in int32 and requantized once.
     Stride-1 rows get a vectorised kernel (below); anything else a te graph for the default
-    schedule."""
+    schedule. The function carries its description (POOL_ATTR) so that UnitTensorize can
+    rebuild it for a blocked layout (`blocked_pool_func`)."""
     geo = _Pool(tuple(int(s) for s in shape), tuple(int(v) for v in attrs.pool_size),
                 tuple(int(v) for v in attrs.strides), tuple(int(v) for v in attrs.padding),
                 bool(attrs.count_include_pad), pool)
     lanes = _row_lanes(geo)
-    return _vector_pool(geo, lanes) if lanes else _te_pool(geo)
+    func = _vector_pool(geo, lanes) if lanes else _te_pool(geo)
+    return func.with_attr(POOL_ATTR, _describe(geo))
+
+
+def _describe(geo):
+    return json.dumps({"shape": geo.shape, "window": geo.window, "strides": geo.strides,
+                       "padding": geo.padding, "include_pad": geo.include_pad,
+                       "source": list(geo.plan.source), "result": list(geo.plan.result)})
+
+
+def _geometry(text):
+    d = json.loads(text)
+    return _Pool(tuple(d["shape"]), tuple(d["window"]), tuple(d["strides"]),
+                 tuple(d["padding"]), d["include_pad"],
+                 AvgPoolPlan(QParams(*d["source"]), QParams(*d["result"])))
+
+
+def blocked_shape(shape, block):
+    """NCHW -> NCHW[block]c (channels a multiple of block)."""
+    n, c, h, w = shape
+    return (n, c // block, h, w, block)
+
+
+def pool_out_shape(func, block):
+    """The result shape of a pool function rebuilt with blocked_pool_func(func, block)."""
+    geo = _geometry(str(func.attrs[POOL_ATTR]))
+    return blocked_shape((*geo.shape[:2], *geo.out_hw), block)
+
+
+def blocked_pool_func(func, block) -> tvm.tirx.PrimFunc:
+    """The average pool of `func` (made by avg_pool_func) on NCHW[block]c uint8, same layout
+    out: each output pixel is one vector of `block` channels, every tap a contiguous load,
+    the window's bounds checks scalar."""
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    geo = _geometry(str(func.attrs[POOL_ATTR]))
+    n, c, h, w = geo.shape
+    (kh, kw), (sh, sw) = geo.window, geo.strides
+    pt, pl = geo.padding[:2]
+    oh, ow = geo.out_hw
+    zp_in = tirx.const(geo.plan.source.zp, "int32")
+    zero = tirx.const(0, "int32")
+    with IRBuilder() as ib:
+        with T.prim_func():
+            T.func_name("qavg_pool_blocked")
+            T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
+            x = T.arg("x", T.buffer(blocked_shape(geo.shape, block), "uint8"))
+            out = T.arg("out", T.buffer(blocked_shape((n, c, oh, ow), block), "uint8"))
+            with T.sblock("root"):  # Relax's pattern analysis expects a root block
+                with T.parallel(0, n * (c // block) * oh) as row:
+                    b, cb, i = row // (c // block * oh), row // oh % (c // block), row % oh
+                    with T.serial(0, ow) as j:
+                        with T.vectorized(0, block) as lane:
+                            total = zero
+                            for dh in range(kh):
+                                for dw in range(kw):
+                                    r, col = i * sh - pt + dh, j * sw - pl + dw
+                                    v = x[b, cb, tirx.max(tirx.min(r, h - 1), 0),
+                                          tirx.max(tirx.min(col, w - 1), 0), lane]
+                                    total = total + tirx.if_then_else(
+                                        tirx.all(r >= 0, r < h, col >= 0, col < w),
+                                        v.astype("int32") - zp_in, zero)
+                            T.buffer_store(out, _requantized(total, _window_count(geo, i, j),
+                                                             geo), [b, cb, i, j, lane])
+    return ib.get()
 
 
 def _interior(geo):
