@@ -23,6 +23,16 @@ VECTOR_REGISTERS = 32
 OPERAND_REGISTERS = 4
 MAX_PARALLEL_EXTENT = 3000  # the paper's first-breakpoint bound
 MAX_UNROLL = 8  # the paper's second-breakpoint bound per loop
+TILE_WIDTHS = range(4, MAX_UNROLL + 1)  # output columns a register tile holds
+
+
+def tiled_extent(extent):
+    """The number of output columns to compute so that a register tile fits: `extent` when a
+    width in TILE_WIDTHS divides it, else the next multiple of the width that pads least
+    (17 -> 18, 71 -> 72, 73 -> 75). A prime count would otherwise leave a one-column tile."""
+    if extent < TILE_WIDTHS[0] or any(extent % t == 0 for t in TILE_WIDTHS):
+        return extent
+    return min((-(-extent // t) * t - extent, -t, -(-extent // t) * t) for t in TILE_WIDTHS)[2]
 
 
 @dataclass(frozen=True)

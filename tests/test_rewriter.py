@@ -232,3 +232,23 @@ def test_window_folded_conv_tensorized_reads_im2col_in_place(intrin, x, y, rng):
         # rows would read past its 11 columns, so its data is still packed (zero-guarded)
         direct = ops.conv2d_nchwc(1, x, h, h, k, r, r, 1, x=x, y=y)
         assert "data_packed" in prepare(direct, intrin).stages
+
+
+@pytest.mark.parametrize("h,stride", [(35, 2), (19, 1)])  # 17 output columns either way
+def test_prime_column_count_is_computed_padded_and_cropped(h, stride, rng):
+    """A conv whose 17 output columns no register tile width (4..8) divides: the core computes
+    18 columns from zero padding and the write-back crops them; same result as numpy."""
+    require_host("x86.vpdpbusd")
+    op = ops.conv2d_nchwc(1, 32, h, h, 32, 3, 3, stride)
+    prepared = unit_tvm.build_report([*op.op.input_tensors, op])
+    assert int(op.shape[3]) == 17
+    from unit_tvm.build import prepare_op
+
+    core = prepare_op(op, "x86.vpdpbusd").core
+    assert 18 in [int(s) for s in core.shape], core.shape
+    d = rng.integers(0, 256, (1, 32, h, h)).astype("uint8")
+    w = rng.integers(-128, 128, (32, 32, 3, 3)).astype("int8")
+    got = _run([*op.op.input_tensors, op], [reference.pack_nchwc(d), reference.pack_kcrs(w)])
+    np.testing.assert_array_equal(reference.unpack_nchwc(got).astype(np.int64),
+                                  reference.conv2d_nchw(d, w, stride))
+    assert prepared.intrinsic is not None

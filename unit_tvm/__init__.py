@@ -23,7 +23,7 @@ _default_thread_count()
 
 # after the version check, which guards tvm's import
 from . import intrinsics, target  # noqa: E402
-from .build import FallbackWarning, build  # noqa: E402
+from .build import BuildReport, FallbackWarning, build, build_report  # noqa: E402
 from .inspector import explain, inspect  # noqa: E402
 from .mapping import LoopMatch, Mapping, OperandAccess  # noqa: E402
 from .rewriter import rewrite  # noqa: E402
@@ -37,7 +37,8 @@ def compile(mod, target=None, **kwargs):  # noqa: A001 - the public API name
     return _compile(mod, target, **kwargs)
 
 __version__ = "0.1.0"
-__all__ = ["intrinsics", "target", "inspect", "explain", "rewrite", "build", "tune", "compile",
+__all__ = ["intrinsics", "target", "inspect", "explain", "rewrite", "build", "build_report",
+           "BuildReport", "tune", "compile",
            "Mapping",
            "LoopMatch", "OperandAccess", "FallbackWarning", "DependencyError", "TVM_VERSION",
            "TVM_FFI_VERSION"]

@@ -24,7 +24,8 @@ from tvm import te
 
 from . import intrinsics, measure, ops
 from .peak import host_threads, peak
-from .prepare import placeholders_of, prepare
+from .build import prepare_op
+from .prepare import placeholders_of
 from .rewriter import schedule
 from .target import host
 from .tuner import Database, default_path, tune
@@ -196,7 +197,7 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
             op = _op(kind, p, intrin)
             tensors = [*placeholders_of(op), op]
             try:
-                prepared = prepare(op, intrin)
+                prepared = prepare_op(op, intrin, target=target)
                 res = tune(prepared, intrin, target, trials=trials, database=database,
                            progress=progress)
             except (ValueError, RuntimeError) as e:

@@ -12,6 +12,7 @@ from . import checks, epilogue, intrinsics
 from .inspector import inspect
 from .prepare import placeholders_of, prepare
 from .rewriter import schedule
+from .schedules import cpu
 from .target import as_target
 from .tuner.database import Database
 
@@ -132,11 +133,14 @@ def prepare_op(out, intrin, mapping=None, params=None, target=None):
     (bias, activation, requantization), which go into the kernel's write-back."""
     target = as_target(target)
     separable = target.kind.name == "cuda"
+    # on CPU the register tile's columns are padded to a width it can hold (17 -> 18)
+    columns = None if separable else cpu.tiled_extent
     chain = epilogue.find(out)
     if chain is None:
-        return prepare(out, intrin, mapping, params=params, separable=separable)
+        return prepare(out, intrin, mapping, params=params, separable=separable,
+                       tile_columns=columns)
     return prepare(chain.core, intrin, mapping, params=params, separable=separable,
-                   epilogue=chain.spec(out))
+                   epilogue=chain.spec(out), tile_columns=columns)
 
 
 def _replicates(prepared):

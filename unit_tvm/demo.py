@@ -8,9 +8,8 @@ import numpy as np
 import tvm
 
 from . import intrinsics, measure, ops, reference
-from .build import build as unit_build
+from .build import build as unit_build, prepare_op
 from .peak import host_threads, peak
-from .prepare import prepare
 from .rewriter import schedule
 from .target import host
 from .tuner import Database, default_path, tune
@@ -35,7 +34,7 @@ def _run_kernel(title, op, intrin, arrays, expected, n_ops, peak_gops, target, d
             prep_s = time.time() - t0
             note = f"build {prep_s:4.1f}s"
         else:
-            prepared = prepare(op, intrin)
+            prepared = prepare_op(op, intrin, target=target)
             result = tune(prepared, intrin, target, database=database, progress=False)
             sch = schedule(prepared, intrin, result.config, target)
             lib = tvm.tirx.build(sch.mod, target=target)

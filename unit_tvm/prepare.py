@@ -212,6 +212,17 @@ def _pack_index(op_idx, orig_idx, plan, var_of, shape, extents, separable=False)
     return out
 
 
+def _tile_columns(cop, mapped, tile_columns):
+    """(loop name, extent to compute) of the innermost data-parallel loop not mapped to the
+    instruction when tile_columns pads it, else None."""
+    free = [ax for ax in cop.axis if ax.var.name not in mapped]
+    if tile_columns is None or not free:
+        return None
+    extent = int(free[-1].dom.extent)
+    wanted = tile_columns(extent)
+    return (free[-1].var.name, wanted) if wanted != extent else None
+
+
 def _best_form(op, intrin):
     """(Shift or None, Mapping): the op as written, or with its 8-bit operands re-based
     (unit_tvm.shift), whichever the instruction maps best (Inspector rank: least padding, then
@@ -270,7 +281,8 @@ def _unique(name, taken):
     return out
 
 
-def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=None):
+def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=None,
+            tile_columns=None):
     """Prepared graph computing `op` (a te.Tensor) with `intrin`, or ValueError why not.
 
     mapping: a Mapping of intrin on op (default: the Inspector's best). params: the order of the
@@ -282,6 +294,9 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     epilogue: (shape, dtype, fn, name) to fuse elementwise work into the write-back: the output is
     te.compute(shape, lambda *i: fn(value, i)) where value(op_indices) is op's result there.
     Default: op's own shape and values.
+    tile_columns: extent -> extent to compute for the innermost data-parallel loop the
+    instruction does not map (a register tile's columns, e.g. schedules.cpu.tiled_extent): the
+    core computes the extra columns from zero padding and the epilogue crops them.
     """
     intrin = intrinsics.get(intrin) if isinstance(intrin, str) else intrin
     stages = []
@@ -300,6 +315,10 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     extent_of = {m.intrin_loop: m.intrin_extent for m in mapping.loops}
     padded = {m.op_loop: m.op_extent + m.padding for m in mapping.loops}
     padded_loops = {m.op_loop for m in mapping.loops if m.padding}
+    columns = _tile_columns(cop, padded, tile_columns)
+    if columns is not None:
+        padded[columns[0]] = columns[1]
+        padded_loops.add(columns[0])
     padded_reduce = {m.op_loop for m in mapping.loops if m.padding and m.kind == "R"}
     access = {a.intrin_operand: a for a in mapping.operands}
     all_extents = {ax.var.name: padded.get(ax.var.name, int(ax.dom.extent))
@@ -328,7 +347,8 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     sp_names = [ax.var.name for ax in cop.axis]
     sp_ext = {ax.var.name: int(ax.dom.extent) for ax in cop.axis}
     split_sp = {ol: ext for _, ol, ext in out_loops}
-    core_shape = [(-(-sp_ext[n] // split_sp[n])) if n in split_sp else sp_ext[n] for n in sp_names]
+    core_shape = [(-(-sp_ext[n] // split_sp[n])) if n in split_sp else padded.get(n, sp_ext[n])
+                  for n in sp_names]
     core_shape += [ext for *_, ext in out_loops]
     red = cop.body[0]
     source = _in_instruction_order(intrin, bind)

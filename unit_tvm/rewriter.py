@@ -127,5 +127,7 @@ def rewrite(op, intrinsic, mapping=None, config=None, target=None, params=None):
         raise TypeError(f"unit_tvm.rewrite: config must be a schedules.cpu.CpuConfig or "
                         f"schedules.gpu.GpuConfig, got {type(config).__name__}")
     target = as_target(target)
-    prepared = prepare(op, intrin, mapping, params, separable=target.kind.name == "cuda")
+    cuda = target.kind.name == "cuda"
+    prepared = prepare(op, intrin, mapping, params, separable=cuda,
+                       tile_columns=None if cuda else cpu.tiled_extent)
     return schedule(prepared, intrin, config, target)

@@ -18,6 +18,7 @@ from tvm import te, tirx
 from .. import fastmath, intrinsics
 from ..prepare import prepare
 from ..rewriter import schedule
+from ..schedules.cpu import tiled_extent
 
 ATTR = "unit_tvm.recipe"
 
@@ -385,18 +386,6 @@ def tensorized_graph(recipe, intrin):
     prepared = prepare(acc, intrin, params=params,
                        epilogue=(out_shape(recipe), out_dtype(recipe), epi, "out"))
     return prepared, (x_blk, y_blk)
-
-
-TILE_WIDTHS = range(4, 9)  # output columns a register tile holds (schedules.cpu: <= MAX_UNROLL)
-
-
-def tiled_extent(extent):
-    """The number of output columns to compute: `extent` when a register tile width divides
-    it, else the next multiple of the width that pads least (17 -> 18, 71 -> 72, 73 -> 75)."""
-    if extent < TILE_WIDTHS[0] or any(extent % t == 0 for t in TILE_WIDTHS):
-        return extent
-    return min((_round_up(extent, t) - extent, -t, _round_up(extent, t))
-               for t in TILE_WIDTHS)[2]
 
 
 def is_depthwise(recipe):
