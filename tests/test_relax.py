@@ -592,8 +592,8 @@ def test_concats_and_pools_carry_uint8():
     """Inception's concats run on uint8: the branch convs requantize into the concat's
     quantization (an inner concat's too), the concat's conv readers read it as is, an average
     pool sums it in integers and requantizes for its conv, a max-pool of it is requantized into
-    the next concat. After UnitTensorize the concat whose parts and readers are all convs (and
-    a pool) is NCHW16c throughout: parts write blocks, the pool runs on them. Equal to TVM's
+    the next concat. After UnitTensorize the concats whose parts are all convs and whose readers
+    are convs and pools are NCHW16c throughout: parts write blocks, the pools run on them. Equal to TVM's
     plain build of the same quantized graph, close to fp32."""
     require_host("x86.vpdpbusd")
     model = InceptionLike()
@@ -610,8 +610,10 @@ def test_concats_and_pools_carry_uint8():
     tscript = tmod["main"].script()
     blocked = [ln for ln in tscript.splitlines() if "R.concat" in ln
                and re.search(r"R.Tensor\(\(1, \d+, \d+, \d+, 16\)", ln.split(") = ")[0])]
-    assert len(blocked) == 2, tscript  # e and its inner concat
+    assert len(blocked) == 4, tscript  # cat1, e and their inner concats
     assert "qavg_pool" in tscript and "_blocked" in tscript
+    # cat1's max-pool runs on its blocks (and hands NCHW to the concat that requantizes it)
+    assert 'layout="NCHW16c"' in [ln for ln in tscript.splitlines() if "max_pool2d" in ln][0]
     ex = build_relax(tmod, unit_tvm.target.host())
     assert all(instr for _, instr, _ in tpass.report), tpass.report
     plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)

@@ -72,7 +72,7 @@ class UnitTensorize:
         for j, block in concats.readers.items():
             recipes[j]["in_block"] = block
         bb = relax.BlockBuilder(mod)
-        built, replace, pools = {}, [], {}
+        built, replace, pools = {}, [], dict(concats.max_pools)
         for pool, block in concats.pools.items():
             func_p = blocked_pool_func(mod[pool.args[0]], block)
             name = f"{pool.args[0].name_hint}_blocked"
@@ -366,6 +366,7 @@ class _ConcatEdges(NamedTuple):
     producers: dict  # call index -> block
     readers: dict  # call index (a conv reading a blocked concat or pool) -> block
     pools: dict  # average pool call (uint8, POOL_ATTR) -> block
+    max_pools: dict  # max-pool call -> block (pooled in blocks, its result back to NCHW)
 
 
 def _is_u8_concat(value):
@@ -385,8 +386,9 @@ def _is_pool_call(mod, value):
 def _packed_concats(mod, func, calls, recipes, target):
     """The uint8 concats (u8_values) whose every part is a requantizing conv read only by the
     concat (or an inner concat of such parts) and whose every reader is a conv reading it as its
-    input or an average pool read only by such convs: laid out in the blocks of the first
-    part's instruction, when every part's channels are whole blocks. Others stay NCHW."""
+    input, an average pool read only by such convs, or a max-pool (pooled in blocks, its result
+    turned back to NCHW for its readers): laid out in the blocks of the first part's
+    instruction, when every part's channels are whole blocks. Others stay NCHW."""
     bindings, producer_of = _producers(func, calls)
     count = uses(bindings, func)
     value_of = {b.var: b.value for b in bindings}
@@ -394,7 +396,8 @@ def _packed_concats(mod, func, calls, recipes, target):
     for b in bindings:
         if isinstance(b.value, relax.Call):
             for a in (b.value.args[1].fields if b.value.op.name == "relax.call_tir"
-                      else b.value.args[0].fields if _is_u8_concat(b.value) else ()):
+                      else b.value.args[0].fields if _is_u8_concat(b.value)
+                      else b.value.args[:1] if is_nchw_max_pool(b.value) else ()):
                 if isinstance(a, relax.Var):
                     readers_of.setdefault(a, []).append(b)
 
@@ -420,7 +423,7 @@ def _packed_concats(mod, func, calls, recipes, target):
                 and b.value.args[1].fields[0].same_as(var)
                 and not (recipes[i].get("residual") and b.value.args[1].fields[-1].same_as(var)))
 
-    out = _ConcatEdges({}, {}, {})
+    out = _ConcatEdges({}, {}, {}, {})
     inner_done = set()
     for b in reversed(bindings):  # outer concats first: an inner one goes with its outer one
         if not _is_u8_concat(b.value) or b.var in inner_done:
@@ -430,8 +433,9 @@ def _packed_concats(mod, func, calls, recipes, target):
         if found is None or len(readers) != count.get(b.var):
             continue
         pools = [r for r in readers if _is_pool_call(mod, r.value)]
+        max_pools = [r for r in readers if is_nchw_max_pool(r.value)]
         pool_readers = [(p, readers_of.get(p.var, [])) for p in pools]
-        if not (all(conv_reader(r, b.var) or r in pools for r in readers) and all(
+        if not (all(conv_reader(r, b.var) or r in pools or r in max_pools for r in readers) and all(
                 rs and len(rs) == count.get(p.var) and all(conv_reader(r, p.var) for r in rs)
                 for p, rs in pool_readers)):
             continue
@@ -442,7 +446,8 @@ def _packed_concats(mod, func, calls, recipes, target):
         inner_done.update(found[1])
         out.producers.update({i: block for i in found[0]})
         for r in readers + [r for _, rs in pool_readers for r in rs]:
-            if r not in pools:
+            if r not in pools and r not in max_pools:
                 out.readers[producer_of[r.var]] = block
         out.pools.update({p.value: block for p in pools})
+        out.max_pools.update({p.value: block for p in max_pools})
     return out
