@@ -593,8 +593,8 @@ def test_concats_and_pools_carry_uint8():
     quantization (an inner concat's too), the concat's conv readers read it as is, an average
     pool sums it in integers and requantizes for its conv, a max-pool of it is requantized into
     the next concat. After UnitTensorize the concats whose parts are all convs and whose readers
-    are convs and pools are NCHW16c throughout: parts write blocks, the pools run on them. Equal to TVM's
-    plain build of the same quantized graph, close to fp32."""
+    are convs and pools are NCHW16c throughout: parts write blocks, the pools run on them.
+    Equal to TVM's plain build of the same quantized graph, close to fp32."""
     require_host("x86.vpdpbusd")
     model = InceptionLike()
     cal, xs, refs = _prepare(model, (1, 3, 15, 15))
