@@ -73,6 +73,15 @@ def _cos(a, b):
     return a @ b / np.linalg.norm(a) / np.linalg.norm(b)
 
 
+def _assert_equals_plain_int8(ex, qmod, xs, refs):
+    """The tensorized executable equals TVM's plain build of the same quantized module (same
+    integer arithmetic), and both stay close to the fp32 model."""
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, ref in zip(_run(ex, xs), plain, refs):
+        np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
+        assert _cos(got, ref) > 0.995
+
+
 def _asm(ex):
     mods = [ex.mod] if hasattr(ex, "mod") else []
     text = ""
@@ -203,10 +212,7 @@ def test_max_pool_runs_on_its_producers_uint8(channels):
     assert ("R.strided_slice" in tensorized["main"].script()) == bool(channels % block)
     ex = build_relax(tensorized, unit_tvm.target.host())
     assert all(instr for _, instr, _ in tpass.report), tpass.report
-    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
-    for got, base, ref in zip(_run(ex, xs), plain, refs):
-        np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
-        assert _cos(got, ref) > 0.995
+    _assert_equals_plain_int8(ex, qmod, xs, refs)
 
 
 def test_quantize_needs_calibration_and_a_known_dtype():
@@ -329,10 +335,7 @@ def test_requantization_between_quantized_ops():
     (first, r1), (second, r2) = recipes(qmod)
     assert r1["out_q"] == [r2["x_scale"], r2["x_zp"]] and r2["in_u8"]
     ex = build_relax(UnitTensorize()(qmod), unit_tvm.target.host())
-    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
-    for got, base, ref in zip(_run(ex, xs), plain, refs):
-        np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
-        assert _cos(got, ref) > 0.995
+    _assert_equals_plain_int8(ex, qmod, xs, refs)
 
 
 def test_packed_edges_pad_channels_exactly():
@@ -616,10 +619,7 @@ def test_concats_and_pools_carry_uint8():
     assert 'layout="NCHW16c"' in [ln for ln in tscript.splitlines() if "max_pool2d" in ln][0]
     ex = build_relax(tmod, unit_tvm.target.host())
     assert all(instr for _, instr, _ in tpass.report), tpass.report
-    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
-    for got, base, ref in zip(_run(ex, xs), plain, refs):
-        np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
-        assert _cos(got, ref) > 0.995
+    _assert_equals_plain_int8(ex, qmod, xs, refs)
 
 
 @pytest.mark.parametrize("shape,window,stride,padding,include_pad", [

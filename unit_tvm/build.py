@@ -10,9 +10,8 @@ from tvm import te
 
 from . import checks, epilogue, intrinsics
 from .inspector import inspect
-from .prepare import placeholders_of, prepare
-from .rewriter import schedule
-from .schedules import cpu
+from .prepare import placeholders_of
+from .rewriter import prepare_for, schedule
 from .target import as_target
 from .tuner.database import Database
 
@@ -132,15 +131,10 @@ def prepare_op(out, intrin, mapping=None, params=None, target=None):
     """prepare() for an op as users write it: a reduction, or elementwise stages after one
     (bias, activation, requantization), which go into the kernel's write-back."""
     target = as_target(target)
-    separable = target.kind.name == "cuda"
-    # on CPU the register tile's columns are padded to a width it can hold (17 -> 18)
-    columns = None if separable else cpu.tiled_extent
     chain = epilogue.find(out)
     if chain is None:
-        return prepare(out, intrin, mapping, params=params, separable=separable,
-                       tile_columns=columns)
-    return prepare(chain.core, intrin, mapping, params=params, separable=separable,
-                   epilogue=chain.spec(out), tile_columns=columns)
+        return prepare_for(out, intrin, target, mapping, params)
+    return prepare_for(chain.core, intrin, target, mapping, params, epilogue=chain.spec(out))
 
 
 def _replicates(prepared):

@@ -127,7 +127,13 @@ def rewrite(op, intrinsic, mapping=None, config=None, target=None, params=None):
         raise TypeError(f"unit_tvm.rewrite: config must be a schedules.cpu.CpuConfig or "
                         f"schedules.gpu.GpuConfig, got {type(config).__name__}")
     target = as_target(target)
+    return schedule(prepare_for(op, intrin, target, mapping, params), intrin, config, target)
+
+
+def prepare_for(op, intrin, target, mapping=None, params=None, epilogue=None):
+    """prepare() with the target's choices: on GPU operands are staged one loop per dimension
+    (fragment loads); on CPU a register tile's columns are padded to a width it can hold
+    (schedules.cpu.tiled_extent: 17 -> 18)."""
     cuda = target.kind.name == "cuda"
-    prepared = prepare(op, intrin, mapping, params, separable=cuda,
-                       tile_columns=None if cuda else cpu.tiled_extent)
-    return schedule(prepared, intrin, config, target)
+    return prepare(op, intrin, mapping, params, separable=cuda, epilogue=epilogue,
+                   tile_columns=None if cuda else cpu.tiled_extent)

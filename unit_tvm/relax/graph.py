@@ -1,6 +1,6 @@
 """Small queries and rewrites on a Relax main function shared by the quantizer and the
-tensorize pass: how often each variable is used, and the NCHW max-pools both passes move to
-uint8 and to packed channel blocks."""
+tensorize pass: how often each variable is used and by which bindings, and the NCHW max-pools
+both passes move to uint8 and to packed channel blocks."""
 
 import tvm
 from tvm import relax
@@ -18,6 +18,21 @@ def uses(bindings, func):
         relax.analysis.post_order_visit(b.value, visit)
     relax.analysis.post_order_visit(func.body.body, visit)
     return count
+
+
+def readers(bindings):
+    """{Var: [bindings whose value reads it]} (each binding once per variable)."""
+    out = {}
+    for b in bindings:
+        seen = set()
+
+        def visit(e, b=b, seen=seen):
+            if isinstance(e, relax.Var) and e not in seen:
+                seen.add(e)
+                out.setdefault(e, []).append(b)
+
+        relax.analysis.post_order_visit(b.value, visit)
+    return out
 
 
 def is_nchw_max_pool(value):

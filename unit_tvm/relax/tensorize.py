@@ -21,10 +21,10 @@ import tvm
 from tvm import relax
 
 from ..target import as_target
-from .graph import is_nchw_max_pool, max_pool_on, uses
+from .graph import is_nchw_max_pool, max_pool_on, readers as binding_readers, uses
 from .qops import (ATTR, candidates, out_dtype, out_shape, pack_weight, plain_func,
                    plain_weight, tensorized_func, tensorized_graph, tuning_form)
-from .u8_values import POOL_ATTR, blocked_pool_func, pool_out_shape
+from .u8_values import POOL_ATTR, blocked_pool_func, is_channel_concat, pool_out_shape
 
 
 def _recipe_of(mod, call):
@@ -370,10 +370,7 @@ class _ConcatEdges(NamedTuple):
 
 
 def _is_u8_concat(value):
-    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-            and value.op.name == "relax.concat" and isinstance(value.args[0], relax.Tuple)
-            and str(value.ty.dtype) == "uint8" and value.ty.ndim == 4
-            and int(value.attrs.axis) in (1, -3))
+    return is_channel_concat(value, "uint8")
 
 
 def _is_pool_call(mod, value):
@@ -392,14 +389,7 @@ def _packed_concats(mod, func, calls, recipes, target):
     bindings, producer_of = _producers(func, calls)
     count = uses(bindings, func)
     value_of = {b.var: b.value for b in bindings}
-    readers_of = {}
-    for b in bindings:
-        if isinstance(b.value, relax.Call):
-            for a in (b.value.args[1].fields if b.value.op.name == "relax.call_tir"
-                      else b.value.args[0].fields if _is_u8_concat(b.value)
-                      else b.value.args[:1] if is_nchw_max_pool(b.value) else ()):
-                if isinstance(a, relax.Var):
-                    readers_of.setdefault(a, []).append(b)
+    readers_of = binding_readers(bindings)
 
     def parts(var):
         """(producer call indices, inner concat vars) of a concat, or None."""

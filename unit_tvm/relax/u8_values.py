@@ -21,7 +21,7 @@ from typing import NamedTuple
 import tvm
 from tvm import relax, te, tirx
 
-from .graph import is_nchw_max_pool, uses as count_uses
+from .graph import is_nchw_max_pool, readers as binding_readers, uses as count_uses
 
 
 class QParams(NamedTuple):
@@ -47,13 +47,14 @@ class U8Plan(NamedTuple):
     max_pools: dict  # max-pool var (reading a uint8 concat) -> QParams
 
 
-def is_channel_concat(value) -> bool:
-    """Whether a binding's value concatenates fp32 NCHW tensors along their channels."""
+def is_channel_concat(value, dtype="float32") -> bool:
+    """Whether a binding's value concatenates NCHW tensors of `dtype` along their channels
+    (float32: one the quantizer may move to uint8; uint8: one it did)."""
     if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
             and value.op.name == "relax.concat"):
         return False
     ty = value.ty
-    return (getattr(ty, "ndim", -1) == 4 and str(ty.dtype) == "float32"
+    return (getattr(ty, "ndim", -1) == 4 and str(ty.dtype) == dtype
             and value.attrs.axis is not None and int(value.attrs.axis) in (1, -3)
             and isinstance(value.args[0], relax.Tuple))
 
@@ -77,7 +78,7 @@ def plan(bindings, func, chains, by_end, u8_pools) -> U8Plan:
     readers = {}
     for c in chains:
         readers.setdefault(c.x, []).append(c)
-    users = _users(bindings)
+    users = binding_readers(bindings)
     concats = {}
     for b in reversed(bindings):  # a concat read only by a uint8 concat follows it
         if not is_channel_concat(b.value):
@@ -119,21 +120,6 @@ def plan(bindings, func, chains, by_end, u8_pools) -> U8Plan:
             by_end[c.end][1].update(x_scale=result.scale, x_zp=result.zp, in_u8=True)
         avg_pools[b.var] = AvgPoolPlan(sources[src], result)
     return U8Plan(concats, avg_pools, max_pools)
-
-
-def _users(bindings):
-    """{Var: [bindings reading it]}."""
-    out = {}
-    for b in bindings:
-        seen = set()
-
-        def visit(e, b=b, seen=seen):
-            if isinstance(e, relax.Var) and e not in seen:
-                seen.add(e)
-                out.setdefault(e, []).append(b)
-
-        relax.analysis.post_order_visit(b.value, visit)
-    return out
 
 
 # -- emission (relax expressions) ----------------------------------------------------------------
