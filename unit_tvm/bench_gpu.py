@@ -4,12 +4,19 @@ Each Table I layer (batch 1, NHWC, fp16 x fp16 -> fp32 by default, or int8 x int
 through the same Inspector, preparation and Rewriter as on CPU, with the GPU strategy
 (schedules/gpu.py) tuned on the GPU over p, warps, k_step, split-K and spatial fusion. Every
 candidate is checked against TVM's default CPU build before it is timed. Baseline: PyTorch's
-cuDNN conv2d in fp16, channels_last, when torch sees the GPU. Times are the minimum over repeats.
+cuDNN conv2d in fp16, channels_last, when torch sees the GPU, launched from Python and replayed
+as a CUDA graph; the ratio is against the faster of the two. Every engine is timed the same way:
+rounds of 20 back-to-back calls, per-call mean per round, min (reported) and median over rounds.
 Needs a CUDA GPU; without one it stops with an error that says so.
 """
 
+import csv
+import json
 import math
+import os
+import statistics
 import time
+from typing import NamedTuple
 
 import numpy as np
 import tvm
@@ -28,8 +35,31 @@ def _arch(dev):
     return "sm_" + dev.compute_version.replace(".", "")
 
 
-def _time_torch_cudnn(c, h, k, r, stride, repeat):
-    """Seconds of PyTorch's fp16 conv2d (cuDNN, channels_last), or None without torch CUDA."""
+class TorchTimes(NamedTuple):
+    """PyTorch cuDNN conv2d seconds per call: launched from Python, and replayed as a CUDA graph
+    (no Python or dispatcher cost: what a latency-minded PyTorch user deploys)."""
+
+    eager_min: float
+    eager_median: float
+    graph_min: float
+    graph_median: float
+
+
+def _rounds(fn, sync, repeat, number=20):
+    """Per-call seconds of `number` back-to-back calls, for each of `repeat` rounds."""
+    out = []
+    for _ in range(repeat):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        sync()
+        out.append((time.perf_counter() - t0) / number)
+    return out
+
+
+def time_torch_cudnn(c, h, k, r, stride, repeat):
+    """TorchTimes of PyTorch's fp16 conv2d (cuDNN, channels_last), or None without torch CUDA."""
     try:
         import torch
     except ImportError:
@@ -41,18 +71,29 @@ def _time_torch_cudnn(c, h, k, r, stride, repeat):
     conv = conv.to(memory_format=torch.channels_last)
     x = torch.randn(1, c, h, h, device="cuda", dtype=torch.half)
     x = x.contiguous(memory_format=torch.channels_last)
-    best = math.inf
+    sync = torch.cuda.synchronize
     with torch.inference_mode():
         for _ in range(5):
             conv(x)
-        torch.cuda.synchronize()
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            for _ in range(20):
-                conv(x)
-            torch.cuda.synchronize()
-            best = min(best, (time.perf_counter() - t0) / 20)
-    return best
+        eager = _rounds(lambda: conv(x), sync, repeat)
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up on a side stream, as graph capture requires
+            conv(x)
+        torch.cuda.current_stream().wait_stream(stream)
+        with torch.cuda.graph(graph):
+            conv(x)
+        replayed = _rounds(graph.replay, sync, repeat)
+    return TorchTimes(min(eager), statistics.median(eager), min(replayed),
+                      statistics.median(replayed))
+
+
+def _tvm_times(lib, args, dev, repeat):
+    """(min, median) seconds per call of `lib` (mean of 20 calls per round, `repeat` rounds)."""
+    lib(*args)
+    results = list(lib.time_evaluator("main", dev, number=20, repeat=repeat)(*args).results)
+    return min(results), statistics.median(results)
 
 
 def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=print,
@@ -79,22 +120,45 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
         arrays = [measure.random_array(t.shape, t.dtype, rng) for t in tensors[:-1]]
         arrays.append(np.zeros([int(x) for x in op.shape], acc))
         args = measure.to_device(arrays, dev)
-        secs = measure.best_seconds(lib, args, dev, number=20, repeat=repeat)
+        secs, secs_median = _tvm_times(lib, args, dev, repeat)
         o = (h - r) // s + 1
         gop = 2 * o * o * k * c * r * r / 1e9
-        torch_secs = _time_torch_cudnn(c, h, k, r, s, repeat) if dtype == "float16" else None
+        torch_t = time_torch_cudnn(c, h, k, r, s, repeat) if dtype == "float16" else None
+        # the baseline is PyTorch's faster way to run the same conv (usually the CUDA graph)
+        best = min(torch_t.eager_min, torch_t.graph_min) if torch_t else None
         row = {"workload": f"L{i}", "shape": [c, h, k, r, s], "gops": gop / secs,
-               "ms": secs * 1e3, "torch_ms": torch_secs * 1e3 if torch_secs else None,
-               "speedup_vs_cudnn": torch_secs / secs if torch_secs else None,
+               "ms": secs * 1e3, "ms_median": secs_median * 1e3,
+               "cudnn_eager_ms": torch_t.eager_min * 1e3 if torch_t else None,
+               "cudnn_graph_ms": torch_t.graph_min * 1e3 if torch_t else None,
+               "cudnn_graph_median_ms": torch_t.graph_median * 1e3 if torch_t else None,
+               "speedup_vs_cudnn": best / secs if best else None,
                "tuning_s": seconds, "from_database": result.from_database,
                "config": result.config.key()}
         rows.append(row)
         log(f"L{i:<3} C={c:<5} H={h:<3} K={k:<4} R={r} s={s}: {row['gops']:8.0f} GOPS "
-            f"{row['ms']:.4f} ms  cuDNN {row['torch_ms'] or float('nan'):.4f} ms  "
+            f"{row['ms']:.4f} ms (median {row['ms_median']:.4f})  cuDNN eager "
+            f"{row['cudnn_eager_ms'] or float('nan'):.4f} graph "
+            f"{row['cudnn_graph_ms'] or float('nan'):.4f} ms  "
             f"x{row['speedup_vs_cudnn'] or float('nan'):.2f}  tuned {seconds:.0f}s")
     ratios = [r["speedup_vs_cudnn"] for r in rows if r["speedup_vs_cudnn"]]
     meta = {"device": str(dev.device_name), "arch": _arch(dev), "dtype": dtype,
-            "intrinsic": intrin_name, "repeat": repeat, "statistic": "min",
+            "intrinsic": intrin_name, "repeat": repeat, "statistic": "min of 20-call means",
             "geomean_vs_cudnn": (math.exp(sum(map(math.log, ratios)) / len(ratios))
                                  if ratios else None)}
     return rows, meta
+
+
+def write_outputs(rows, meta, out_dir):
+    """bench_gpu_DTYPE.json (meta and rows) and bench_gpu_DTYPE.csv in out_dir; their paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"bench_gpu_{meta['dtype']}")
+    with open(stem + ".json", "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    with open(stem + ".csv", "w", newline="") as f:
+        fields = [k for k in rows[0] if k not in ("shape", "config")] + ["shape", "config"]
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "shape": "x".join(map(str, r["shape"])),
+                        "config": json.dumps(r["config"])})
+    return [stem + ".json", stem + ".csv"]

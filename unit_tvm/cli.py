@@ -137,6 +137,8 @@ def _cmd_bench_gpu(args):
     rows, meta = bench_gpu.run(dtype=args.dtype, quick=args.quick, trials=args.trials,
                                database=args.database, log=(lambda *a: None) if quiet else print,
                                progress=False if quiet else None)
+    if args.out:
+        bench_gpu.write_outputs(rows, meta, args.out)
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))
     else:
@@ -285,6 +287,7 @@ def main(argv=None):
     p.add_argument("--dtype", default="float16", help="float16 (vs cuDNN fp16) or int8")
     p.add_argument("--quick", action="store_true", help="the first 4 layers")
     _tuning_args(p, "per layer")
+    p.add_argument("--out", help="folder for bench_gpu_DTYPE.json and .csv")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_gpu)
     p = sub.add_parser("bench-model", help="batch-1 latency and int8 accuracy of zoo models")

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Everything the GPU part needs, on a lent GPU machine (Python 3.12 with PyTorch, nvcc, no
+# registry), in few calls. Run from the repository root there; results go to $OUT (or ./gpu_out).
+#
+#   scripts/gpu_session.sh stage            copy .gpu/a (first half of TVM) to the machine
+#   scripts/gpu_session.sh setup            add .gpu/b, install TVM, check the GPU
+#   scripts/gpu_session.sh test             pytest of the GPU tests (JUnit XML + log)
+#   scripts/gpu_session.sh bench DTYPE [TRIALS]   bench-gpu Table I (float16 | int8)
+#   scripts/gpu_session.sh all [TRIALS]     setup, test, bench float16 and int8
+#
+# .gpu/a and .gpu/b come from scripts/gpu_pack.sh on a machine with PyPI: TVM's wheel is larger
+# than one transfer, so its compiler library travels in two halves (stage, then setup, while the
+# machine is still held). Tuning records go to $STATE/gpu_db.jsonl and are copied to $OUT.
+set -uo pipefail
+STATE=${UNIT_TVM_GPU_STATE:-/root/unit_tvm_gpu}
+OUT=${OUT:-gpu_out}
+PY=${PYTHON:-python3}
+mkdir -p "$STATE" "$OUT"
+export UNIT_TVM_DATABASE=$STATE/gpu_db.jsonl PYTHONUNBUFFERED=1
+
+stage() { cp .gpu/a/* "$STATE/" && ls -la "$STATE"; }
+
+setup() {
+    set -e
+    cp .gpu/b/* "$STATE/"
+    local site
+    site=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    $PY -m pip install -q --no-index --no-deps "$STATE"/apache_tvm_ffi-*.whl \
+        "$STATE"/xgboost_cpu-*.whl
+    tar -xJf "$STATE/tvm_rest.tar.xz" -C "$site"
+    cat "$STATE"/compiler.xz.* | xz -d -T0 > "$site/tvm/lib/libtvm_compiler.so"
+    # the two extension points install as unit_tvm.intrinsics / unit_tvm.schedules (setup.py)
+    ln -sfn ../intrinsics unit_tvm/intrinsics
+    ln -sfn ../schedules unit_tvm/schedules
+    set +e
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv
+    $PY -c 'import tvm, unit_tvm; d = tvm.cuda(0); print("tvm", tvm.__version__, "gpu",
+d.exist, d.device_name, d.compute_version, "SMs", d.multi_processor_count)'
+}
+
+run_tests() {
+    $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_cli.py -k "gpu" \
+        --junitxml "$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
+}
+
+bench() {
+    local dtype=$1 trials=${2:-24}
+    $PY -m unit_tvm.cli bench-gpu --dtype "$dtype" --trials "$trials" --out "$OUT" 2>&1 \
+        | tee "$OUT/bench_gpu_$dtype.log" | grep -v "it/s\]" | tail -30
+    cp "$UNIT_TVM_DATABASE" "$OUT/gpu_db.jsonl" 2>/dev/null || true
+}
+
+case "${1:-all}" in
+    stage) stage ;;
+    setup) setup ;;
+    test) run_tests ;;
+    bench) bench "${2:-float16}" "${3:-24}" ;;
+    all) setup && run_tests; bench float16 "${2:-24}"; bench int8 "${2:-24}" ;;
+    *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|all [TRIALS]" >&2; exit 2 ;;
+esac
