@@ -6,7 +6,8 @@
 #   scripts/gpu_session.sh setup            add .gpu/b, install TVM, check the GPU
 #   scripts/gpu_session.sh test             pytest of the GPU tests (JUnit XML + log)
 #   scripts/gpu_session.sh bench DTYPE [TRIALS]   bench-gpu Table I (float16 | int8)
-#   scripts/gpu_session.sh all [TRIALS]     setup, test, bench float16 and int8
+#   scripts/gpu_session.sh models [ARGS]    bench-model --target cuda on the four zoo models
+#   scripts/gpu_session.sh all [TRIALS]     setup, test, bench float16 and int8, models
 #
 # .gpu/a and .gpu/b come from scripts/gpu_pack.sh on a machine with PyPI: TVM's wheel is larger
 # than one transfer, so its compiler library travels in two halves (stage, then setup, while the
@@ -39,7 +40,8 @@ d.exist, d.device_name, d.compute_version, "SMs", d.multi_processor_count)'
 }
 
 run_tests() {
-    $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_cli.py -k "gpu" \
+    $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_model.py \
+        tests/test_cli.py -k "gpu" \
         --junitxml "$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 }
 
@@ -50,11 +52,19 @@ bench() {
     cp "$UNIT_TVM_DATABASE" "$OUT/gpu_db.jsonl" 2>/dev/null || true
 }
 
+models() {
+    $PY -m unit_tvm.cli bench-model resnet18 resnet50 mobilenet_v2 bert_base --target cuda \
+        --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_model_gpu.log" | grep -v "it/s\]" | tail -40
+    cp "$UNIT_TVM_DATABASE" "$OUT/gpu_db.jsonl" 2>/dev/null || true
+}
+
 case "${1:-all}" in
     stage) stage ;;
     setup) setup ;;
     test) run_tests ;;
     bench) bench "${2:-float16}" "${3:-24}" ;;
-    all) setup && run_tests; bench float16 "${2:-24}"; bench int8 "${2:-24}" ;;
-    *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|all [TRIALS]" >&2; exit 2 ;;
+    models) shift; models "$@" ;;
+    all) setup && run_tests; bench float16 "${2:-24}"; bench int8 "${2:-24}"; models ;;
+    *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|models [ARGS]|all [TRIALS]" >&2
+       exit 2 ;;
 esac

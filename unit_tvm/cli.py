@@ -151,6 +151,8 @@ def _cmd_bench_model(args):
     from .target import host
 
     log = (lambda *a: None) if args.json else print
+    if args.target == "cuda":
+        return _bench_model_gpu(args, log)
     engines = model.ENGINES + (model.BF16_ENGINES if args.bf16 else ())
     if args.engines:
         engines = tuple(args.engines)
@@ -174,6 +176,26 @@ def _cmd_bench_model(args):
         if text:
             print(text)
         print("wrote " + ", ".join(paths))
+    return 0
+
+
+def _bench_model_gpu(args, log):
+    """bench-model --target cuda: fp16 on the first GPU vs PyTorch fp16 and TVM's GPU build."""
+    import os
+
+    from .bench import gpu_model
+
+    results, meta = gpu_model.run(args.models, rounds=args.rounds, database=args.database,
+                                  tune=not args.no_tune, trials=args.trials, log=log)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "bench_model_gpu.json")
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1)
+    if args.json:
+        print(json.dumps({"meta": meta, "results": results}, indent=1))
+    else:
+        print(f"geomean vs best PyTorch fp16: {meta['geomean_vs_best_pytorch_fp16']}")
+        print(f"wrote {path}")
     return 0
 
 
@@ -300,6 +322,9 @@ def main(argv=None):
     p.add_argument("--engines", nargs="+", help="only these engines (default: all int8 ones)")
     p.add_argument("--rounds", type=int, default=10,
                    help="interleaved timing rounds (3 timed single calls per engine each)")
+    p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: fp16 on the first NVIDIA GPU vs PyTorch fp16 (eager and CUDA "
+                   "graph) and TVM's own GPU build")
     p.add_argument("--bf16", action="store_true",
                    help="also unit-tvm bf16 (quantize dtype=bfloat16) and PyTorch bf16 (autocast)")
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")

@@ -16,6 +16,10 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
     then tensorizes every quantized op, using tuned configs from `database` (a path or
     Database) and tuning missing ones when tune=True; the rest is TVM's own pipeline.
     Run with relax.VirtualMachine(ex, tvm.cpu()).
+
+    On a CUDA target the model runs in fp16 (convs NHWC): convs and dense layers with constant
+    weights on Tensor Cores (wmma, fp32 accumulation), the rest on TVM's GPU schedules; run with
+    relax.VirtualMachine(ex, tvm.cuda()). quantize is CPU-only.
     """
     from .relax import UnitTensorize
     from .relax import quantize as quantize_fn
@@ -32,12 +36,28 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
         raise TypeError(f"unit_tvm.compile: database must be a path or a Database, got "
                         f"{type(database).__name__}")
     target = as_target(target)
-    if quantize is not None:
-        mod = quantize_fn(mod, target=target, **quantize)
     if isinstance(database, (str, os.PathLike)):
         database = Database(database)
+    if target.kind.name == "cuda":
+        return _compile_cuda(mod, target, quantize, database, tune, trials)
+    if quantize is not None:
+        mod = quantize_fn(mod, target=target, **quantize)
     mod = UnitTensorize(target, database=database, tune=tune, trials=trials)(mod)
     return build_relax(mod, target)
+
+
+def _compile_cuda(mod, target, quantize, database, tune, trials):
+    """The GPU path: fp16 NHWC, Tensor Core kernels for convs and dense layers, TVM's GPU
+    pipeline for the rest (unit_tvm.relax.gpu)."""
+    from .relax.gpu import UnitTensorizeGPU, default_gpu_schedule, to_fp16_nhwc
+
+    if quantize is not None:
+        raise NotImplementedError("unit_tvm.compile: int8 quantization is implemented for CPU "
+                                  "targets only; on CUDA the model is compiled in fp16 "
+                                  "(leave quantize=None)")
+    mod = UnitTensorizeGPU(target, database=database, tune=tune, trials=trials)(
+        to_fp16_nhwc(mod))
+    return tvm.compile(default_gpu_schedule(mod, target), target=target)
 
 
 def build_relax(mod, target):
