@@ -57,7 +57,14 @@ def _compile_cuda(mod, target, quantize, database, tune, trials):
                                   "(leave quantize=None)")
     mod = UnitTensorizeGPU(target, database=database, tune=tune, trials=trials)(
         to_fp16_nhwc(mod))
-    return tvm.compile(default_gpu_schedule(mod, target), target=target)
+    return compile_cuda_graph(default_gpu_schedule(mod, target), target)
+
+
+def compile_cuda_graph(mod, target):
+    """tvm.compile for CUDA with the model's static regions captured as CUDA graphs (one launch
+    per region instead of one per kernel: at batch 1 the launches cost more than the math)."""
+    with tvm.transform.PassContext(opt_level=3, config={"relax.backend.use_cuda_graph": True}):
+        return tvm.compile(mod, target=target)
 
 
 def build_relax(mod, target):
