@@ -12,6 +12,11 @@
 # .gpu/a and .gpu/b come from scripts/gpu_pack.sh on a machine with PyPI: TVM's wheel is larger
 # than one transfer, so its compiler library travels in two halves (stage, then setup, while the
 # machine is still held). Tuning records go to $STATE/gpu_db.jsonl and are copied to $OUT.
+#
+# Seen on an H100 (2026-11-23): machine start ~30 s, stage <1 s, setup ~40 s, test ~4 min,
+# bench float16 with 16 trials ~25 s per layer, bench-model --no-tune ~1.5-2.5 min per model
+# (two TVM builds on the device's CPU). A call lasts at most 10 minutes and the machine goes
+# back 30 s after a call: stage, then immediately setup + test, then one bench per call.
 set -uo pipefail
 STATE=${UNIT_TVM_GPU_STATE:-/root/unit_tvm_gpu}
 OUT=${OUT:-gpu_out}
