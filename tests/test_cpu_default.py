@@ -95,6 +95,15 @@ CASES = {
         _numpy_layer_norm),
     "q_kt": ((4, 40, 64), lambda x: relax.op.matmul(x, relax.op.permute_dims(x, [0, 2, 1])),
              lambda a: a @ a.transpose(0, 2, 1)),
+    # attention with token counts that are not multiples of the vector width (ViT's 197)
+    "q_kt_197": ((2, 197, 32), lambda x: relax.op.matmul(x, relax.op.permute_dims(x, [0, 2, 1])),
+                 lambda a: a @ a.transpose(0, 2, 1)),
+    "attention_13": ((2, 13, 32), lambda x: relax.op.matmul(relax.op.nn.softmax(relax.op.matmul(
+        x, relax.op.permute_dims(x, [0, 2, 1]))), x),
+        lambda a: _softmax(a @ a.transpose(0, 2, 1)) @ a),
+    "attention_197": ((2, 197, 32), lambda x: relax.op.matmul(relax.op.nn.softmax(
+        relax.op.matmul(x, relax.op.permute_dims(x, [0, 2, 1])) * relax.const(0.1)), x),
+        lambda a: _softmax(0.1 * (a @ a.transpose(0, 2, 1))) @ a),
     "channel_mean": ((4, 48, 32, 16), lambda x: relax.op.mean(x, axis=[1]), lambda a: a.mean(1)),
     "gelu": ((128, 256), lambda x: relax.op.nn.gelu(x),
              lambda a: a * 0.5 * (1 + np.vectorize(math.erf)(a / math.sqrt(2)))),
@@ -115,6 +124,17 @@ def test_default_schedule_is_correct_and_parallel(case, host_target, rng):
     a = rng.standard_normal(shape).astype("float32")
     got = vm["main"](tvm.runtime.tensor(a)).numpy()
     np.testing.assert_allclose(got, ref(a.astype("float64")), rtol=2e-5, atol=2e-5)
+
+
+def test_odd_token_matmuls_are_padded_to_the_register_tile():
+    """197 columns (and 197 rows, prime) would leave a scalar loop nest (10x slower than 192):
+    the matmul runs on extents padded to the vector width and the tile's rows, then is cropped."""
+    mod = _leftover_module((2, 197, 32), CASES["q_kt_197"][1])
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)
+               and "matmul" in f.script()]
+    text = func.script()
+    assert "T.sblock_alloc_buffer((T.int64(2), T.int64(200), T.int64(208))" in text, text
+    assert "T.vectorized(T.int64(16))" in text
 
 
 def test_row_reductions_are_vectorised_by_rfactor():

@@ -146,6 +146,23 @@ def test_transformer_block_and_percentile_calibration():
         assert got.shape == ref.shape and _cos(got, ref) > 0.99
 
 
+@pytest.mark.parametrize("tokens", [13, 197])
+def test_odd_token_counts_tensorized_and_padded_exactly(tokens):
+    """ViT's 197 tokens (prime) and a short 13: the int8 dense rows are computed padded to a
+    register tile (197 -> 198) and cropped, the fp32 attention matmuls padded to the vector
+    width; the same results as TVM's plain build of the quantized model, close to fp32."""
+    require_host("x86.vpdpbusd")
+    model = TinyTransformer()
+    cal, xs, refs = _prepare(model, (1, tokens, 64))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    tpass = UnitTensorize()
+    ex = build_relax(tpass(qmod), unit_tvm.target.host())
+    assert tpass.report and all(instr for _, instr, _ in tpass.report)
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, ref in zip(_run(ex, xs), plain, refs):
+        assert _cos(got, base) > 0.99999 and _cos(got, ref) > 0.99
+
+
 def test_onnx_frontend_path(tmp_path):
     require_host("x86.vpdpbusd")
     model = SmallCNN()
