@@ -75,3 +75,58 @@ def test_bench_gpu_says_it_needs_a_gpu():
     assert "GPU" in proc.stderr and "Traceback" not in proc.stderr
     bad = _cli("bench-gpu", "--dtype", "bfloat16")
     assert bad.returncode == 2
+
+
+def test_compile_export_and_run_equal_the_in_process_model(tmp_path):
+    """`unit-tvm compile model.onnx --int8` -> `unit-tvm run` gives exactly what the same model
+    compiled in this process gives; the library also runs on TVM's runtime alone (no compiler
+    library loaded), as on a deployment machine."""
+    require_host("x86.vpdpbusd")
+    import numpy as np
+    import torch
+    from torch import nn
+
+    import unit_tvm
+    from unit_tvm import deploy
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, 2),
+                          nn.ReLU(), nn.Flatten(), nn.Linear(32 * 7 * 7, 10)).eval()
+    x = torch.randn(1, 3, 16, 16)
+    onnx_path, lib = str(tmp_path / "m.onnx"), str(tmp_path / "m.so")
+    torch.onnx.export(model, (x,), onnx_path, opset_version=17, input_names=["x"], dynamo=False)
+    cal = [np.random.default_rng(i).standard_normal((1, 3, 16, 16)).astype("float32")
+           for i in range(3)]
+    np.savez(tmp_path / "cal.npz", *cal)
+    np.save(tmp_path / "x.npy", x.numpy())
+    proc = _cli("compile", onnx_path, "-o", lib, "--int8", "--calibration",
+                str(tmp_path / "cal.npz"))
+    assert proc.returncode == 0, proc.stderr
+    assert "3 of 3 compute ops tensorized" in proc.stdout
+    proc = _cli("run", lib, "--input", str(tmp_path / "x.npy"), "--output",
+                str(tmp_path / "y.npy"))
+    assert proc.returncode == 0, proc.stderr
+    got = np.load(tmp_path / "y.npy")
+    source = deploy.model_source(onnx_path)
+    ex = unit_tvm.compile(source.mod, quantize={"calibration_data": cal})
+    again = deploy.export(ex, str(tmp_path / "again.so"))
+    np.testing.assert_array_equal(got, unit_tvm.load(again)(x.numpy()))
+    ref = model(x).detach().numpy()
+    assert float(got.ravel() @ ref.ravel() / np.linalg.norm(got) / np.linalg.norm(ref)) > 0.99
+    runtime_only = subprocess.run(
+        [sys.executable, "-c", "import sys, numpy as np, tvm, tvm.base\n"
+         "from tvm.runtime.vm import VirtualMachine\n"
+         "assert tvm.base._RUNTIME_ONLY\n"
+         "vm = VirtualMachine(tvm.runtime.load_module(sys.argv[1]), tvm.cpu())\n"
+         "out = vm['main'](tvm.runtime.tensor(np.load(sys.argv[2])))\n"
+         "np.save(sys.argv[3], (out if hasattr(out, 'numpy') else out[0]).numpy())",
+         lib, str(tmp_path / "x.npy"), str(tmp_path / "z.npy")],
+        capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
+                                                         "TVM_USE_RUNTIME_LIB": "1"})
+    assert runtime_only.returncode == 0, runtime_only.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "z.npy"), got)
+
+
+def test_compile_names_an_unknown_model():
+    proc = _cli("compile", "no_such_model", "-o", "/tmp/never.so")
+    assert proc.returncode != 0 and "no_such_model" in proc.stderr

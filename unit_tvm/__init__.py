@@ -36,9 +36,17 @@ def compile(mod, target=None, **kwargs):  # noqa: A001 - the public API name
 
     return _compile(mod, target, **kwargs)
 
+
+def load(path, device="cpu"):
+    """Load a model exported by `unit-tvm compile`: callable on numpy arrays (unit_tvm.deploy)."""
+    from .deploy import load as _load
+
+    return _load(path, device)
+
+
 __version__ = "0.1.0"
 __all__ = ["intrinsics", "target", "inspect", "explain", "rewrite", "build", "build_report",
-           "BuildReport", "tune", "compile",
+           "BuildReport", "tune", "compile", "load",
            "Mapping",
            "LoopMatch", "OperandAccess", "FallbackWarning", "DependencyError", "TVM_VERSION",
            "TVM_FFI_VERSION"]

@@ -1,5 +1,5 @@
-"""`unit-tvm` command line: intrinsics, peak, inspect, bench-op, bench-gpu, bench-model, profile,
-fuzz, demo."""
+"""`unit-tvm` command line: intrinsics, peak, inspect, bench-op, bench-gpu, bench-model, compile,
+run, profile, fuzz, demo."""
 
 import argparse
 import json
@@ -199,6 +199,52 @@ def _bench_model_gpu(args, log):
     return 0
 
 
+def _cmd_compile(args):
+    """unit-tvm compile MODEL -o out.so: quantize (--int8), tensorize, export one library."""
+    import tvm
+
+    from . import compile as unit_compile
+    from . import deploy
+    from .target import as_target, host
+
+    source = deploy.model_source(args.model)
+    target = (host() if args.target == "cpu" else
+              tvm.target.Target({"kind": "cuda", "arch": args.arch}) if args.target == "cuda"
+              else as_target(json.loads(args.target)))
+    quantize = None
+    if args.int8:
+        quantize = {"calibration_data": deploy.calibration(args.calibration, source.input_shape)}
+    report = []
+    ex = unit_compile(source.mod, target, quantize=quantize, database=args.database,
+                      tune=args.tune, trials=args.trials, report=report)
+    deploy.export(ex, args.output)
+    done = sum(1 for _, instr, _ in report if instr)
+    print(f"{source.name}: {done} of {len(report)} compute ops tensorized for {target}")
+    for op, instr, reason in report:
+        print(f"  {op}: {instr or 'not tensorized: ' + reason}")
+    print(f"wrote {args.output} (input shape {list(source.input_shape)}); run it with "
+          f"unit-tvm run {args.output} --input x.npy")
+    return 0
+
+
+def _cmd_run(args):
+    """unit-tvm run out.so --input x.npy [--output y.npy]."""
+    import numpy as np
+
+    from .deploy import load
+
+    model = load(args.library, args.device)
+    out = model(*[np.load(p) for p in args.input])
+    outs = out if isinstance(out, list) else [out]
+    for i, o in enumerate(outs):
+        print(f"output {i}: shape {list(o.shape)} dtype {o.dtype} "
+              f"first {np.ravel(o)[:5].tolist()}")
+    if args.output:
+        np.save(args.output, outs[0])
+        print(f"wrote {args.output}")
+    return 0
+
+
 def _cmd_profile(args):
     from . import profile
 
@@ -330,6 +376,25 @@ def main(argv=None):
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_model)
+    p = sub.add_parser("compile", help="compile a model (zoo name, .onnx, torch.export .pt2) "
+                       "to one shared library")
+    p.add_argument("model", help="zoo name, ONNX file or torch.export program file (.pt2)")
+    p.add_argument("-o", "--output", required=True, help="the library to write (.so)")
+    p.add_argument("--int8", action="store_true", help="quantize to int8 (CPU targets)")
+    p.add_argument("--calibration", help=".npz (or .npy) of calibration inputs for --int8 "
+                   "(default: 4 fixed random inputs)")
+    p.add_argument("--target", default="cpu",
+                   help="cpu (this host), cuda (fp16, Tensor Cores) or a JSON target dict")
+    p.add_argument("--arch", default="sm_80", help="CUDA architecture with --target cuda")
+    p.add_argument("--tune", action="store_true", help="tune what the database lacks")
+    _tuning_args(p, "per distinct op")
+    p.set_defaults(fn=_cmd_compile)
+    p = sub.add_parser("run", help="run a library written by `unit-tvm compile` on .npy inputs")
+    p.add_argument("library")
+    p.add_argument("--input", nargs="+", required=True, help=".npy file per model input")
+    p.add_argument("--output", help="write the (first) output as .npy")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.set_defaults(fn=_cmd_run)
     p = sub.add_parser("profile", help="per-kernel time, GOPS and %% of peak of a compiled model")
     p.add_argument("model", help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
     _tuning_args(p, "per distinct op")

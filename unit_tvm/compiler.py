@@ -8,7 +8,8 @@ from . import checks
 from .target import as_target
 
 
-def compile(mod, target=None, *, quantize=None, tune=False, database=None, trials=None):  # noqa: A001
+def compile(mod, target=None, *, quantize=None, tune=False, database=None, trials=None,  # noqa: A001
+            report=None):
     """Compile a Relax IRModule for `target` (None: this host); returns a relax Executable.
 
     quantize: None keeps the model's precision; a dict of unit_tvm.relax.quantize keyword
@@ -20,6 +21,9 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
     On a CUDA target the model runs in fp16 (convs NHWC): convs and dense layers with constant
     weights on Tensor Cores (wmma, fp32 accumulation), the rest on TVM's GPU schedules; run with
     relax.VirtualMachine(ex, tvm.cuda()). quantize is CPU-only.
+
+    report: a list to which one (op, instruction or None, reason) per candidate op is appended:
+    what was tensorized, and why the rest was not.
     """
     from .relax import UnitTensorize
     from .relax import quantize as quantize_fn
@@ -38,15 +42,20 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
     target = as_target(target)
     if isinstance(database, (str, os.PathLike)):
         database = Database(database)
+    if report is not None and not isinstance(report, list):
+        raise TypeError(f"unit_tvm.compile: report must be a list, got {type(report).__name__}")
     if target.kind.name == "cuda":
-        return _compile_cuda(mod, target, quantize, database, tune, trials)
+        return _compile_cuda(mod, target, quantize, database, tune, trials, report)
     if quantize is not None:
         mod = quantize_fn(mod, target=target, **quantize)
-    mod = UnitTensorize(target, database=database, tune=tune, trials=trials)(mod)
+    tensorize = UnitTensorize(target, database=database, tune=tune, trials=trials)
+    mod = tensorize(mod)
+    if report is not None:
+        report.extend(tuple(row) for row in tensorize.report)
     return build_relax(mod, target)
 
 
-def _compile_cuda(mod, target, quantize, database, tune, trials):
+def _compile_cuda(mod, target, quantize, database, tune, trials, report):
     """The GPU path: fp16 NHWC, Tensor Core kernels for convs and dense layers, TVM's GPU
     pipeline for the rest (unit_tvm.relax.gpu)."""
     from .relax.gpu import UnitTensorizeGPU, default_gpu_schedule, to_fp16_nhwc
@@ -55,8 +64,10 @@ def _compile_cuda(mod, target, quantize, database, tune, trials):
         raise NotImplementedError("unit_tvm.compile: int8 quantization is implemented for CPU "
                                   "targets only; on CUDA the model is compiled in fp16 "
                                   "(leave quantize=None)")
-    mod = UnitTensorizeGPU(target, database=database, tune=tune, trials=trials)(
-        to_fp16_nhwc(mod))
+    tensorize = UnitTensorizeGPU(target, database=database, tune=tune, trials=trials)
+    mod = tensorize(to_fp16_nhwc(mod))
+    if report is not None:
+        report.extend((k.op, k.intrinsic or None, k.reason) for k in tensorize.report)
     return compile_cuda_graph(default_gpu_schedule(mod, target), target)
 
 
