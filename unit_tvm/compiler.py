@@ -27,6 +27,7 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
     """
     from .relax import UnitTensorize
     from .relax import quantize as quantize_fn
+    from .relax.frontend_fixes import frontend_fixes
     from .tuner import Database
 
     checks.ir_module(mod, "unit_tvm.compile")
@@ -44,6 +45,7 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
         database = Database(database)
     if report is not None and not isinstance(report, list):
         raise TypeError(f"unit_tvm.compile: report must be a list, got {type(report).__name__}")
+    mod = frontend_fixes(mod)
     if target.kind.name == "cuda":
         return _compile_cuda(mod, target, quantize, database, tune, trials, report)
     if quantize is not None:
