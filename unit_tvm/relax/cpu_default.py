@@ -68,7 +68,12 @@ def _vectorize_by_rfactor(sch, block, loops, lead):
 
 def _vectorize(sch, loop, extent):
     """Split off and vectorise the inner lanes of loop: a whole zmm of 32-bit lanes when the
-    extent allows, else 8."""
+    extent allows, else 8; an extent that is a multiple of neither (197 tokens) is partitioned
+    into a vectorised body of whole zmms and a scalar tail (peeled)."""
+    if extent % 8:
+        body = extent - extent % 16
+        loop = sch.loop_partition(loop, [body, None])[0]
+        extent = body
     _, lanes = sch.split(loop, [None, 16 if extent % 16 == 0 else 8])
     sch.vectorize(lanes)
 
@@ -187,7 +192,9 @@ def _schedule(func):
         # reductions across rows (matmul) the reduction loops move outside it. A reduction along
         # memory rows (softmax, layer norm: the last axis) would make that vector a strided gather
         # and leave too few outer loops to parallelise: its rows run in parallel instead.
-        vec = lead - 1 if lead >= 2 and extents[lead - 1] % 8 == 0 else None
+        # (an elementwise block's odd last extent is peeled: see _vectorize)
+        vec = lead - 1 if lead >= 2 and (extents[lead - 1] % 8 == 0 or (
+            not reduction and extents[lead - 1] >= 16)) else None
         if vec is not None and reduction and _gathers(
                 sch.get(block), sch.get(block).iter_vars[vec].var.name):
             vec = None
