@@ -25,5 +25,15 @@ def require_host(name):
         pytest.skip(f"{name} needs {', '.join(missing)}, which this CPU lacks")
 
 
+def has_gpu():
+    """Whether TVM sees a CUDA GPU here (a runtime built without CUDA has none)."""
+    import tvm
+
+    try:
+        return tvm.cuda(0).exist
+    except Exception:  # noqa: BLE001
+        return False
+
+
 HOST_X86 = ["x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw", "x86.vdpbf16ps",
             "x86.vpermb.vpdpbusd"]

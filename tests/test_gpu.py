@@ -11,6 +11,8 @@ import unit_tvm
 from unit_tvm import nvcc, ops
 from unit_tvm.schedules import gpu
 
+from .conftest import has_gpu
+
 needs_nvcc = pytest.mark.skipif(nvcc.find_nvcc() is None, reason="nvcc not found")
 ARCHS = ["sm_80", "sm_90"]
 WORKLOADS = [
@@ -121,7 +123,7 @@ def test_gpu_tuning_space_and_database_without_a_gpu(tmp_path):
     assert {c.split_k for c in space} >= {1, 2, 4} and len({len(gpu.features(c, prepared))
                                                             for c in space}) == 1
     target = _cuda("sm_80")
-    if not _has_gpu():
+    if not has_gpu():
         with pytest.raises(RuntimeError, match="has none"):
             tune(prepared, intrin, target, progress=False)
     db = Database(tmp_path / "db.jsonl")
@@ -150,15 +152,8 @@ def test_gpu_build_falls_back_to_a_valid_kernel():
     assert "__global__" in nvcc.cuda_source(lib)
 
 
-def _has_gpu():
-    try:
-        return tvm.cuda(0).exist
-    except Exception:  # noqa: BLE001
-        return False
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_gpu(), reason="no CUDA GPU on this machine")
+@pytest.mark.skipif(not has_gpu(), reason="no CUDA GPU on this machine")
 @pytest.mark.parametrize("config", [None] + CONFIGS, ids=["default", "split2", "split4", "p4"])
 @pytest.mark.parametrize("label,intrin,build", WORKLOADS, ids=[w[0] for w in WORKLOADS])
 def test_gpu_numerics(label, intrin, build, config, rng):
@@ -184,7 +179,7 @@ def test_gpu_numerics(label, intrin, build, config, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_gpu(), reason="no CUDA GPU on this machine")
+@pytest.mark.skipif(not has_gpu(), reason="no CUDA GPU on this machine")
 def test_gpu_tuning_keeps_a_checked_config(tmp_path):
     from unit_tvm.tuner import tune
 

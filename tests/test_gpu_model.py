@@ -10,6 +10,8 @@ import unit_tvm
 from unit_tvm import nvcc
 from unit_tvm.relax.gpu import UnitTensorizeGPU, to_fp16_nhwc
 
+from .conftest import has_gpu
+
 torch = pytest.importorskip("torch")
 needs_nvcc = pytest.mark.skipif(nvcc.find_nvcc() is None, reason="nvcc not found")
 
@@ -24,17 +26,6 @@ def _resnet18():
     module, shape = zoo.get("resnet18")
     x = torch.from_numpy(zoo.inputs(shape, 1)[0])
     return module, x, frontends.from_torch(module, [x])
-
-
-def _cuda_source(ex):
-    """The CUDA C of the executable's device module (VM executable -> host llvm -> cuda)."""
-    stack = [ex.mod]
-    while stack:
-        mod = stack.pop()
-        if mod.kind == "cuda":
-            return mod.inspect_source("")
-        stack.extend(mod.imports)
-    raise AssertionError("no CUDA module in the executable")
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +49,7 @@ def test_gpu_pass_tensorizes_every_conv_and_dense(resnet18):
 def test_gpu_zoo_model_compiles_with_wmma(resnet18, arch):
     _, _, mod = resnet18
     ex = unit_tvm.compile(mod, _cuda(arch))
-    src = _cuda_source(ex)
+    src = nvcc.cuda_source(ex.mod)
     # 12 distinct conv / dense shapes (layers of one shape share a kernel)
     assert src.count("wmma::mma_sync") >= 12
     ptx = nvcc.ptx(src, arch)
@@ -71,15 +62,8 @@ def test_gpu_compile_refuses_int8_with_a_clear_error(resnet18):
         unit_tvm.compile(mod, _cuda("sm_80"), quantize={"calibration_data": [x.numpy()]})
 
 
-def _has_gpu():
-    try:
-        return tvm.cuda(0).exist
-    except Exception:  # noqa: BLE001
-        return False
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not _has_gpu(), reason="no CUDA GPU on this machine")
+@pytest.mark.skipif(not has_gpu(), reason="no CUDA GPU on this machine")
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "bert_base"])
 def test_gpu_model_matches_pytorch_fp32(name):
     from tvm import relax

@@ -10,7 +10,6 @@ rounds of 20 back-to-back calls, per-call mean per round, min (reported) and med
 Needs a CUDA GPU; without one it stops with an error that says so.
 """
 
-import csv
 import json
 import math
 import os
@@ -22,7 +21,7 @@ import numpy as np
 import tvm
 
 from . import intrinsics, measure, ops
-from .bench_ops import TABLE_I
+from .bench_ops import TABLE_I, write_csv
 from .prepare import prepare
 from .rewriter import schedule
 from .tuner import Database, default_path, tune
@@ -89,13 +88,6 @@ def time_torch_cudnn(c, h, k, r, stride, repeat):
                       statistics.median(replayed))
 
 
-def _tvm_times(lib, args, dev, repeat):
-    """(min, median) seconds per call of `lib` (mean of 20 calls per round, `repeat` rounds)."""
-    lib(*args)
-    results = list(lib.time_evaluator("main", dev, number=20, repeat=repeat)(*args).results)
-    return min(results), statistics.median(results)
-
-
 def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=print,
         progress=None):
     """Rows of the benchmark (one per Table I layer) and a meta dict."""
@@ -120,7 +112,8 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
         arrays = [measure.random_array(t.shape, t.dtype, rng) for t in tensors[:-1]]
         arrays.append(np.zeros([int(x) for x in op.shape], acc))
         args = measure.to_device(arrays, dev)
-        secs, secs_median = _tvm_times(lib, args, dev, repeat)
+        rounds = measure.round_seconds(lib, args, dev, number=20, repeat=repeat)
+        secs, secs_median = min(rounds), statistics.median(rounds)
         o = (h - r) // s + 1
         gop = 2 * o * o * k * c * r * r / 1e9
         torch_t = time_torch_cudnn(c, h, k, r, s, repeat) if dtype == "float16" else None
@@ -154,11 +147,4 @@ def write_outputs(rows, meta, out_dir):
     stem = os.path.join(out_dir, f"bench_gpu_{meta['dtype']}")
     with open(stem + ".json", "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    with open(stem + ".csv", "w", newline="") as f:
-        fields = [k for k in rows[0] if k not in ("shape", "config")] + ["shape", "config"]
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        for r in rows:
-            w.writerow({**r, "shape": "x".join(map(str, r["shape"])),
-                        "config": json.dumps(r["config"])})
-    return [stem + ".json", stem + ".csv"]
+    return [stem + ".json", write_csv(stem + ".csv", rows)]

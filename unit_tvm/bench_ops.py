@@ -237,17 +237,22 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
     return rows, meta
 
 
-def write_outputs(rows, meta, out_dir):
-    """CSV, JSON and a PNG bar chart (speedup over PyTorch per workload) in out_dir."""
-    os.makedirs(out_dir, exist_ok=True)
-    csv_path = os.path.join(out_dir, "bench_ops.csv")
-    with open(csv_path, "w", newline="") as f:
+def write_csv(path, rows):
+    """Benchmark rows as CSV (shape as AxBxC, config as JSON, both last); the path."""
+    with open(path, "w", newline="") as f:
         fields = [k for k in rows[0] if k not in ("config", "shape")] + ["shape", "config"]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         for r in rows:
             w.writerow({**r, "shape": "x".join(map(str, r["shape"])),
                         "config": json.dumps(r["config"])})
+    return path
+
+
+def write_outputs(rows, meta, out_dir):
+    """CSV, JSON and a PNG bar chart (speedup over PyTorch per workload) in out_dir."""
+    os.makedirs(out_dir, exist_ok=True)
+    csv_path = write_csv(os.path.join(out_dir, "bench_ops.csv"), rows)
     with open(os.path.join(out_dir, "bench_ops.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     paths = [csv_path]

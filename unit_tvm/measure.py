@@ -34,8 +34,13 @@ def to_device(arrays, dev):
     return [tvm.runtime.tensor(a, dev) for a in arrays]
 
 
-def best_seconds(lib, args, dev, *, number=10, repeat=5, func="main"):
-    """Minimum over `repeat` runs of the mean time of `number` calls (after one warm-up call)."""
+def round_seconds(lib, args, dev, *, number=10, repeat=5, func="main"):
+    """Per-call seconds of each of `repeat` rounds of `number` calls (after one warm-up call)."""
     lib(*args)
     timer = lib.time_evaluator(func, dev, number=number, repeat=repeat)
-    return min(timer(*args).results)
+    return list(timer(*args).results)
+
+
+def best_seconds(lib, args, dev, *, number=10, repeat=5, func="main"):
+    """Minimum over `repeat` runs of the mean time of `number` calls (after one warm-up call)."""
+    return min(round_seconds(lib, args, dev, number=number, repeat=repeat, func=func))

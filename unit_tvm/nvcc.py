@@ -18,10 +18,14 @@ def find_nvcc():
 
 
 def cuda_source(lib):
-    """The CUDA C source of the device module inside a module built by tvm.build."""
-    for mod in lib.imports:
+    """The CUDA C source of the device module inside a module built by tvm.build, or inside a
+    Relax executable's module (VM executable -> host code -> cuda)."""
+    stack = list(lib.imports)
+    while stack:
+        mod = stack.pop()
         if mod.kind == "cuda":
             return mod.inspect_source("")
+        stack.extend(mod.imports)
     raise ValueError("module has no CUDA device code")
 
 

@@ -11,11 +11,13 @@ cosine similarity and max abs error of each engine's output against PyTorch fp32
 """
 
 import math
-import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
+
+from .engines import cosine
+from .timing import interleaved
 
 CALLS_PER_ROUND = 20
 
@@ -31,12 +33,6 @@ class EngineResult:
     max_abs_err: float = math.nan
     compile_s: float = math.nan
     error: str = ""
-    samples: list = field(default_factory=list)
-
-
-def _cosine(a, b):
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
 
 
 def _torch_engines(module, x):
@@ -99,6 +95,16 @@ def _tvm_engine(mod, target, x_np, unit, database, tune, trials):
     return call, seconds
 
 
+def _slot(fn, sync):
+    """One timed slot: CALLS_PER_ROUND back-to-back calls, then the device synchronized (the
+    per-call time is the slot's over CALLS_PER_ROUND)."""
+    def run_slot():
+        for _ in range(CALLS_PER_ROUND):
+            fn()
+        sync()
+    return run_slot
+
+
 def _numpy(out):
     return out.float().cpu().numpy() if hasattr(out, "cpu") else out.numpy().astype(np.float32)
 
@@ -132,19 +138,15 @@ def run_model(name, *, rounds=10, database=None, tune=False, trials=None, log=pr
     with torch.inference_mode():
         for engine, fn in calls.items():
             out = _numpy(fn())
-            results[engine].cosine = _cosine(out, reference)
+            results[engine].cosine = cosine(out, reference)
             results[engine].max_abs_err = float(np.abs(out - reference).max())
-        for _ in range(rounds):  # interleaved: each round times every engine once
-            for engine, fn in calls.items():
-                syncs[engine]()
-                t0 = time.perf_counter()
-                for _ in range(CALLS_PER_ROUND):
-                    fn()
-                syncs[engine]()
-                results[engine].samples.append((time.perf_counter() - t0) / CALLS_PER_ROUND * 1e3)
+        # the project's protocol (bench.timing: rotating interleaved rounds, min and median)
+        timed = interleaved({e: _slot(fn, syncs[e]) for e, fn in calls.items()}, rounds=rounds,
+                            per_slot=1, warmup=1)
+    for engine, t in timed.items():
+        results[engine].min_ms = t.min_ms / CALLS_PER_ROUND
+        results[engine].median_ms = t.median_ms / CALLS_PER_ROUND
     for r in results.values():
-        if r.samples:
-            r.min_ms, r.median_ms = min(r.samples), statistics.median(r.samples)
         log(f"  {r.engine:<24} min {r.min_ms:8.3f} ms  median {r.median_ms:8.3f} ms  "
             f"cos {r.cosine:.5f}  {r.error}")
     return {"model": name, "engines": {k: asdict(v) for k, v in results.items()}}

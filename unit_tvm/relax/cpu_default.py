@@ -135,6 +135,20 @@ def _elementwise_consumer(sch, block):
     return consumers[0]
 
 
+def _loop_nest(sch, block):
+    """(loops, iteration kinds, lead): the block's loops, their kinds (0 data parallel, 2
+    reduction) and how many leading loops are data parallel; lead 0 when the loops do not map
+    one to one onto the block's iteration variables (then nothing is done to it)."""
+    loops = sch.get_loops(block)
+    kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
+    if not loops or len(kinds) != len(loops):
+        return loops, kinds, 0
+    lead = 0
+    while lead < len(kinds) and kinds[lead] == 0:
+        lead += 1
+    return loops, kinds, lead
+
+
 def _pad_vector_axes(sch, root):
     """Pad the two inner data-parallel axes of matmul-like reductions whose extents are not
     multiples of the register tile (attention's 197 tokens: 10x slower than 192 or 200) — the
@@ -142,22 +156,18 @@ def _pad_vector_axes(sch, root):
     zero-padded copy of the operands, the reduction on the padded extents, the valid part copied
     out), so that the register tile below applies instead of a scalar or one-row loop nest."""
     for block in sch.get_child_blocks(root):
-        loops = sch.get_loops(block)
-        kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
-        if not loops or len(kinds) != len(loops) or 2 not in kinds:
-            continue
-        lead = kinds.index(2)
-        if lead < 2 or any(k != 2 for k in kinds[lead:]):
+        loops, kinds, lead = _loop_nest(sch, block)
+        if lead < 2 or lead == len(loops) or any(k != 2 for k in kinds[lead:]):
             continue
         cols, rows = (int(sch.get(loops[i]).extent) for i in (lead - 1, lead - 2))
         if cols < 16 or _gathers(sch.get(block), sch.get(block).iter_vars[lead - 1].var.name):
             continue
-        padding = [1] * len(kinds)
+        padding = [1] * len(loops)
         if cols % 8:
             padding[lead - 1] = PAD_COLUMNS
         if rows >= 2 * PAD_ROWS and _register_block(rows, rows) < PAD_ROWS // 2:
             padding[lead - 2] = PAD_ROWS
-        if padding == [1] * len(kinds):
+        if padding == [1] * len(loops):
             continue
         try:
             sch.pad_einsum(block, padding)
@@ -177,13 +187,7 @@ def _schedule(func):
     for block in sch.get_child_blocks(root):
         if sch.get(block).name_hint in fused:
             continue
-        loops = sch.get_loops(block)
-        kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
-        if not loops or len(kinds) != len(loops):
-            continue
-        lead = 0
-        while lead < len(loops) and kinds[lead] == 0:
-            lead += 1
+        loops, _, lead = _loop_nest(sch, block)
         if lead == 0:
             continue
         extents = [int(sch.get(lp).extent) for lp in loops]

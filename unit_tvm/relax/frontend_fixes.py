@@ -8,6 +8,8 @@
 import tvm
 from tvm import relax
 
+from .graph import rewrite_functions
+
 
 @relax.expr_functor.mutator
 class _BoolCumsumAsInt64(relax.PyExprMutator):
@@ -29,8 +31,4 @@ class _BoolCumsumAsInt64(relax.PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="UnitFrontendFixes")
 def frontend_fixes(mod, ctx):
     """tvm.transform.Pass: the repairs above on every Relax function of the module."""
-    rewriter = _BoolCumsumAsInt64(mod)
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return rewrite_functions(mod, _BoolCumsumAsInt64(mod))

@@ -18,8 +18,9 @@ import tvm
 from tvm import relax, te
 
 from ..target import as_target
+from .graph import rewrite_functions
 
-# what the Tensor Core kernels compute in, per activation dtype: (instruction family, accumulator)
+# the accumulator dtype of the Tensor Core kernels, per activation dtype they take
 ACCUMULATE = {"float16": "float32"}
 
 
@@ -45,11 +46,7 @@ class _ClipAsMinMax(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="ClipAsMinMax")
 def _clip_as_min_max(mod, ctx):
-    rewriter = _ClipAsMinMax(mod)
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-    return rewriter.builder_.get()
+    return rewrite_functions(mod, _ClipAsMinMax(mod))
 
 
 def to_fp16_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
@@ -243,11 +240,8 @@ class UnitTensorizeGPU:
         return self.kernels.report
 
     def transform_module(self, mod, ctx):  # noqa: D401 - tvm pass hook
-        rewriter = _Rewrite(mod, self.kernels)
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                rewriter.builder_.update_func(gv, rewriter.visit_expr(func))
-        return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+        return relax.transform.DeadCodeElimination()(
+            rewrite_functions(mod, _Rewrite(mod, self.kernels)))
 
 
 def default_gpu_schedule(mod: tvm.IRModule, target) -> tvm.IRModule:

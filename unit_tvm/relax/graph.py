@@ -1,6 +1,6 @@
 """Small queries and rewrites on a Relax main function shared by the quantizer and the
 tensorize pass: how often each variable is used and by which bindings, and the NCHW max-pools
-both passes move to uint8 and to packed channel blocks."""
+both passes move to uint8 and to packed channel blocks; running a rewriter over every function."""
 
 import tvm
 from tvm import relax
@@ -48,3 +48,12 @@ def max_pool_on(pool, data, layout="NCHW"):
     a = pool.attrs
     return relax.op.nn.max_pool2d(data, a.pool_size, a.strides, a.padding, a.dilation,
                                   a.ceil_mode, a.count_include_pad, layout, layout)
+
+
+def rewrite_functions(mod, mutator):
+    """The module with every Relax function rewritten by `mutator` (a relax.PyExprMutator built
+    on `mod`: functions it adds through its builder are kept)."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mutator.builder_.update_func(gv, mutator.visit_expr(func))
+    return mutator.builder_.get()
