@@ -232,6 +232,43 @@ def test_max_pool_runs_on_its_producers_uint8(channels):
     _assert_equals_plain_int8(ex, qmod, xs, refs)
 
 
+class Bottleneck(nn.Module):
+    """A ResNet block with a projection shortcut: the 1x1 stride-2 shortcut's result is read
+    only as the residual of the block's last conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(16, 16, 3, stride=2, padding=1)
+        self.c2 = nn.Conv2d(16, 32, 1)
+        self.proj = nn.Conv2d(16, 32, 1, stride=2)
+        self.bp = nn.BatchNorm2d(32)
+
+    def forward(self, x):
+        return torch.relu(self.c2(torch.relu(self.c1(x))) + self.bp(self.proj(x)))
+
+
+def test_projection_shortcut_travels_as_uint8():
+    """The shortcut requantizes in the quantization of its own observed result, the adder
+    dequantizes it in its epilogue, the edge is laid out NCHW[y]c; the result equals TVM's
+    plain int8 build of the same graph and stays close to fp32."""
+    require_host("x86.vpdpbusd")
+    model = Bottleneck()
+    cal, xs, refs = _prepare(model, (1, 16, 15, 15))
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    qmod = quantize(mod, calibration_data=cal)
+    by_shape = {(r["w_shape"][0], r["stride"][0], r["residual"]): r for _, r in recipes(qmod)}
+    proj, adder = by_shape[(32, 2, False)], by_shape[(32, 1, True)]
+    assert proj["out_q"] and adder["residual_q"] == proj["out_q"]
+    scale, zp = proj["out_q"]
+    assert 0 < zp < 255 and scale > 0  # a shortcut without relu has negative values too
+    tpass = UnitTensorize(unit_tvm.target.host())
+    tensorized = tpass(qmod)
+    assert [r.get("residual_block") for _, r in recipes(tensorized) if r["residual"]] == [16]
+    ex = build_relax(tensorized, unit_tvm.target.host())
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    _assert_equals_plain_int8(ex, qmod, xs, refs)
+
+
 def test_quantize_needs_calibration_and_a_known_dtype():
     model = SmallCNN()
     _, xs, _ = _prepare(model, (1, 3, 16, 16))

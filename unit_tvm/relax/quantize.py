@@ -219,10 +219,10 @@ def find_chains(func):
 
 
 # -- calibration ------------------------------------------------------------------------------
-def _observe(mod, chains, calibration_data, target):
-    """Run the fp32 model (TVM) on the calibration inputs; values of every chain input."""
+def _observe(mod, outputs, calibration_data, target):
+    """Run the fp32 model (TVM) on the calibration inputs; the values `outputs` (vars of main)
+    take, each flattened over all inputs."""
     func = mod["main"]
-    outputs = [c.x for c in chains]
     bindings = _bindings(func)
     bb = relax.BlockBuilder(mod)  # the module's other functions stay callable
     params = list(func.params)
@@ -237,11 +237,11 @@ def _observe(mod, chains, calibration_data, target):
 
     ex = build_relax(cal, target)
     vm = relax.VirtualMachine(ex, tvm.cpu())
-    seen = [[] for _ in chains]
+    seen = [[] for _ in outputs]
     for sample in calibration_data:
         sample = sample if isinstance(sample, (list, tuple)) else [sample]
         res = vm["main"](*[tvm.runtime.tensor(np.asarray(s), tvm.cpu()) for s in sample])
-        for i in range(len(chains)):
+        for i in range(len(outputs)):
             seen[i].append(res[i].numpy().reshape(-1))
     return [np.concatenate(s) for s in seen]
 
@@ -316,7 +316,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     samples = list(calibration_data)
     if not samples:
         raise ValueError("calibration_data is empty: at least one input is needed")
-    values = _observe(mod, chains, samples, target)
+    shortcuts = _residual_only_ends(func, chains)
+    values = _observe(mod, [c.x for c in chains] + [c.end for c in shortcuts], samples, target)
     by_end = {}
     for chain, vals in zip(chains, values):
         w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
@@ -332,6 +333,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
         by_end[chain.end] = (chain, recipe, consts)
     _requantize_edges(func, chains, by_end)
     _requantize_shared_edges(func, chains, by_end)
+    _requantize_shortcuts(chains, by_end, shortcuts, values[len(chains):],
+                          lambda v: _activation_qparams(v, method, percentile))
     pools = _requantize_through_pools(func, chains, by_end)
     return _rewrite(mod, chains, by_end, pools,
                     u8_values.plan(_bindings(func), func, chains, by_end, pools))
@@ -404,6 +407,37 @@ def _requantize_shared_edges(func, chains, by_end):
             by_end[c.end][1].update(x_scale=scale, x_zp=zp, in_u8=True)
         for c in res:
             by_end[c.end][1]["residual_q"] = [scale, zp]
+
+
+def _residual_only_ends(func, chains):
+    """The conv chains whose result every user adds as its residual in a quantized conv
+    (ResNet's projection shortcut): nothing reads it as an input, so no reader has observed
+    it; quantize() observes it itself."""
+    uses = count_uses(_bindings(func), func)
+    adders = {}
+    for c in chains:
+        if c.residual is not None:
+            adders.setdefault(c.residual, []).append(c)
+    return [c for c in chains if c.kind == "conv2d" and adders.get(c.end)
+            and len(adders[c.end]) == uses.get(c.end, 0)
+            and all(a.kind == "conv2d" for a in adders[c.end])]
+
+
+def _requantize_shortcuts(chains, by_end, shortcuts, values, qparams):
+    """A projection shortcut writes uint8 in the quantization of its own observed `values`,
+    and its adders dequantize it in their epilogue (the residual travels as uint8 NCHW[y]c,
+    as a block output does, instead of float32 there and back)."""
+    for chain, vals in zip(shortcuts, values):
+        _, recipe, _ = by_end[chain.end]
+        adders = [by_end[c.end][1] for c in chains if c.residual is not None
+                  and c.residual.same_as(chain.end)]
+        if (recipe.get("out_q") or len(recipe["out_shape"]) != 4
+                or any("nd_in_shape" in r or "nd_out_shape" in r for r in adders)):
+            continue
+        scale, zp = qparams(vals)
+        recipe["out_q"] = [float(scale), int(zp)]
+        for r in adders:
+            r["residual_q"] = [float(scale), int(zp)]
 
 
 def _requantize_through_pools(func, chains, by_end):
