@@ -217,3 +217,20 @@ def test_instruction_choice_follows_the_database(monkeypatch, small_conv, tmp_pa
     monkeypatch.setattr(search, "reference_output", no_measuring)
     index, result = search.tune_instruction(alts, database=db, progress=False)
     assert index == 1 and result.from_database
+
+
+@pytest.mark.parametrize("extents, tile", [
+    ([1, 4, 56, 56, 1], ((2, 2), (3, 7))),  # rows x columns; extent-1 loops never count
+    ([1, 8, 28, 28, 1], ((2, 2), (3, 7))),
+    ([1, 32, 7, 7, 1], ((1, 2), (3, 7))),  # 7x7: channel blocks take a factor
+    ([32, 192], ((0, 4), (1, 3))),  # a dense's rows x column blocks
+    ([1, 1, 1], ()),
+])
+def test_default_register_tile(extents, tile):
+    """The default register tile: the most accumulators up to cpu.ACCUMULATORS over the two
+    innermost loops of extent > 1 (the channel-block loop only when they give half that),
+    then the best reuse; every factor divides its loop."""
+    config = cpu.default_config(extents, threads=2)
+    assert config.unroll == tile
+    assert config.accumulators() <= cpu.ACCUMULATORS
+    assert all(extents[p] % f == 0 for p, f in config.unroll)
