@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from unit_tvm import bench_ops, intrinsics
+from unit_tvm import bench_ops, intrinsics, selection
 from unit_tvm.bench import model, report
 from unit_tvm.bench.engines import accuracy
 from unit_tvm.bench.timing import interleaved
@@ -32,7 +32,7 @@ def test_bench_op_candidates_follow_the_host():
                 for n in got[:2]} == {"folded"}
     # 1x1 convs are not folded: 1056 channels would be padded to 1280 by the 4x chain (1.2x)
     for intrin, x, _ in bench_ops.candidates("conv", (1056, 7, 192, 1, 1), host()):
-        assert -(-1056 // x) * x / 1056 <= bench_ops.MAX_CHANNEL_WASTE
+        assert -(-1056 // x) * x / 1056 <= selection.RACE_WASTE
         assert bench_ops.form("conv", (1056, 7, 192, 1, 1), intrin) == "flat"
     vector = [i for i, _, _ in bench_ops.candidates("conv", (80, 73, 192, 3, 1), host())
               if i.broadcast_operand]

@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import te
 
-from . import intrinsics, measure, ops
+from . import intrinsics, measure, ops, selection
 from .peak import host_threads, peak
 from .build import prepare_op
 from .prepare import placeholders_of
@@ -50,17 +50,6 @@ def workloads(quick=False, only=None):
     return (convs if only != "gemm" else []) + (gemms if only != "conv" else [])
 
 
-# The int8 instructions tried for every workload, each in the packed layout (x, y) it reads
-# directly (Intrinsic.channel_blocks). The faster (tuned) one is reported.
-INT8_CHOICES = ("x86.tdpbusd.x4", "x86.tdpbusd.x2", "x86.tdpbusd", "x86.tdpbusd.x4.n2",
-                "x86.tdpbusd.x2.n2", "x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw")
-
-
-# Channel padding up to 1.75x is tried: every candidate is tuned and timed and the fastest is
-# reported, and AMX on 80 channels padded to 128 still beats the vector instructions 3x.
-MAX_CHANNEL_WASTE = 1.75
-
-
 def form(kind, p, intrin):
     """How a workload is laid out for an instruction: "gemm"; for a conv "folded" (a tile
     instruction on a window wider than 1: the window's columns and the channels are one
@@ -74,26 +63,29 @@ def form(kind, p, intrin):
     return "flat" if r == 1 and s == 1 else "direct"
 
 
+def int8_instructions(target):
+    """The u8 x s8 dot-product instructions `target` runs (registry order), each tried in the
+    packed layout it reads directly (Intrinsic.channel_blocks); lanewise ones aside: they have
+    no channel reduction."""
+    return [i for i in intrinsics.for_target(target)
+            if i.input_dtypes == ("uint8", "int8") and not i.lanewise]
+
+
 def candidates(kind, p, target):
-    """[(Intrinsic, x, y)] usable for a workload on target: each form of the tile instruction (AMX
-    tdpbusd alone or chained, 64 to 256 wide, one or two accumulator columns) whose reduction
-    (the channels, or the folded window times the channels, see `form`) wastes at most
-    MAX_CHANNEL_WASTE after zero padding, and the first usable vector instruction."""
-    out = []
+    """[(Intrinsic, x, y)] raced for a workload on target (selection.worth_racing): each form
+    of the tile instruction whose reduction (the channels, or the folded window times the
+    channels, see `form`) pads within selection.RACE_WASTE, and the first vector one."""
     columns = p[2] if kind == "conv" else p[1]
-    for name in INT8_CHOICES:
-        intrin = intrinsics.get(name)
+    usable = []
+    for intrin in int8_instructions(target):
         x, y = intrin.channel_blocks
-        layout = form(kind, p, intrin)
-        reduce = p[2] if layout == "gemm" else p[0] * p[3] if layout == "folded" else p[0]
-        if not intrin.supported(target) or -(-reduce // x) * x / reduce > MAX_CHANNEL_WASTE:
-            continue
         if columns % y:
             continue  # the packed layouts here do not pad output channels
-        if out and out[-1][0].lanes < 256 and intrin.lanes < 256:
-            continue  # one vector instruction is enough: the first usable is the fastest
-        out.append((intrin, x, y))
-    return out
+        layout = form(kind, p, intrin)
+        reduce = p[2] if layout == "gemm" else p[0] * p[3] if layout == "folded" else p[0]
+        usable.append(selection.Candidate(intrin, selection.channel_waste(intrin, reduce,
+                                                                          columns)))
+    return [(c.intrinsic, *c.intrinsic.channel_blocks) for c in selection.worth_racing(usable)]
 
 
 def _op(kind, p, intrin):
@@ -174,7 +166,7 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
     """Run the benchmark; returns (rows, meta)."""
     target = host()
     threads = host_threads()
-    usable = [intrinsics.get(n) for n in INT8_CHOICES if intrinsics.get(n).supported(target)]
+    usable = int8_instructions(target)
     if not usable:
         raise ValueError("this host has no int8 dot-product instruction")
     database = Database(database or default_path())

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import te
 
-from . import checks, epilogue, intrinsics
+from . import checks, epilogue, intrinsics, selection
 from .inspector import inspect
 from .prepare import placeholders_of
 from .rewriter import prepare_for, schedule
@@ -47,38 +47,32 @@ def _exact_everywhere(candidates):
 
 def choose(out, target=None, intrinsic=None, params=None):
     """(Intrinsic, Prepared, default Schedule) for `out` on `target`, or (None, reason, None)
-    when nothing applies.
-
-    Instructions are tried in registry order (fastest first). The first whose padding wastes at
-    most MAX_WASTE wins, except that among the forms of one family (Intrinsic.family, e.g. AMX
-    tdpbusd alone or chained) the one that pads least is used.
-    """
+    when nothing applies. The instruction is the one unit_tvm.selection prefers among those
+    whose default schedule tensorizes the op."""
     target = as_target(target)
     if intrinsic is not None:
         candidates = [intrinsics.require(intrinsic, target) if isinstance(intrinsic, str)
                       else intrinsic]
     else:
         candidates = _exact_everywhere(intrinsics.for_target(target))
-    reasons, usable, fits = [], [], []
-    for intrin in candidates:
-        if fits and intrin.family != fits[0][1].family:
-            continue  # a faster family already fits; only its other forms are still compared
+    reasons = []
+
+    def evaluate(intrin):
         try:
             prepared = prepare_op(out, intrin, params=params, target=target)
             sch = schedule(prepared, intrin, None, target)  # the default must tensorize
         except (ValueError, tvm.s_tir.ScheduleError) as e:
             reasons.append(str(e).splitlines()[0])
-            continue
-        waste = padding_waste(prepared)
-        if waste <= MAX_WASTE:
-            fits.append((waste, intrin, prepared, sch))
-            continue
-        usable.append((waste, intrin, prepared, sch))
-        reasons.append(f"{intrin.name} would compute {waste:.1f}x the work (padding)")
-    if fits:  # the form of the family that pads least (ties: the first registered)
-        return min(fits, key=lambda u: u[0])[1:]
-    if usable:
-        return min(usable, key=lambda u: u[0])[1:]
+            return None
+        cand = selection.Candidate(intrin, selection.mapping_waste(prepared.original_mapping),
+                                   (prepared, sch))
+        if not cand.fits:
+            reasons.append(f"{intrin.name} would compute {cand.waste:.1f}x the work (padding)")
+        return cand
+
+    chosen = selection.first_choice(candidates, evaluate)
+    if chosen is not None:
+        return (chosen.intrinsic, *chosen.prepared)
     if not candidates:
         limited = [i for i in intrinsics.for_target(target) if i.operand_ranges]
         reasons.append(f"no registered instruction runs on {target}" if not limited else
@@ -113,7 +107,7 @@ def alternatives(out, target=None, intrinsic=None, params=None, first=None):
                 schedule(prepared, intrin, None, target)
             except (ValueError, tvm.s_tir.ScheduleError):
                 continue
-            if padding_waste(prepared) > MAX_WASTE:
+            if selection.mapping_waste(prepared.original_mapping) > selection.MAX_WASTE:
                 continue
             if i:
                 prepared.variant = "mapping " + ",".join(
@@ -141,18 +135,6 @@ def _replicates(prepared):
     """Whether preparation copies an operand across instruction loops it does not vary along
     (the Inspector's broadcast operands)."""
     return any(a.broadcast_along for a in prepared.original_mapping.operands)
-
-
-# An instruction is skipped for the next one when padding makes it compute this much more.
-MAX_WASTE = 1.5
-
-
-def padding_waste(prepared):
-    """Work the instruction does / work the op needs, from the mapping's padding."""
-    waste = 1.0
-    for m in prepared.original_mapping.loops:
-        waste *= (m.op_extent + m.padding) / m.op_extent
-    return waste
 
 
 def default_schedule(func, target):

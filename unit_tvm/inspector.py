@@ -18,6 +18,7 @@ from tvm import te, tirx
 from . import checks
 from .indexing import NotAffine, evaluate, tile_offsets, unit_stride_dim, vars_in
 from .mapping import LoopMatch, Mapping, OperandAccess
+from .selection import mapping_waste
 
 _TENSOR_LOAD = "te.tensor_load"
 _BINARY = ("Add", "Sub", "Mul", "Div", "Mod", "FloorDiv", "FloorMod", "Min", "Max")
@@ -338,9 +339,7 @@ def rank(mapping, n_loops):
     """Best first: least padded work (the factor padding multiplies the op's work by: 16 rows
     padded onto a 17-wide loop cost less than onto a batch of 1), operands contiguous, innermost
     op loops (the paper's default)."""
-    waste = 1.0
-    for m in mapping.loops:
-        waste *= (m.op_extent + m.padding) / m.op_extent
+    waste = mapping_waste(mapping)
     strided = sum(not a.contiguous for a in mapping.operands)
     depth = sum(n_loops - m.op_index for m in mapping.loops)
     return (round(waste, 6), strided, depth)

@@ -15,7 +15,7 @@ import json
 import numpy as np
 from tvm import te, tirx
 
-from .. import fastmath, intrinsics
+from .. import fastmath, intrinsics, selection
 from ..prepare import prepare
 from ..rewriter import schedule
 from ..schedules.cpu import tiled_extent
@@ -478,9 +478,8 @@ def tuning_form(recipe):
 
 
 def candidates(recipe, target):
-    """Instructions that can run the recipe on target: those whose channel padding wastes at most
-    1.5x first, in registry order (tile before vector), the forms of one family (AMX tdpbusd
-    alone or chained) by least padding; then the rest."""
+    """Instructions that can run the recipe on target, best first (unit_tvm.selection's rule
+    on the padding of the packed channels)."""
     c = recipe["in_shape"][1]
     k = recipe["out_channels"]
     a_t, w_t, acc_t = _dtypes(recipe)
@@ -489,19 +488,16 @@ def candidates(recipe, target):
         return []
     if depthwise and recipe["dilation"][1] != 1:
         return []  # a lanewise instruction reads neighbouring pixels: not a dilated window
-    out, family_order = [], {}
-    for order, intrin in enumerate(intrinsics.for_target(target)):
+    usable = []
+    for intrin in intrinsics.for_target(target):
         if intrin.input_dtypes != (a_t, w_t) or intrin.output_dtype != acc_t:
             continue
         if intrin.lanewise != depthwise:
             continue  # a depthwise window has no channel reduction; a dense conv no lanewise one
         if intrin.operand_ranges:
             continue  # vpmaddubsw needs u7 activations; the quantizer produces u8
-        x_blk, y_blk = intrin.channel_blocks
-        waste = (_round_up(c, x_blk) / c) * (_round_up(k, y_blk) / k)
-        family = family_order.setdefault(intrin.family, order)
-        out.append(((waste > 1.5, family, waste, order), intrin))
-    return [i for _, i in sorted(out, key=lambda t: t[0])]
+        usable.append(selection.Candidate(intrin, selection.channel_waste(intrin, c, k)))
+    return [cand.intrinsic for cand in selection.preferred(usable)]
 
 
 def tensorized_func(recipe, intrin, target, config=None):
