@@ -1,6 +1,9 @@
 """OpenVINO int8: the model converted from PyTorch, quantized by NNCF post-training
 quantization on the same calibration inputs, compiled for the CPU with the latency hint."""
 
+import contextlib
+import sys
+
 import numpy as np
 
 from .engines import Engine, ModelCase, Stopwatch, cosine, fastest_accurate, first_output
@@ -42,8 +45,10 @@ def openvino_int8(case: ModelCase, references) -> Engine:
     watch = Stopwatch()
     model = ov.convert_model(case.model, example_input=torch.tensor(case.calibration[0]))
     preset = {"model_type": nncf.ModelType.TRANSFORMER} if case.transformer else {}
-    quantized = nncf.quantize(model, nncf.Dataset(case.calibration),
-                              subset_size=len(case.calibration), **preset)
+    # NNCF draws progress bars on stdout, which `bench-model --json` keeps for its JSON
+    with contextlib.redirect_stdout(sys.stderr):
+        quantized = nncf.quantize(model, nncf.Dataset(case.calibration),
+                                  subset_size=len(case.calibration), **preset)
     # OpenVINO writes into the numpy arrays it is given (measured: the benchmark's inputs changed
     # after its first inferences), so it only ever sees copies
     x = case.inputs[0].copy()
