@@ -18,6 +18,7 @@ _CPUINFO_TO_LLVM = {
     "avx_vnni": "avxvnni",
     "avx512_bf16": "avx512bf16",
     "avx512_fp16": "avx512fp16",
+    "avx512vbmi": "avx512vbmi",
     "amx_tile": "amx-tile",
     "amx_int8": "amx-int8",
     "amx_bf16": "amx-bf16",
