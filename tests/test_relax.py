@@ -227,6 +227,12 @@ def test_max_pool_runs_on_its_producers_uint8(channels):
     block = int(re.search(r'layout="NCHW(\d+)c"', pool).group(1))
     assert block in (8, 16, 32)
     assert ("R.strided_slice" in tensorized["main"].script()) == bool(channels % block)
+    # whole blocks: the pool's result stays in them, read by the conv as input and residual
+    whole = not channels % block
+    (_, r1_t) = [(n, r) for n, r in recipes(tensorized) if r["residual"]][0]
+    assert (r1_t.get("in_block"), r1_t.get("residual_block")) == ((block, block) if whole
+                                                                 else (None, None))
+    assert ("R.permute_dims" in tensorized["main"].script()) != whole
     ex = build_relax(tensorized, unit_tvm.target.host())
     assert all(instr for _, instr, _ in tpass.report), tpass.report
     _assert_equals_plain_int8(ex, qmod, xs, refs)

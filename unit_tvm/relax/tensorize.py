@@ -68,6 +68,8 @@ class UnitTensorize:
         recipes = [json.loads(json.dumps(_recipe_of(mod, c))) for c in calls]
         consumer = _packed_consumers(func, calls, recipes)
         pooled = _pooled_producers(func, calls, recipes)
+        pool_readers = _pool_conv_readers(func, calls, recipes, pooled)
+        blocked_pools = set()  # max-pools whose result stays in blocks for its conv readers
         concats = _packed_concats(mod, func, calls, recipes, self.target)
         for j, block in concats.readers.items():
             recipes[j]["in_block"] = block
@@ -94,14 +96,19 @@ class UnitTensorize:
             for j, role in consumer.get(i, ()):
                 recipes[j]["in_block" if role == "x" else "residual_block"] = final["out_block"]
             if i in pooled:
-                pools[pooled[i]] = final["out_block"]
+                pool, blk = pooled[i], final["out_block"]
+                pools[pool] = blk
+                if pool in pool_readers and final["out_channels"] % blk == 0:
+                    blocked_pools.add(pool)
+                    for j, role in pool_readers[pool]:
+                        recipes[j]["in_block" if role == "x" else "residual_block"] = blk
             args = list(call.args[1].fields)
             args[1] = relax.const(layout_weight(args[1].value.numpy()))
             replace.append((call, gv, args, relax.TensorType(out_shape(final), out_dtype(final))))
         if not replace:
             return mod
         mod = bb.get()
-        mod["main"] = _Replace(mod, replace, pools).visit_expr(mod["main"])
+        mod["main"] = _Replace(mod, replace, pools, blocked_pools).visit_expr(mod["main"])
         return _drop_unused_recipes(relax.transform.DeadCodeElimination()(mod))
 
     def _database(self):
@@ -276,10 +283,11 @@ class _Replace(relax.PyExprMutator):
     """Main with each listed call_tir replaced (new function, arguments, result type); bindings
     whose type changes (a packed layout) get new variables, and their users follow."""
 
-    def __init__(self, mod, replace, pools=None):
+    def __init__(self, mod, replace, pools=None, blocked=frozenset()):
         super().__init__(mod)
         self.replace = replace
         self.pools = pools or {}  # max-pool call -> channel block of its (now packed) input
+        self.blocked = blocked  # those of the pools whose readers read the blocks
 
     def visit_call_(self, call):
         for old, gv, args, ty in self.replace:
@@ -294,8 +302,10 @@ class _Replace(relax.PyExprMutator):
         """The NCHW max-pool on its producer's NCHW[block]c result: pooled in that layout (the
         window's loads are contiguous channel vectors), then one transpose back to NCHW for
         the pool's readers (a quarter of the data the producer wrote)."""
-        pooled = self.builder_.emit(max_pool_on(call, self.visit_expr(call.args[0]),
-                                                f"NCHW{block}c"))
+        pooled = max_pool_on(call, self.visit_expr(call.args[0]), f"NCHW{block}c")
+        if any(call.same_as(p) for p in self.blocked):
+            return pooled  # every reader is a conv that reads the blocks
+        pooled = self.builder_.emit(pooled)
         nchw = self.builder_.emit(relax.op.permute_dims(pooled, [0, 1, 4, 2, 3]))
         n, c, h, w = call.ty.shape
         padded = int(pooled.ty.shape[1]) * block
@@ -356,6 +366,30 @@ def _pooled_producers(func, calls, recipes):
         if (i is not None and count.get(src) == 1 and recipes[i]["kind"] == "conv2d"
                 and recipes[i].get("out_q") and len(recipes[i]["out_shape"]) == 4):
             out[i] = b.value
+    return out
+
+
+def _pool_conv_readers(func, calls, recipes, pooled):
+    """{max-pool call: [(reader index, "x" | "residual")]} of the blocked max-pools (see
+    _pooled_producers) whose every use is a quantized conv reading the pool's uint8 result as
+    its input or adding it as its residual (ResNet's stem pool, read by the first block's
+    first conv and by its last as the shortcut): the pool's result can stay in blocks."""
+    bindings, producer_of = _producers(func, calls)
+    count = uses(bindings, func)
+    var_of = {b.value: b.var for b in bindings if any(b.value.same_as(p) for p in pooled.values())}
+    out = {}
+    for pool, var in var_of.items():
+        found = []
+        for j, (call, recipe) in enumerate(zip(calls, recipes)):
+            if recipe["kind"] != "conv2d":
+                continue
+            fields = list(call.args[1].fields)
+            if recipe.get("in_u8") and fields[0].same_as(var):
+                found.append((j, "x"))
+            if recipe.get("residual") and recipe.get("residual_q") and fields[-1].same_as(var):
+                found.append((j, "residual"))
+        if found and len(found) == count.get(var):
+            out[pool] = found
     return out
 
 
