@@ -1,5 +1,6 @@
 """Strategies that organise the loops around a tensorized core (cpu, gpu)."""
 
+from ..target import is_gpu
 from . import cpu, gpu
 
 
@@ -9,4 +10,4 @@ def for_target(target):
     Every strategy offers default(prepared, target), space(prepared, target),
     features(config, prepared, target), from_key(dict) and its Config's key().
     """
-    return gpu if target.kind.name == "cuda" else cpu
+    return gpu if is_gpu(target) else cpu

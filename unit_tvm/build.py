@@ -12,7 +12,7 @@ from . import checks, epilogue, intrinsics, selection
 from .inspector import inspect
 from .prepare import placeholders_of
 from .rewriter import prepare_for, schedule
-from .target import as_target
+from .target import as_target, is_gpu
 from .tuner.database import Database
 
 
@@ -141,7 +141,7 @@ def default_schedule(func, target):
     """TVM's own schedule for a function no instruction fits: as is on CPU; on GPU, dlight's
     fallback (threads bound, so the kernel is valid)."""
     mod = tvm.IRModule({"main": func})
-    if target.kind.name == "cuda":
+    if is_gpu(target):
         from tvm.s_tir import dlight
 
         with target:

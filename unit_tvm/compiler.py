@@ -5,7 +5,7 @@ import os
 import tvm
 
 from . import checks
-from .target import as_target
+from .target import as_target, is_cpu, is_gpu
 
 
 def compile(mod, target=None, *, quantize=None, tune=False, database=None, trials=None,  # noqa: A001
@@ -46,7 +46,7 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
     if report is not None and not isinstance(report, list):
         raise TypeError(f"unit_tvm.compile: report must be a list, got {type(report).__name__}")
     mod = frontend_fixes(mod)
-    if target.kind.name == "cuda":
+    if is_gpu(target):
         return _compile_cuda(mod, target, quantize, database, tune, trials, report)
     if quantize is not None:
         mod = quantize_fn(mod, target=target, **quantize)
@@ -86,7 +86,7 @@ def build_relax(mod, target):
 
     from .relax.cpu_default import DefaultCPUSchedule
 
-    if target.kind.name == "llvm":
+    if is_cpu(target):
         mod = relax.transform.LegalizeOps()(mod)
         mod = DefaultCPUSchedule()(mod)
     return tvm.compile(mod, target=target)

@@ -7,7 +7,7 @@ from . import checks
 from .mapping import Mapping
 from .prepare import prepare
 from .schedules import cpu, gpu
-from .target import as_target
+from .target import as_target, is_gpu
 
 
 def _parallel_stage(sch, block, min_extent=64):
@@ -72,7 +72,7 @@ def schedule(prepared, intrin, config=None, target=None):
     """s_tir.Schedule of a Prepared graph: the CPU strategy (schedules/cpu.py) around the
     tensorized core, or the GPU strategy (schedules/gpu.py) for a CUDA target."""
     target = as_target(target)
-    if target.kind.name == "cuda":
+    if is_gpu(target):
         sch = s_tir.Schedule(te.create_prim_func(prepared.tensors))
         gpu.apply(sch, prepared, intrin, config if config is not None else gpu.GpuConfig())
         return sch
@@ -134,6 +134,6 @@ def prepare_for(op, intrin, target, mapping=None, params=None, epilogue=None):
     """prepare() with the target's choices: on GPU operands are staged one loop per dimension
     (fragment loads); on CPU a register tile's columns are padded to a width it can hold
     (schedules.cpu.tiled_extent: 17 -> 18)."""
-    cuda = target.kind.name == "cuda"
+    cuda = is_gpu(target)
     return prepare(op, intrin, mapping, params, separable=cuda, epilogue=epilogue,
                    tile_columns=None if cuda else cpu.tiled_extent)

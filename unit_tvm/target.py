@@ -102,6 +102,16 @@ def as_target(target):
     )
 
 
+def is_gpu(target) -> bool:
+    """Whether `target` is a CUDA GPU (the GPU strategy, fp16 model path, device timing)."""
+    return as_target(target).kind.name == "cuda"
+
+
+def is_cpu(target) -> bool:
+    """Whether `target` is an LLVM CPU target (x86 or aarch64)."""
+    return as_target(target).kind.name == "llvm"
+
+
 def arch(target):
     """'x86_64', 'aarch64', 'cuda' or another triple prefix for a target."""
     target = as_target(target)

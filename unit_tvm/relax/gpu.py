@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from ..target import as_target
+from ..target import as_target, is_gpu
 from .graph import rewrite_functions
 
 # the accumulator dtype of the Tensor Core kernels, per activation dtype they take
@@ -229,7 +229,7 @@ class UnitTensorizeGPU:
 
     def __init__(self, target, database=None, tune=False, trials=None):
         self.target = as_target(target)
-        if self.target.kind.name != "cuda":
+        if not is_gpu(self.target):
             raise ValueError(f"UnitTensorizeGPU is the CUDA path; {self.target} is not a CUDA "
                              f"target (use UnitTensorize)")
         self.kernels = _Kernels(self.target, database, tune, trials)
