@@ -252,3 +252,36 @@ def test_prime_column_count_is_computed_padded_and_cropped(h, stride, rng):
     np.testing.assert_array_equal(reference.unpack_nchwc(got).astype(np.int64),
                                   reference.conv2d_nchw(d, w, stride))
     assert prepared.intrinsic is not None
+
+
+@pytest.mark.parametrize("pad, lanes", [(3, 4), (1, 16), (0, 4)])
+def test_padding_stage_runs_its_interior_unguarded(pad, lanes):
+    """A pad-and-pack stage (the value outside the input, the input inside) has its innermost
+    guarded loop split into left pad, interior and right pad; the result is unchanged."""
+    from tvm import s_tir, tirx
+
+    from unit_tvm.rewriter import _parallel_stage
+
+    c, h = 3, 10
+    x = te.placeholder((1, c, h, h), "float32", name="x")
+
+    def body(b, co, i, j, ci):
+        ch = co * lanes + ci
+        inside = tirx.all(i >= pad, i < h + pad, j >= pad, j < h + pad, ch < c)
+        return tirx.if_then_else(inside, (x[b, ch, i - pad, j - pad] * 4.0).astype("int32"),
+                                 tirx.const(7, "int32"))
+
+    xq = te.compute((1, 1, h + 2 * pad, h + 2 * pad, lanes), body, name="xq")
+    sch = s_tir.Schedule(te.create_prim_func([x, xq]))
+    _parallel_stage(sch, sch.get_sblock("xq"), min_extent=4)
+    script = sch.mod.script()
+    assert script.count('_partition"') == (3 if pad else 0), script
+    got = tvm.tirx.build(sch.mod, target=unit_tvm.target.host())
+    want = tvm.tirx.build(te.create_prim_func([x, xq]), target=unit_tvm.target.host())
+    xs = np.random.default_rng(0).standard_normal((1, c, h, h)).astype("float32")
+    outs = []
+    for lib in (got, want):
+        out = tvm.runtime.tensor(np.zeros((1, 1, h + 2 * pad, h + 2 * pad, lanes), "int32"))
+        lib(tvm.runtime.tensor(xs), out)
+        outs.append(out.numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
