@@ -1,4 +1,4 @@
-"""GPU op benchmark (`unit-tvm bench-gpu`, scripts/bench_gpu.py): UNIT Table I on Tensor Cores.
+"""GPU op benchmark (`unit-tvm bench-gpu`): UNIT Table I on Tensor Cores.
 
 Each Table I layer (batch 1, NHWC, fp16 x fp16 -> fp32 by default, or int8 x int8 -> int32) goes
 through the same Inspector, preparation and Rewriter as on CPU, with the GPU strategy

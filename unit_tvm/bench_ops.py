@@ -1,4 +1,4 @@
-"""Op benchmark (`unit-tvm bench-op`, scripts/bench_ops.py): UNIT Table I convs and GEMMs.
+"""Op benchmark (`unit-tvm bench-op`): UNIT Table I convs and GEMMs.
 
 For each workload every usable int8 instruction family (each AMX tdpbusd form whose padded
 reduction wastes little, the best vector dot product) is tuned in the layout it reads (NCHW[x]c
