@@ -11,11 +11,13 @@ import numpy as np
 import tvm
 from tvm import te
 
-from .. import checks, measure, selection
+from .. import checks, selection
+# the timing helpers by name: tune()'s `measure` flag would shadow the module
+from ..measure import best_seconds, numpy_dtype, random_array, to_device
 from .. import schedules
 from ..prepare import Prepared
 from ..rewriter import schedule
-from ..target import as_target, host
+from ..target import as_target, host, is_gpu
 from .cost_model import CostModel
 from .database import Database, workload_key
 
@@ -49,7 +51,7 @@ def _inputs(prepared, intrin, rng):
     arrays = []
     for t in prepared.params:
         limits = lo_hi if (lo_hi and str(t.dtype) == "uint8") else None
-        arrays.append(measure.random_array(t.shape, t.dtype, rng, value_range=limits))
+        arrays.append(random_array(t.shape, t.dtype, rng, value_range=limits))
     return arrays
 
 
@@ -57,10 +59,10 @@ def reference_output(prepared, arrays, target):
     """The op computed by TVM's default schedule on this host's CPU (no unit-tvm code involved)."""
     target = as_target(target)
     func = te.create_prim_func(list(prepared.params) + [prepared.reference])
-    lib = tvm.tirx.build(func, target=host() if target.kind.name == "cuda" else target)
+    lib = tvm.tirx.build(func, target=host() if is_gpu(target) else target)
     out = np.zeros([int(s) for s in prepared.output.shape],
-                   measure.numpy_dtype(prepared.output.dtype))
-    args = measure.to_device(arrays + [out], tvm.cpu())
+                   numpy_dtype(prepared.output.dtype))
+    args = to_device(arrays + [out], tvm.cpu())
     lib(*args)
     return args[-1].numpy()
 
@@ -79,7 +81,7 @@ def _correct(got, expected):
 def device_for(target):
     """The device candidates run on: this CPU, or the first CUDA GPU (an error naming the
     alternatives when there is none)."""
-    if target.kind.name != "cuda":
+    if not is_gpu(target):
         return tvm.cpu()
     try:
         dev = tvm.cuda(0)
@@ -150,7 +152,7 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
         try:
             lib = candidate_module(prepared, intrin, config, target)
             out = np.zeros_like(expected)
-            args = measure_to_device(arrays + [out], dev)
+            args = to_device(arrays + [out], dev)
             lib(*args)
             if not _correct(args[-1].numpy(), expected):
                 raise AssertionError("output differs from the reference")
@@ -305,9 +307,6 @@ def _race(alternatives, target):
     return [(t, i) for i, t in best.items()]
 
 
-def measure_to_device(arrays, dev):
-    return measure.to_device(arrays, dev)
-
-
 def measure_best(lib, args, dev):
-    return measure.best_seconds(lib, args, dev, number=3, repeat=5)
+    """Seconds per call of one candidate: the best of 5 means of 3 calls."""
+    return best_seconds(lib, args, dev, number=3, repeat=5)
