@@ -13,6 +13,7 @@ from .inspector import inspect
 from .prepare import placeholders_of
 from .rewriter import prepare_for, schedule
 from .target import as_target, is_gpu
+from .tuner import tune_instruction
 from .tuner.database import Database
 
 
@@ -179,8 +180,6 @@ def build_report(tensors, target=None, *, intrinsic=None, tune=False, trials=Non
                                 target=target)
         return BuildReport(module, reason=prepared)
     if tune or database is not None:
-        from .tuner import tune_instruction
-
         # every instruction and mapping that fits is an alternative: a database record of any
         # decides; tuning times each one's default config and tunes the fastest
         alts = (alternatives(out, target, intrinsic, params=inputs, first=intrin)

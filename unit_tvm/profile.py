@@ -8,14 +8,22 @@ fp32 op), the instruction, GOPS and % of that instruction's measured peak on thi
 the others the bytes they move per second against a measured copy bandwidth.
 """
 
+import json
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
-from tvm import te
+from tvm import relax, te
 
+from .bench.timing import interleaved
+from .compiler import build_relax
 from .peak import host_threads, peak
+from .relax import UnitTensorize, quantize
+from .relax.qops import ATTR
+from .relax.tensorize import macs
+from .target import host
+from .tuner import Database, default_path
 
 _LAYOUT = ("transpose", "permute", "reshape", "strided_slice", "concat", "split",
            "layout_transform", "squeeze", "expand_dims", "flatten")
@@ -90,8 +98,6 @@ def copy_bandwidth(threads=None, mbytes=64) -> float:
 
 
 def _target():
-    from .target import host
-
     return host()
 
 
@@ -137,17 +143,6 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
                    trials=None, repeats=5) -> Profile:
     """Quantize (int8, with `calibration`), tensorize and compile the Relax module `mod`, then
     profile one inference on input `x` kernel by kernel."""
-    import json
-
-    from tvm import relax
-
-    from .bench.timing import interleaved
-    from .compiler import build_relax
-    from .relax import UnitTensorize, quantize
-    from .relax.qops import ATTR
-    from .relax.tensorize import macs
-    from .tuner import Database, default_path
-
     target = _target()
     qmod = quantize(mod, calibration_data=calibration, target=target)
     pass_ = UnitTensorize(target, database=Database(database or default_path()), tune=tune,

@@ -17,7 +17,10 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
+from ..build import alternatives, choose
+from ..rewriter import schedule
 from ..target import as_target, is_gpu
+from ..tuner import tune_instruction
 from .graph import rewrite_functions
 
 # the accumulator dtype of the Tensor Core kernels, per activation dtype they take
@@ -123,10 +126,6 @@ class _Kernels:
         return made
 
     def _make(self, tensors, label):
-        from ..build import alternatives, choose
-        from ..rewriter import schedule
-        from ..tuner import tune_instruction
-
         inputs, out = tensors[:-1], tensors[-1]
         intrin, prepared, sch = choose(out, self.target, params=inputs)
         if intrin is None:

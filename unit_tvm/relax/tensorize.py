@@ -21,6 +21,7 @@ import tvm
 from tvm import relax
 
 from ..target import as_target
+from ..tuner import Database, tune, tune_instruction
 from .graph import is_nchw_max_pool, max_pool_on, readers as binding_readers, uses
 from .qops import (ATTR, candidates, out_dtype, out_shape, pack_weight, plain_func,
                    plain_weight, tensorized_func, tensorized_graph, tuning_form)
@@ -112,8 +113,6 @@ class UnitTensorize:
         return _drop_unused_recipes(relax.transform.DeadCodeElimination()(mod))
 
     def _database(self):
-        from ..tuner import Database
-
         if self.database is None or isinstance(self.database, Database):
             return self.database
         return Database(self.database)
@@ -178,14 +177,10 @@ class UnitTensorize:
                                         found)
         if remembered is not None and alternative(remembered) is not None:
             # an earlier race decided: only that instruction's graph is built
-            from ..tuner import tune
-
             chosen = remembered
             config = tune(alternative(chosen)[2][0], chosen, self.target, database=database,
                           measure=bool(self.tune), trials=self.trials).config
         elif found and (database is not None or self.tune):
-            from ..tuner import tune_instruction
-
             alts = [a for a in map(alternative, found) if a is not None]
             try:
                 index, result = tune_instruction(
