@@ -6,6 +6,15 @@ import tvm
 from tvm import relax
 
 
+def dataflow_bindings(func):
+    """The bindings of main's one dataflow block (ValueError naming the fix otherwise)."""
+    blocks = func.body.blocks
+    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+        raise ValueError("quantize expects a main function with one dataflow block (run "
+                         "relax.transform.Normalize / the frontend's default output)")
+    return list(blocks[0].bindings)
+
+
 def uses(bindings, func):
     """{Var: number of reads} over the bindings' values and the function's result."""
     count = {}

@@ -11,7 +11,8 @@ one int8 operator:
 - requantization between quantized ops: a quantized op whose only consumer is another one
   writes uint8 in the consumer's quantization; so does one whose only consumer is a max-pool
   feeding quantized ops (max commutes with the monotonic quantization): the pool runs on uint8,
-  4x less memory than fp32, and other users of its result get it dequantized.
+  4x less memory than fp32, and other users of its result get it dequantized (which edges
+  carry uint8: relax/requantize.py).
 Grouped and depthwise convs are int8 too (UnitTensorize runs depthwise ones on a lanewise
 instruction, other grouped ones on TVM's plain loop nest), so the activations around them stay
 uint8. Activation x activation matmuls, pooling and softmax stay fp32.
@@ -29,7 +30,9 @@ import tvm
 from tvm import relax
 
 from . import u8_values
-from .graph import is_nchw_max_pool, max_pool_on, uses as count_uses
+from .graph import dataflow_bindings, max_pool_on, uses as count_uses
+from .requantize import (requantize_edges, requantize_shared_edges, requantize_shortcuts,
+                         requantize_through_pools, residual_only_ends)
 from .qops import ATTR, out_dtype, plain_func
 
 _AFFINE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
@@ -50,14 +53,6 @@ def _const(expr):
 
 def _np(expr):
     return expr.value.numpy()
-
-
-def _bindings(func):
-    blocks = func.body.blocks
-    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
-        raise ValueError("quantize expects a main function with one dataflow block (run "
-                         "relax.transform.Normalize / the frontend's default output)")
-    return list(blocks[0].bindings)
 
 
 def _channel_vector(c, channels, axis, ndim):
@@ -194,7 +189,7 @@ def _grow(chain, by_var, users, uses, taken=frozenset()):
 
 def find_chains(func):
     """The quantizable ops of a Relax main function, each with its fusable epilogue."""
-    bindings = _bindings(func)
+    bindings = dataflow_bindings(func)
     uses = count_uses(bindings, func)
     users = {}
     for b in bindings:
@@ -223,7 +218,7 @@ def _observe(mod, outputs, calibration_data, target):
     """Run the fp32 model (TVM) on the calibration inputs; the values `outputs` (vars of main)
     take, each flattened over all inputs."""
     func = mod["main"]
-    bindings = _bindings(func)
+    bindings = dataflow_bindings(func)
     bb = relax.BlockBuilder(mod)  # the module's other functions stay callable
     params = list(func.params)
     with bb.function(_TMP, params):
@@ -316,7 +311,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     samples = list(calibration_data)
     if not samples:
         raise ValueError("calibration_data is empty: at least one input is needed")
-    shortcuts = _residual_only_ends(func, chains)
+    shortcuts = residual_only_ends(func, chains)
     values = _observe(mod, [c.x for c in chains] + [c.end for c in shortcuts], samples, target)
     by_end = {}
     for chain, vals in zip(chains, values):
@@ -331,13 +326,13 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
         consts = [chain.wq, (x_zp * wsum).astype(np.int32),
                   (x_scale * w_scale).astype(np.float32), chain.shift.astype(np.float32)]
         by_end[chain.end] = (chain, recipe, consts)
-    _requantize_edges(func, chains, by_end)
-    _requantize_shared_edges(func, chains, by_end)
-    _requantize_shortcuts(chains, by_end, shortcuts, values[len(chains):],
+    requantize_edges(func, chains, by_end)
+    requantize_shared_edges(func, chains, by_end)
+    requantize_shortcuts(chains, by_end, shortcuts, values[len(chains):],
                           lambda v: _activation_qparams(v, method, percentile))
-    pools = _requantize_through_pools(func, chains, by_end)
+    pools = requantize_through_pools(func, chains, by_end)
     return _rewrite(mod, chains, by_end, pools,
-                    u8_values.plan(_bindings(func), func, chains, by_end, pools))
+                    u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools))
 
 
 def _to_bfloat16(mod, chains):
@@ -358,126 +353,8 @@ def _to_bfloat16(mod, chains):
     return _rewrite(mod, chains, by_end)
 
 
-def _requantize_edges(func, chains, by_end):
-    """Where a quantized op's only consumer is another quantized op's input, the producer writes
-    uint8 already quantized with the consumer's parameters (requantization), and the consumer
-    reads it as is: 4x less activation traffic on that edge and no quantize step."""
-    uses = count_uses(_bindings(func), func)
-    by_x = {}
-    for c in chains:
-        by_x.setdefault(c.x, []).append(c)
-    for chain in chains:
-        consumers = by_x.get(chain.end, [])
-        if uses.get(chain.end, 0) != 1 or len(consumers) != 1:
-            continue
-        _, recipe, _ = by_end[chain.end]
-        _, next_recipe, _ = by_end[consumers[0].end]
-        if any(k in r for r in (recipe, next_recipe) for k in ("nd_in_shape", "nd_out_shape")):
-            continue
-        recipe["out_q"] = [next_recipe["x_scale"], next_recipe["x_zp"]]
-        next_recipe["in_u8"] = True
-
-
-def _requantize_shared_edges(func, chains, by_end):
-    """Where every user of a conv's result is a quantized conv that reads it as its input or
-    adds it as its residual (a ResNet or MobileNetV2 block output), the producer writes uint8
-    in the quantization its input readers share (they observed the same tensor), the input
-    readers read it as is and the residual readers dequantize it in their epilogue: the block
-    output travels as uint8 instead of fp32 there and back. UnitTensorize lays such an edge out
-    NCHW[y]c, for input and residual readers alike."""
-    uses = count_uses(_bindings(func), func)
-    readers, adders = {}, {}
-    for c in chains:
-        readers.setdefault(c.x, []).append(c)
-        if c.residual is not None:
-            adders.setdefault(c.residual, []).append(c)
-    for chain in chains:
-        _, recipe, _ = by_end[chain.end]
-        ins, res = readers.get(chain.end, []), adders.get(chain.end, [])
-        if (recipe.get("out_q") or not ins or len(ins) + len(res) != uses.get(chain.end, 0)
-                or recipe["kind"] != "conv2d" or len(recipe["out_shape"]) != 4):
-            continue
-        users = [by_end[c.end][1] for c in ins + res]
-        if any(r["kind"] != "conv2d" or "nd_in_shape" in r or "nd_out_shape" in r
-               for r in users):
-            continue
-        scale, zp = users[0]["x_scale"], users[0]["x_zp"]
-        recipe["out_q"] = [scale, zp]
-        for c in ins:
-            by_end[c.end][1].update(x_scale=scale, x_zp=zp, in_u8=True)
-        for c in res:
-            by_end[c.end][1]["residual_q"] = [scale, zp]
-
-
-def _residual_only_ends(func, chains):
-    """The conv chains whose result every user adds as its residual in a quantized conv
-    (ResNet's projection shortcut): nothing reads it as an input, so no reader has observed
-    it; quantize() observes it itself."""
-    uses = count_uses(_bindings(func), func)
-    adders = {}
-    for c in chains:
-        if c.residual is not None:
-            adders.setdefault(c.residual, []).append(c)
-    return [c for c in chains if c.kind == "conv2d" and adders.get(c.end)
-            and len(adders[c.end]) == uses.get(c.end, 0)
-            and all(a.kind == "conv2d" for a in adders[c.end])]
-
-
-def _requantize_shortcuts(chains, by_end, shortcuts, values, qparams):
-    """A projection shortcut writes uint8 in the quantization of its own observed `values`,
-    and its adders dequantize it in their epilogue (the residual travels as uint8 NCHW[y]c,
-    as a block output does, instead of float32 there and back)."""
-    for chain, vals in zip(shortcuts, values):
-        _, recipe, _ = by_end[chain.end]
-        adders = [by_end[c.end][1] for c in chains if c.residual is not None
-                  and c.residual.same_as(chain.end)]
-        if (recipe.get("out_q") or len(recipe["out_shape"]) != 4
-                or any("nd_in_shape" in r or "nd_out_shape" in r for r in adders)):
-            continue
-        scale, zp = qparams(vals)
-        recipe["out_q"] = [float(scale), int(zp)]
-        for r in adders:
-            r["residual_q"] = [float(scale), int(zp)]
-
-
-def _requantize_through_pools(func, chains, by_end):
-    """{max-pool binding var: (scale, zp)} of the pools that run on uint8: the producer (a
-    quantized op whose result only that NCHW max-pool reads) requantizes with the quantization
-    of the quantized convs that read the pool (they observed the same tensor, so they share
-    it), and those convs read the pool's uint8 result as is; a quantized op adding it as its
-    residual dequantizes it in its epilogue. quantize(max(v)) == max(quantize(v)) for a
-    non-decreasing quantize; uint8 padding (0) is the smallest value, like fp32's -inf."""
-    bindings = _bindings(func)
-    uses = count_uses(bindings, func)
-    readers = {}
-    for c in chains:
-        readers.setdefault(c.x, []).append(c)
-    pools = {}
-    for b in bindings:
-        v = b.value
-        if not is_nchw_max_pool(v):
-            continue
-        src = v.args[0]
-        if src not in by_end or uses.get(src, 0) != 1 or not readers.get(b.var):
-            continue
-        _, recipe, _ = by_end[src]
-        consumers = [by_end[c.end][1] for c in readers[b.var]]
-        if (recipe.get("out_q") or "nd_out_shape" in recipe
-                or any(r["kind"] != "conv2d" for r in consumers)):
-            continue
-        scale, zp = consumers[0]["x_scale"], consumers[0]["x_zp"]
-        recipe["out_q"] = [scale, zp]
-        for r in consumers:
-            r.update(x_scale=scale, x_zp=zp, in_u8=True)
-        for c in chains:
-            if c.residual is not None and c.residual.same_as(b.var):
-                by_end[c.end][1]["residual_q"] = [scale, zp]
-        pools[b.var] = (scale, zp)
-    return pools
-
-
 def _struct_shape(func, var):
-    for b in _bindings(func):
+    for b in dataflow_bindings(func):
         if b.var.same_as(var):
             return b.var.ty.shape
     raise KeyError(var)
@@ -508,7 +385,7 @@ def _rewrite(mod, chains, by_end, pools=None, plan=None):
     removed = set()
     for c in chains:
         removed.update(m for m in c.members if not m.same_as(c.end))
-    by_var = {b.var: b for b in _bindings(func)}
+    by_var = {b.var: b for b in dataflow_bindings(func)}
     bb = relax.BlockBuilder(mod)
     remap = {}
     counter = [0]
@@ -580,7 +457,7 @@ def _rewrite(mod, chains, by_end, pools=None, plan=None):
     attrs = {k: v for k, v in func.attrs.items() if k != "global_symbol"} if func.attrs else None
     with bb.function(_TMP, list(func.params), attrs=attrs):
         with bb.dataflow():
-            for b in _bindings(func):
+            for b in dataflow_bindings(func):
                 if b.var not in removed:
                     emit_var(b.var)
             out = _sub(func.body.body, remap)

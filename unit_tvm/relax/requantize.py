@@ -1,0 +1,124 @@
+"""Which edges between quantized ops carry uint8 instead of float32: the producer requantizes
+in the quantization its readers share (or, for a projection shortcut, its own observed one) and
+the readers read it as is, or dequantize it as their residual. Each pass sets `out_q` on the
+producer's recipe and `in_u8` / `residual_q` on its readers'."""
+
+from .graph import dataflow_bindings, is_nchw_max_pool, uses as count_uses
+
+
+def requantize_edges(func, chains, by_end):
+    """Where a quantized op's only consumer is another quantized op's input, the producer writes
+    uint8 already quantized with the consumer's parameters (requantization), and the consumer
+    reads it as is: 4x less activation traffic on that edge and no quantize step."""
+    uses = count_uses(dataflow_bindings(func), func)
+    by_x = {}
+    for c in chains:
+        by_x.setdefault(c.x, []).append(c)
+    for chain in chains:
+        consumers = by_x.get(chain.end, [])
+        if uses.get(chain.end, 0) != 1 or len(consumers) != 1:
+            continue
+        _, recipe, _ = by_end[chain.end]
+        _, next_recipe, _ = by_end[consumers[0].end]
+        if any(k in r for r in (recipe, next_recipe) for k in ("nd_in_shape", "nd_out_shape")):
+            continue
+        recipe["out_q"] = [next_recipe["x_scale"], next_recipe["x_zp"]]
+        next_recipe["in_u8"] = True
+
+
+def requantize_shared_edges(func, chains, by_end):
+    """Where every user of a conv's result is a quantized conv that reads it as its input or
+    adds it as its residual (a ResNet or MobileNetV2 block output), the producer writes uint8
+    in the quantization its input readers share (they observed the same tensor), the input
+    readers read it as is and the residual readers dequantize it in their epilogue: the block
+    output travels as uint8 instead of fp32 there and back. UnitTensorize lays such an edge out
+    NCHW[y]c, for input and residual readers alike."""
+    uses = count_uses(dataflow_bindings(func), func)
+    readers, adders = {}, {}
+    for c in chains:
+        readers.setdefault(c.x, []).append(c)
+        if c.residual is not None:
+            adders.setdefault(c.residual, []).append(c)
+    for chain in chains:
+        _, recipe, _ = by_end[chain.end]
+        ins, res = readers.get(chain.end, []), adders.get(chain.end, [])
+        if (recipe.get("out_q") or not ins or len(ins) + len(res) != uses.get(chain.end, 0)
+                or recipe["kind"] != "conv2d" or len(recipe["out_shape"]) != 4):
+            continue
+        users = [by_end[c.end][1] for c in ins + res]
+        if any(r["kind"] != "conv2d" or "nd_in_shape" in r or "nd_out_shape" in r
+               for r in users):
+            continue
+        scale, zp = users[0]["x_scale"], users[0]["x_zp"]
+        recipe["out_q"] = [scale, zp]
+        for c in ins:
+            by_end[c.end][1].update(x_scale=scale, x_zp=zp, in_u8=True)
+        for c in res:
+            by_end[c.end][1]["residual_q"] = [scale, zp]
+
+
+def residual_only_ends(func, chains):
+    """The conv chains whose result every user adds as its residual in a quantized conv
+    (ResNet's projection shortcut): nothing reads it as an input, so no reader has observed
+    it; quantize() observes it itself."""
+    uses = count_uses(dataflow_bindings(func), func)
+    adders = {}
+    for c in chains:
+        if c.residual is not None:
+            adders.setdefault(c.residual, []).append(c)
+    return [c for c in chains if c.kind == "conv2d" and adders.get(c.end)
+            and len(adders[c.end]) == uses.get(c.end, 0)
+            and all(a.kind == "conv2d" for a in adders[c.end])]
+
+
+def requantize_shortcuts(chains, by_end, shortcuts, values, qparams):
+    """A projection shortcut writes uint8 in the quantization of its own observed `values`,
+    and its adders dequantize it in their epilogue (the residual travels as uint8 NCHW[y]c,
+    as a block output does, instead of float32 there and back)."""
+    for chain, vals in zip(shortcuts, values):
+        _, recipe, _ = by_end[chain.end]
+        adders = [by_end[c.end][1] for c in chains if c.residual is not None
+                  and c.residual.same_as(chain.end)]
+        if (recipe.get("out_q") or len(recipe["out_shape"]) != 4
+                or any("nd_in_shape" in r or "nd_out_shape" in r for r in adders)):
+            continue
+        scale, zp = qparams(vals)
+        recipe["out_q"] = [float(scale), int(zp)]
+        for r in adders:
+            r["residual_q"] = [float(scale), int(zp)]
+
+
+def requantize_through_pools(func, chains, by_end):
+    """{max-pool binding var: (scale, zp)} of the pools that run on uint8: the producer (a
+    quantized op whose result only that NCHW max-pool reads) requantizes with the quantization
+    of the quantized convs that read the pool (they observed the same tensor, so they share
+    it), and those convs read the pool's uint8 result as is; a quantized op adding it as its
+    residual dequantizes it in its epilogue. quantize(max(v)) == max(quantize(v)) for a
+    non-decreasing quantize; uint8 padding (0) is the smallest value, like fp32's -inf."""
+    bindings = dataflow_bindings(func)
+    uses = count_uses(bindings, func)
+    readers = {}
+    for c in chains:
+        readers.setdefault(c.x, []).append(c)
+    pools = {}
+    for b in bindings:
+        v = b.value
+        if not is_nchw_max_pool(v):
+            continue
+        src = v.args[0]
+        if src not in by_end or uses.get(src, 0) != 1 or not readers.get(b.var):
+            continue
+        _, recipe, _ = by_end[src]
+        consumers = [by_end[c.end][1] for c in readers[b.var]]
+        if (recipe.get("out_q") or "nd_out_shape" in recipe
+                or any(r["kind"] != "conv2d" for r in consumers)):
+            continue
+        scale, zp = consumers[0]["x_scale"], consumers[0]["x_zp"]
+        recipe["out_q"] = [scale, zp]
+        for r in consumers:
+            r.update(x_scale=scale, x_zp=zp, in_u8=True)
+        for c in chains:
+            if c.residual is not None and c.residual.same_as(b.var):
+                by_end[c.end][1]["residual_q"] = [scale, zp]
+        pools[b.var] = (scale, zp)
+    return pools
