@@ -1,8 +1,9 @@
 """UnitTensorize: the graph pass that puts tensorized kernels into a quantized Relax model.
 
 For every int8 operator the quantizer produced (a call_tir of a PrimFunc carrying a recipe), it
-picks the instruction (candidates in the Inspector's order — least padding, tile before vector —
-raced by the tuner when tuning, or the database's fastest record), converts the layouts —
+picks the instruction (candidates in unit_tvm.selection's order, raced by the tuner when
+tuning, or the database's fastest record), converts the layouts (which uint8 edges stay in
+channel blocks: edge_layouts.py) —
 activations are quantized, zero-padded and packed to NCHW[x]c inside the kernel, constant weights
 are packed to KCRS[x/4]c[y]k[4]c at compile time — and replaces the call with the Rewriter's
 tensorized kernel, its epilogue (dequantization, bias, residual, relu) fused into the write-back.
@@ -22,10 +23,11 @@ from tvm import relax
 
 from ..target import as_target
 from ..tuner import Database, tune, tune_instruction
-from .graph import is_nchw_max_pool, max_pool_on, readers as binding_readers, uses
+from .edge_layouts import packed_concats, packed_consumers, pool_conv_readers, pooled_producers
+from .graph import max_pool_on
 from .qops import (ATTR, candidates, out_dtype, out_shape, pack_weight, plain_func,
                    plain_weight, tensorized_func, tensorized_graph, tuning_form)
-from .u8_values import POOL_ATTR, blocked_pool_func, is_channel_concat, pool_out_shape
+from .u8_values import blocked_pool_func, pool_out_shape
 
 
 def _recipe_of(mod, call):
@@ -67,11 +69,11 @@ class UnitTensorize:
 
         relax.analysis.post_order_visit(func.body, collect)
         recipes = [json.loads(json.dumps(_recipe_of(mod, c))) for c in calls]
-        consumer = _packed_consumers(func, calls, recipes)
-        pooled = _pooled_producers(func, calls, recipes)
-        pool_readers = _pool_conv_readers(func, calls, recipes, pooled)
+        consumer = packed_consumers(func, calls, recipes)
+        pooled = pooled_producers(func, calls, recipes)
+        pool_readers = pool_conv_readers(func, calls, recipes, pooled)
         blocked_pools = set()  # max-pools whose result stays in blocks for its conv readers
-        concats = _packed_concats(mod, func, calls, recipes, self.target)
+        concats = packed_concats(mod, func, calls, recipes, self.target)
         for j, block in concats.readers.items():
             recipes[j]["in_block"] = block
         bb = relax.BlockBuilder(mod)
@@ -309,164 +311,3 @@ class _Replace(relax.PyExprMutator):
         # the producer padded its channels up to whole blocks: the pool's readers get C of them
         nchw = self.builder_.emit(relax.op.reshape(nchw, [n, padded, h, w]))
         return relax.op.strided_slice(nchw, axes=[1], begin=[0], end=[c])
-
-
-def _producers(func, calls):
-    """(bindings of main, {bound Var: index of the call in `calls` that it binds})."""
-    bindings = [b for block in func.body.blocks for b in block.bindings]
-    producer_of = {}
-    for b in bindings:
-        for i, c in enumerate(calls):
-            if b.value.same_as(c):
-                producer_of[b.var] = i
-    return bindings, producer_of
-
-
-def _packed_consumers(func, calls, recipes):
-    """{producer index: [(consumer index, "x" | "residual")]} of the edges that become
-    NCHW[y]c: where a conv's uint8 result (requantized) goes only to quantized convs, as their
-    input or as the residual they add, the producer writes NCHW[y]c (y: its instruction's
-    output block, e.g. 16 for VNNI and AMX) and every reader reads the blocks, so neither a
-    scatter to NCHW nor a repack sits between two int8 convs."""
-    bindings, producer_of = _producers(func, calls)
-    count = uses(bindings, func)
-    out = {}
-    for j, (call, recipe) in enumerate(zip(calls, recipes)):
-        if recipe["kind"] != "conv2d":
-            continue
-        fields = list(call.args[1].fields)
-        roles = [(fields[0], "x", recipe.get("in_u8"))]
-        if recipe.get("residual"):
-            roles.append((fields[-1], "residual", recipe.get("residual_q")))
-        for arg, role, is_u8 in roles:
-            i = producer_of.get(arg) if isinstance(arg, relax.Var) else None
-            if (i is not None and is_u8 and recipes[i]["kind"] == "conv2d"
-                    and recipes[i].get("out_q")):
-                out.setdefault(i, []).append((j, role))
-    var_of = {i: v for v, i in producer_of.items()}
-    # an edge is laid out in blocks only when every one of its readers reads the blocks
-    return {i: readers for i, readers in out.items() if len(readers) == count.get(var_of[i])}
-
-
-def _pooled_producers(func, calls, recipes):
-    """{producer index: max-pool call} where a conv's uint8 result goes only to a NCHW max-pool
-    (ResNet's stem): the conv writes NCHW[y]c, as for a conv consumer, so its write-back is
-    contiguous vectors instead of a transpose, and the pool runs on the blocks."""
-    bindings, producer_of = _producers(func, calls)
-    count = uses(bindings, func)
-    out = {}
-    for b in bindings:
-        src = b.value.args[0] if is_nchw_max_pool(b.value) else None
-        i = producer_of.get(src) if isinstance(src, relax.Var) else None
-        if (i is not None and count.get(src) == 1 and recipes[i]["kind"] == "conv2d"
-                and recipes[i].get("out_q") and len(recipes[i]["out_shape"]) == 4):
-            out[i] = b.value
-    return out
-
-
-def _pool_conv_readers(func, calls, recipes, pooled):
-    """{max-pool call: [(reader index, "x" | "residual")]} of the blocked max-pools (see
-    _pooled_producers) whose every use is a quantized conv reading the pool's uint8 result as
-    its input or adding it as its residual (ResNet's stem pool, read by the first block's
-    first conv and by its last as the shortcut): the pool's result can stay in blocks."""
-    bindings, producer_of = _producers(func, calls)
-    count = uses(bindings, func)
-    var_of = {b.value: b.var for b in bindings if any(b.value.same_as(p) for p in pooled.values())}
-    out = {}
-    for pool, var in var_of.items():
-        found = []
-        for j, (call, recipe) in enumerate(zip(calls, recipes)):
-            if recipe["kind"] != "conv2d":
-                continue
-            fields = list(call.args[1].fields)
-            if recipe.get("in_u8") and fields[0].same_as(var):
-                found.append((j, "x"))
-            if recipe.get("residual") and recipe.get("residual_q") and fields[-1].same_as(var):
-                found.append((j, "residual"))
-        if found and len(found) == count.get(var):
-            out[pool] = found
-    return out
-
-
-class _ConcatEdges(NamedTuple):
-    """uint8 channel concats laid out NCHW[block]c: their parts' producers write the blocks,
-    the concat joins them along the block axis, its readers read them."""
-
-    producers: dict  # call index -> block
-    readers: dict  # call index (a conv reading a blocked concat or pool) -> block
-    pools: dict  # average pool call (uint8, POOL_ATTR) -> block
-    max_pools: dict  # max-pool call -> block (pooled in blocks, its result back to NCHW)
-
-
-def _is_u8_concat(value):
-    return is_channel_concat(value, "uint8")
-
-
-def _is_pool_call(mod, value):
-    if not (isinstance(value, relax.Call) and value.op.name == "relax.call_tir"):
-        return False
-    f = mod.functions.get(value.args[0]) if isinstance(value.args[0], tvm.ir.GlobalVar) else None
-    return isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and POOL_ATTR in f.attrs
-
-
-def _packed_concats(mod, func, calls, recipes, target):
-    """The uint8 concats (u8_values) whose every part is a requantizing conv read only by the
-    concat (or an inner concat of such parts) and whose every reader is a conv reading it as its
-    input, an average pool read only by such convs, or a max-pool (pooled in blocks, its result
-    turned back to NCHW for its readers): laid out in the blocks of the first part's
-    instruction, when every part's channels are whole blocks. Others stay NCHW."""
-    bindings, producer_of = _producers(func, calls)
-    count = uses(bindings, func)
-    value_of = {b.var: b.value for b in bindings}
-    readers_of = binding_readers(bindings)
-
-    def parts(var):
-        """(producer call indices, inner concat vars) of a concat, or None."""
-        found, inner = [], []
-        for f in value_of[var].args[0].fields:
-            if not isinstance(f, relax.Var) or count.get(f) != 1:
-                return None
-            i = producer_of.get(f)
-            if i is not None and recipes[i]["kind"] == "conv2d" and recipes[i].get("out_q"):
-                found.append(i)
-            elif _is_u8_concat(value_of.get(f)) and parts(f) is not None:
-                sub, sub_inner = parts(f)
-                found, inner = found + sub, inner + [f] + sub_inner
-            else:
-                return None
-        return found, inner
-
-    def conv_reader(b, var):
-        i = producer_of.get(b.var)
-        return (i is not None and recipes[i]["kind"] == "conv2d" and recipes[i].get("in_u8")
-                and b.value.args[1].fields[0].same_as(var)
-                and not (recipes[i].get("residual") and b.value.args[1].fields[-1].same_as(var)))
-
-    out = _ConcatEdges({}, {}, {}, {})
-    inner_done = set()
-    for b in reversed(bindings):  # outer concats first: an inner one goes with its outer one
-        if not _is_u8_concat(b.value) or b.var in inner_done:
-            continue
-        found = parts(b.var)
-        readers = readers_of.get(b.var, [])
-        if found is None or len(readers) != count.get(b.var):
-            continue
-        pools = [r for r in readers if _is_pool_call(mod, r.value)]
-        max_pools = [r for r in readers if is_nchw_max_pool(r.value)]
-        pool_readers = [(p, readers_of.get(p.var, [])) for p in pools]
-        if not (all(conv_reader(r, b.var) or r in pools or r in max_pools for r in readers) and all(
-                rs and len(rs) == count.get(p.var) and all(conv_reader(r, p.var) for r in rs)
-                for p, rs in pool_readers)):
-            continue
-        first = candidates(recipes[found[0][0]], target)
-        block = first[0].channel_blocks[1] if first else 16
-        if any(recipes[i]["out_channels"] % block for i in found[0]):
-            continue
-        inner_done.update(found[1])
-        out.producers.update({i: block for i in found[0]})
-        for r in readers + [r for _, rs in pool_readers for r in rs]:
-            if r not in pools and r not in max_pools:
-                out.readers[producer_of[r.var]] = block
-        out.pools.update({p.value: block for p in pools})
-        out.max_pools.update({p.value: block for p in max_pools})
-    return out

@@ -1,0 +1,175 @@
+"""Which uint8 edges of a quantized model are laid out in channel blocks (NCHW[y]c) instead of
+NCHW: conv -> conv edges (input or residual), a conv's result read only by a max-pool (which then
+runs on the blocks, and keeps them when only convs read it), and uint8 concats whose parts and
+readers can all use the blocks. UnitTensorize sets in_block / out_block / residual_block from
+these answers."""
+
+from typing import NamedTuple
+
+import tvm
+from tvm import relax
+
+from .graph import is_nchw_max_pool, readers as binding_readers, uses
+from .qops import candidates
+from .u8_values import POOL_ATTR, is_channel_concat
+
+
+def producers(func, calls):
+    """(bindings of main, {bound Var: index of the call in `calls` that it binds})."""
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    producer_of = {}
+    for b in bindings:
+        for i, c in enumerate(calls):
+            if b.value.same_as(c):
+                producer_of[b.var] = i
+    return bindings, producer_of
+
+
+def packed_consumers(func, calls, recipes):
+    """{producer index: [(consumer index, "x" | "residual")]} of the edges that become
+    NCHW[y]c: where a conv's uint8 result (requantized) goes only to quantized convs, as their
+    input or as the residual they add, the producer writes NCHW[y]c (y: its instruction's
+    output block, e.g. 16 for VNNI and AMX) and every reader reads the blocks, so neither a
+    scatter to NCHW nor a repack sits between two int8 convs."""
+    bindings, producer_of = producers(func, calls)
+    count = uses(bindings, func)
+    out = {}
+    for j, (call, recipe) in enumerate(zip(calls, recipes)):
+        if recipe["kind"] != "conv2d":
+            continue
+        fields = list(call.args[1].fields)
+        roles = [(fields[0], "x", recipe.get("in_u8"))]
+        if recipe.get("residual"):
+            roles.append((fields[-1], "residual", recipe.get("residual_q")))
+        for arg, role, is_u8 in roles:
+            i = producer_of.get(arg) if isinstance(arg, relax.Var) else None
+            if (i is not None and is_u8 and recipes[i]["kind"] == "conv2d"
+                    and recipes[i].get("out_q")):
+                out.setdefault(i, []).append((j, role))
+    var_of = {i: v for v, i in producer_of.items()}
+    # an edge is laid out in blocks only when every one of its readers reads the blocks
+    return {i: readers for i, readers in out.items() if len(readers) == count.get(var_of[i])}
+
+
+def pooled_producers(func, calls, recipes):
+    """{producer index: max-pool call} where a conv's uint8 result goes only to a NCHW max-pool
+    (ResNet's stem): the conv writes NCHW[y]c, as for a conv consumer, so its write-back is
+    contiguous vectors instead of a transpose, and the pool runs on the blocks."""
+    bindings, producer_of = producers(func, calls)
+    count = uses(bindings, func)
+    out = {}
+    for b in bindings:
+        src = b.value.args[0] if is_nchw_max_pool(b.value) else None
+        i = producer_of.get(src) if isinstance(src, relax.Var) else None
+        if (i is not None and count.get(src) == 1 and recipes[i]["kind"] == "conv2d"
+                and recipes[i].get("out_q") and len(recipes[i]["out_shape"]) == 4):
+            out[i] = b.value
+    return out
+
+
+def pool_conv_readers(func, calls, recipes, pooled):
+    """{max-pool call: [(reader index, "x" | "residual")]} of the blocked max-pools (see
+    pooled_producers) whose every use is a quantized conv reading the pool's uint8 result as
+    its input or adding it as its residual (ResNet's stem pool, read by the first block's
+    first conv and by its last as the shortcut): the pool's result can stay in blocks."""
+    bindings, producer_of = producers(func, calls)
+    count = uses(bindings, func)
+    var_of = {b.value: b.var for b in bindings if any(b.value.same_as(p) for p in pooled.values())}
+    out = {}
+    for pool, var in var_of.items():
+        found = []
+        for j, (call, recipe) in enumerate(zip(calls, recipes)):
+            if recipe["kind"] != "conv2d":
+                continue
+            fields = list(call.args[1].fields)
+            if recipe.get("in_u8") and fields[0].same_as(var):
+                found.append((j, "x"))
+            if recipe.get("residual") and recipe.get("residual_q") and fields[-1].same_as(var):
+                found.append((j, "residual"))
+        if found and len(found) == count.get(var):
+            out[pool] = found
+    return out
+
+
+class ConcatEdges(NamedTuple):
+    """uint8 channel concats laid out NCHW[block]c: their parts' producers write the blocks,
+    the concat joins them along the block axis, its readers read them."""
+
+    producers: dict  # call index -> block
+    readers: dict  # call index (a conv reading a blocked concat or pool) -> block
+    pools: dict  # average pool call (uint8, POOL_ATTR) -> block
+    max_pools: dict  # max-pool call -> block (pooled in blocks, its result back to NCHW)
+
+
+def _is_u8_concat(value):
+    return is_channel_concat(value, "uint8")
+
+
+def _is_pool_call(mod, value):
+    if not (isinstance(value, relax.Call) and value.op.name == "relax.call_tir"):
+        return False
+    f = mod.functions.get(value.args[0]) if isinstance(value.args[0], tvm.ir.GlobalVar) else None
+    return isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and POOL_ATTR in f.attrs
+
+
+def packed_concats(mod, func, calls, recipes, target):
+    """The uint8 concats (u8_values) whose every part is a requantizing conv read only by the
+    concat (or an inner concat of such parts) and whose every reader is a conv reading it as its
+    input, an average pool read only by such convs, or a max-pool (pooled in blocks, its result
+    turned back to NCHW for its readers): laid out in the blocks of the first part's
+    instruction, when every part's channels are whole blocks. Others stay NCHW."""
+    bindings, producer_of = producers(func, calls)
+    count = uses(bindings, func)
+    value_of = {b.var: b.value for b in bindings}
+    readers_of = binding_readers(bindings)
+
+    def parts(var):
+        """(producer call indices, inner concat vars) of a concat, or None."""
+        found, inner = [], []
+        for f in value_of[var].args[0].fields:
+            if not isinstance(f, relax.Var) or count.get(f) != 1:
+                return None
+            i = producer_of.get(f)
+            if i is not None and recipes[i]["kind"] == "conv2d" and recipes[i].get("out_q"):
+                found.append(i)
+            elif _is_u8_concat(value_of.get(f)) and parts(f) is not None:
+                sub, sub_inner = parts(f)
+                found, inner = found + sub, inner + [f] + sub_inner
+            else:
+                return None
+        return found, inner
+
+    def conv_reader(b, var):
+        i = producer_of.get(b.var)
+        return (i is not None and recipes[i]["kind"] == "conv2d" and recipes[i].get("in_u8")
+                and b.value.args[1].fields[0].same_as(var)
+                and not (recipes[i].get("residual") and b.value.args[1].fields[-1].same_as(var)))
+
+    out = ConcatEdges({}, {}, {}, {})
+    inner_done = set()
+    for b in reversed(bindings):  # outer concats first: an inner one goes with its outer one
+        if not _is_u8_concat(b.value) or b.var in inner_done:
+            continue
+        found = parts(b.var)
+        readers = readers_of.get(b.var, [])
+        if found is None or len(readers) != count.get(b.var):
+            continue
+        pools = [r for r in readers if _is_pool_call(mod, r.value)]
+        max_pools = [r for r in readers if is_nchw_max_pool(r.value)]
+        pool_readers = [(p, readers_of.get(p.var, [])) for p in pools]
+        if not (all(conv_reader(r, b.var) or r in pools or r in max_pools for r in readers) and all(
+                rs and len(rs) == count.get(p.var) and all(conv_reader(r, p.var) for r in rs)
+                for p, rs in pool_readers)):
+            continue
+        first = candidates(recipes[found[0][0]], target)
+        block = first[0].channel_blocks[1] if first else 16
+        if any(recipes[i]["out_channels"] % block for i in found[0]):
+            continue
+        inner_done.update(found[1])
+        out.producers.update({i: block for i in found[0]})
+        for r in readers + [r for _, rs in pool_readers for r in rs]:
+            if r not in pools and r not in max_pools:
+                out.readers[producer_of[r.var]] = block
+        out.pools.update({p.value: block for p in pools})
+        out.max_pools.update({p.value: block for p in max_pools})
+    return out
