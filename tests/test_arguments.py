@@ -70,3 +70,22 @@ def test_compile_wants_an_ir_module():
 
     with pytest.raises(TypeError, match="quantize must be None or a dict"):
         unit_tvm.compile(tvm.IRModule(), quantize=True)
+
+
+def test_compile_names_the_kernel_tvm_cannot_build():
+    """A kernel LLVM rejects (exp of an integer) fails with an error naming it, not only TVM's
+    bare check that names neither the kernel nor the operator."""
+    from tvm import relax, te, tirx
+
+    from unit_tvm.compiler import KernelBuildError
+
+    x = te.placeholder((8,), "int32", name="x")
+    y = te.compute((8,), lambda i: tirx.exp(x[i]), name="y")
+    bad = te.create_prim_func([x, y]).with_attr("global_symbol", "int_exp")
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType((8,), "int32"))
+    with bb.function("main", [xv]):
+        gv = bb.add_func(bad, "int_exp")
+        bb.emit_func_output(bb.emit(relax.call_tir(gv, [xv], relax.TensorType((8,), "int32"))))
+    with pytest.raises(KernelBuildError, match="'int_exp'.*llvm.exp"):
+        unit_tvm.compile(bb.get())

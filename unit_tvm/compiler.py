@@ -89,4 +89,31 @@ def build_relax(mod, target):
     if is_cpu(target):
         mod = relax.transform.LegalizeOps()(mod)
         mod = DefaultCPUSchedule()(mod)
-    return tvm.compile(mod, target=target)
+    try:
+        return tvm.compile(mod, target=target)
+    except Exception as e:  # noqa: BLE001 - re-raised, with the kernel named where one is found
+        culprit = failing_kernel(mod, target)
+        if culprit is None:
+            raise
+        raise KernelBuildError(f"TVM could not compile the kernel {culprit[0]!r} (the model's "
+                               f"operator of that name, after legalization): {culprit[1]}") from e
+
+
+class KernelBuildError(RuntimeError):
+    """A kernel of the model does not compile; the message names it (TVM's own check names
+    neither the kernel nor the operator)."""
+
+
+def failing_kernel(mod, target):
+    """(name, first line of TVM's error) of the first PrimFunc of `mod` that does not build
+    alone for `target`, or None when each one does."""
+    for gv, func in mod.functions.items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        try:
+            tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                           target=target)
+        except Exception as e:  # noqa: BLE001 - any failure names this kernel
+            lines = [ln for ln in str(e).splitlines() if ln.strip()]
+            return gv.name_hint, (lines[-1] if lines else type(e).__name__)
+    return None
