@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 
+from .. import intrinsics
+
 # x86-64 AVX-512 has 32 vector registers; the instruction needs one for the shared operand and
 # one or two for broadcasts, so at most ~28 accumulators stay in registers.
 VECTOR_REGISTERS = 32
@@ -256,8 +258,6 @@ def _threads(target):
 
 def default(prepared, target):
     """The default breakpoint pair for a Prepared op on `target`."""
-    from .. import intrinsics
-
     # a tile instruction's accumulators are tiles in memory, not vector registers: the
     # register-tile measurement above does not apply, the register file bounds it as before
     tile = intrinsics.get(prepared.mapping.intrinsic).tile
