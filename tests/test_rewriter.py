@@ -256,8 +256,9 @@ def test_prime_column_count_is_computed_padded_and_cropped(h, stride, rng):
 
 @pytest.mark.parametrize("pad, lanes", [(3, 4), (1, 16), (0, 4)])
 def test_padding_stage_runs_its_interior_unguarded(pad, lanes):
-    """A pad-and-pack stage (the value outside the input, the input inside) has its innermost
-    guarded loop split into left pad, interior and right pad; the result is unchanged."""
+    """A pad-and-pack stage (the value outside the input, the input inside) has its guarded
+    loop marked for partitioning into left pad, interior and right pad; the result is
+    unchanged."""
     from tvm import s_tir, tirx
 
     from unit_tvm.rewriter import _parallel_stage
@@ -274,8 +275,10 @@ def test_padding_stage_runs_its_interior_unguarded(pad, lanes):
     xq = te.compute((1, 1, h + 2 * pad, h + 2 * pad, lanes), body, name="xq")
     sch = s_tir.Schedule(te.create_prim_func([x, xq]))
     _parallel_stage(sch, sch.get_sblock("xq"), min_extent=4)
+    # the guarded loop below the parallel one is handed to TVM's LoopPartition pass, which
+    # splits it where the guard's value changes (nowhere without padding)
     script = sch.mod.script()
-    assert script.count('_partition"') == (3 if pad else 0), script
+    assert script.count("pragma_loop_partition_hint") == 1, script
     got = tvm.tirx.build(sch.mod, target=unit_tvm.target.host())
     want = tvm.tirx.build(te.create_prim_func([x, xq]), target=unit_tvm.target.host())
     xs = np.random.default_rng(0).standard_normal((1, c, h, h)).astype("float32")
