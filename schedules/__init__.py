@@ -1,13 +1,14 @@
-"""Strategies that organise the loops around a tensorized core (cpu, gpu)."""
+"""Strategies that organise the loops around a tensorized core (cpu, gpu); each module matches
+the `Strategy` protocol of schedules/base.py."""
 
 from ..target import is_gpu
 from . import cpu, gpu
+from .base import Config, Strategy
 
 
-def for_target(target):
-    """The strategy module for a tvm.target.Target: gpu for CUDA, cpu otherwise.
-
-    Every strategy offers default(prepared, target), space(prepared, target),
-    features(config, prepared, target), from_key(dict) and its Config's key().
-    """
+def for_target(target) -> Strategy:
+    """The strategy for a tvm.target.Target: gpu for CUDA, cpu otherwise."""
     return gpu if is_gpu(target) else cpu
+
+
+__all__ = ["Config", "Strategy", "cpu", "for_target", "gpu"]

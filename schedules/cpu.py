@@ -15,9 +15,11 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import tvm
+from tvm import s_tir, te
 
 from .. import intrinsics
+from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
+                         vectorize_lanes)
 
 # x86-64 AVX-512 has 32 vector registers; the instruction needs one for the shared operand and
 # one or two for broadcasts, so at most ~28 accumulators stay in registers.
@@ -160,41 +162,6 @@ def _order(n, front):
     return list(range(n)) if front < 0 else [front] + [p for p in range(n) if p != front]
 
 
-def vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
-    """Vectorise a block's innermost loop (split into vectors of the widest of `widths` that
-    divides it) when every buffer it touches along that loop is contiguous there
-    (its last axis only): an epilogue into a blocked layout (NCHW16c) reads the
-    accumulator lanes and writes the output lanes in place; a pad/copy stage between two blocked
-    layouts copies whole channel vectors. Scattering accesses keep scalar code."""
-    loops = sch.get_loops(block)
-    if not loops:
-        return
-    extent = int(sch.get(loops[-1]).extent)
-    width = next((w for w in sorted(widths, reverse=True) if extent % w == 0), None)
-    if width is None:
-        return
-    loop = sch.get(loops[-1])
-    realize = loop.body
-    stmt = sch.get(block)
-    if not hasattr(realize, "iter_values") or not realize.block.same_as(stmt):
-        return
-    bound = [iv.var for iv, value in zip(stmt.iter_vars, realize.iter_values)
-             if any(v.same_as(loop.loop_var) for v in tvm.tirx.analysis.undefined_vars(value))]
-    if len(bound) != 1:
-        return
-    if any(iv.var.same_as(bound[0]) and iv.iter_type != iv.DataPar for iv in stmt.iter_vars):
-        return  # a reduction loop (a compensation's sum) does not vectorise this way
-    for region in list(stmt.reads) + list(stmt.writes):
-        axes = [tvm.tirx.analysis.undefined_vars(r.min) for r in region.region]
-        if any(any(v.same_as(bound[0]) for v in a) for a in axes[:-1]):
-            return
-    if extent != width:
-        # a wider row (a 256-channel block, an im2col row, a 6-block register tile of a
-        # dense's results) goes one vector of the widest width that divides it at a time
-        loops = [*loops[:-1], *sch.split(loops[-1], [None, width])]
-    sch.vectorize(loops[-1])
-
-
 def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_back=None):
     """Organise loops around the instruction loops per `config`.
 
@@ -234,6 +201,49 @@ def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_b
     first = reduce_loops[0] if reduce_loops else (inner[0] if inner else intrin_loops[0])
     sch.decompose_reduction(block, first)
     return outer[-1] if outer else None
+
+
+def schedule(prepared, intrin, config=None, target=None):
+    """s_tir.Schedule of a Prepared graph on a CPU: producer stages inlined or run once in
+    parallel, the core's mapped loops split by the instruction's extents, the breakpoints of
+    `config` (default: `default`) around them, the instruction tensorized."""
+    sch = s_tir.Schedule(te.create_prim_func(prepared.tensors))
+    inline_copy_stages(sch, prepared, intrin)
+    for name in producer_stages(sch, prepared):
+        parallel_stage(sch, sch.get_sblock(name))
+    core_op = prepared.core.op
+    block = sch.get_sblock(core_op.name)
+    loops = sch.get_loops(block)
+    outer = dict(enumerate(loops))
+    intrin_loops = []
+    for m in prepared.mapping.loops:
+        if m.op_extent == m.intrin_extent:
+            intrin_loops.append(loops[m.op_index])
+            del outer[m.op_index]
+        else:
+            o, i = sch.split(loops[m.op_index], [None, m.intrin_extent])
+            outer[m.op_index] = o
+            intrin_loops.append(i)
+    n_spatial = len(core_op.axis)
+    spatial = [outer[i] for i in sorted(outer) if i < n_spatial]
+    reduce = [outer[i] for i in sorted(outer) if i >= n_spatial]
+    if config is None:
+        config = default(prepared, target)
+    epilogue = sch.get_sblock(prepared.output.op.name)
+    if prepared.shifted:
+        # the epilogue also reads the compensation, produced once at root; TVM can only compute a
+        # block per tile when all its producers are in that tile, so it runs as its own pass
+        parallel_stage(sch, epilogue)
+        epilogue = None
+    apply(sch, block, spatial, reduce, intrin_loops, config, write_back=epilogue)
+    sch.tensorize(intrin_loops[0], intrin.tensor_intrin)
+    return sch
+
+
+def prepare_options(target):
+    """How operands are prepared for this strategy: a register tile's columns padded to a width
+    it can hold (17 -> 18); operands packed whole (not one loop per dimension)."""
+    return {"separable": False, "tile_columns": tiled_extent}
 
 
 # -- the tuning interface every strategy offers (the tuner calls only these) --------------------

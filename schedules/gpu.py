@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import tvm
+from tvm import s_tir, te
 
 FRAGMENT = 16
 MAX_THREADS = 1024
@@ -203,6 +204,20 @@ def _sum_slices(sch, write_back, block_loop, threads_y):
     _, ty, tx = sch.split(fused, [None, threads_y, 32])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
+
+
+def schedule(prepared, intrin, config=None, target=None):
+    """s_tir.Schedule of a Prepared graph on a CUDA GPU: `apply` with `config` (default:
+    GpuConfig())."""
+    sch = s_tir.Schedule(te.create_prim_func(prepared.tensors))
+    apply(sch, prepared, intrin, config if config is not None else GpuConfig())
+    return sch
+
+
+def prepare_options(target):
+    """How operands are prepared for this strategy: staged one loop per dimension (fragment
+    loads), columns not padded for a register tile."""
+    return {"separable": True, "tile_columns": None}
 
 
 def apply(sch, prepared, intrin, config):

@@ -261,7 +261,7 @@ def test_padding_stage_runs_its_interior_unguarded(pad, lanes):
     unchanged."""
     from tvm import s_tir, tirx
 
-    from unit_tvm.rewriter import _parallel_stage
+    from unit_tvm.schedules.cpu_stages import parallel_stage
 
     c, h = 3, 10
     x = te.placeholder((1, c, h, h), "float32", name="x")
@@ -274,7 +274,7 @@ def test_padding_stage_runs_its_interior_unguarded(pad, lanes):
 
     xq = te.compute((1, 1, h + 2 * pad, h + 2 * pad, lanes), body, name="xq")
     sch = s_tir.Schedule(te.create_prim_func([x, xq]))
-    _parallel_stage(sch, sch.get_sblock("xq"), min_extent=4)
+    parallel_stage(sch, sch.get_sblock("xq"), min_extent=4)
     # the guarded loop below the parallel one is handed to TVM's LoopPartition pass, which
     # splits it where the guard's value changes (nowhere without padding)
     script = sch.mod.script()

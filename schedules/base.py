@@ -1,0 +1,38 @@
+"""The interface every strategy offers: the rewriter, the tuner and the builders call only this,
+so none of them asks which target it is on. A strategy is a module (schedules/cpu.py,
+schedules/gpu.py) whose functions match `Strategy`; `schedules.for_target` picks it."""
+
+from typing import Any, Protocol
+
+import numpy as np
+from tvm import s_tir
+
+
+class Config(Protocol):
+    """A strategy's knobs for one op: frozen, hashable, and written to the tuning database."""
+
+    def key(self) -> dict:
+        """The config as a JSON-able dict (the database record's `config`)."""
+
+
+class Strategy(Protocol):
+    """Loops around a tensorized core for one kind of target."""
+
+    def prepare_options(self, target) -> dict:
+        """Keyword arguments of unit_tvm.prepare.prepare for this target (how operands are
+        staged, whether a register tile's columns are padded)."""
+
+    def schedule(self, prepared, intrin, config: Any = None, target=None) -> s_tir.Schedule:
+        """The Prepared graph scheduled with `config` (None: `default`) and tensorized."""
+
+    def default(self, prepared, target) -> Config:
+        """The config used without tuning."""
+
+    def space(self, prepared, target) -> list:
+        """Every config the tuner may try, the default first."""
+
+    def features(self, config, prepared, target) -> np.ndarray:
+        """Numbers describing a config for the tuner's cost model."""
+
+    def from_key(self, key: dict) -> Config:
+        """The config a database record names (ValueError / KeyError when it names none)."""
