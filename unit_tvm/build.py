@@ -167,10 +167,10 @@ class BuildReport:
 
 
 def build_report(tensors, target=None, *, intrinsic=None, tune=False, trials=None,
-                 database=None) -> BuildReport:
+                 database=None, runner=None) -> BuildReport:
     """unit_tvm.build, returning a BuildReport (module, instruction, mapping, fallback reason)."""
     _check_build_args(intrinsic, tune, trials, database)
-    target = as_target(target)
+    target = as_target(target if target is not None or runner is None else runner.target())
     inputs, out = _split(tensors)
     intrin, prepared, sch = choose(out, target, intrinsic, params=inputs)
     if intrin is None:
@@ -185,7 +185,7 @@ def build_report(tensors, target=None, *, intrinsic=None, tune=False, trials=Non
         alts = (alternatives(out, target, intrinsic, params=inputs, first=intrin)
                 or [(intrin, prepared)])
         index, result = tune_instruction(alts, target, trials=trials, database=database,
-                                         measure=bool(tune))
+                                         measure=bool(tune), runner=runner)
         intrin, prepared = alts[index]
         sch = schedule(prepared, intrin, result.config, target)
     module = tvm.tirx.build(sch.mod, target=target)
@@ -202,7 +202,8 @@ def _check_build_args(intrinsic, tune, trials, database):
                         f"got {type(database).__name__} ({database!r})")
 
 
-def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, database=None):
+def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, database=None,
+          runner=None):
     """Compile the te.compute `tensors[-1]` (its input placeholders are `tensors[:-1]`).
 
     target: None (this host), a dict or a tvm.target.Target. Returns a module callable as
@@ -212,7 +213,9 @@ def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, data
     tune / trials / database: every fitting instruction and loop mapping (`alternatives`) is
     timed with its default config and the fastest tuned (see unit_tvm.tuner.tune_instruction);
     a database record of any of them is used without measuring. build_report() also says
-    which instruction and mapping were used.
+    which instruction and mapping were used. runner: where tuning measures (default: this
+    machine; a unit_tvm.fleet.RpcRunner times candidates on a tracker's servers, and `target`
+    defaults to theirs).
     """
     return build_report(tensors, target, intrinsic=intrinsic, tune=tune, trials=trials,
-                        database=database).module
+                        database=database, runner=runner).module

@@ -9,7 +9,7 @@ from .target import as_target, is_cpu, is_gpu
 
 
 def compile(mod, target=None, *, quantize=None, tune=False, database=None, trials=None,  # noqa: A001
-            report=None):
+            report=None, runner=None):
     """Compile a Relax IRModule for `target` (None: this host); returns a relax Executable.
 
     quantize: None keeps the model's precision; a dict of unit_tvm.relax.quantize keyword
@@ -23,7 +23,8 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
     relax.VirtualMachine(ex, tvm.cuda()). quantize is CPU-only.
 
     report: a list to which one (op, instruction or None, reason) per candidate op is appended:
-    what was tensorized, and why the rest was not.
+    what was tensorized, and why the rest was not. runner: where tuning measures (default:
+    this machine; a unit_tvm.fleet.RpcRunner, whose servers' target is the default target).
     """
     from .relax import UnitTensorize
     from .relax import quantize as quantize_fn
@@ -40,7 +41,7 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
     if database is not None and not isinstance(database, (str, os.PathLike, Database)):
         raise TypeError(f"unit_tvm.compile: database must be a path or a Database, got "
                         f"{type(database).__name__}")
-    target = as_target(target)
+    target = as_target(target if target is not None or runner is None else runner.target())
     if isinstance(database, (str, os.PathLike)):
         database = Database(database)
     if report is not None and not isinstance(report, list):
@@ -50,7 +51,7 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
         return _compile_cuda(mod, target, quantize, database, tune, trials, report)
     if quantize is not None:
         mod = quantize_fn(mod, target=target, **quantize)
-    tensorize = UnitTensorize(target, database=database, tune=tune, trials=trials)
+    tensorize = UnitTensorize(target, database=database, tune=tune, trials=trials, runner=runner)
     mod = tensorize(mod)
     if report is not None:
         report.extend(tuple(row) for row in tensorize.report)

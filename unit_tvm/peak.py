@@ -6,6 +6,7 @@ import numpy as np
 import tvm
 
 from . import intrinsics, measure, microkernel
+from .runner import LocalRunner
 from .target import as_target, host, is_host
 
 # Register blocks (rows of broadcast operand x columns of shared operand) tried: enough
@@ -17,11 +18,10 @@ TILE_BLOCK_CHOICES = ((1, 1), (2, 1), (2, 2))
 
 
 @functools.lru_cache(maxsize=None)
-def _measure(name, threads, target_json):
+def _measure(name, threads, target_json, runner):
     target = tvm.target.Target(target_json)
     intrin = intrinsics.get(name)
     best = None
-    dev = tvm.cpu()
     rng = np.random.default_rng(0)
     blocks = (BLOCK_CHOICES if intrin.broadcast_operand or intrin.lanewise
               else TILE_BLOCK_CHOICES)
@@ -30,27 +30,39 @@ def _measure(name, threads, target_json):
         lib = tvm.tirx.build(func, target=target)
         arrays = [measure.random_array(t.shape, t.dtype, rng) for t in ins]
         arrays.append(np.zeros([int(s) for s in out.shape], measure.numpy_dtype(out.dtype)))
-        secs = measure.best_seconds(lib, measure.to_device(arrays, dev), dev, number=5, repeat=15)
-        gops = ops / secs / 1e9
+        (m,) = runner.measure([lib], arrays, number=5, repeat=15)
+        if not m.ok:
+            raise RuntimeError(f"the {name} peak kernel failed on {m.server}: {m.error}")
+        gops = ops / m.seconds / 1e9
         if best is None or gops > best["gops"]:
             best = {"intrinsic": name, "threads": threads, "gops": gops, "block": f"{rows}x{cols}",
-                    "ops_per_instruction": intrin.ops_per_instruction}
+                    "ops_per_instruction": intrin.ops_per_instruction, "device": m.server}
     return best
 
 
-def peak(intrinsic, threads=1, target=None):
+_LOCAL = LocalRunner()
+
+
+def peak(intrinsic, threads=1, target=None, runner=None):
     """{'gops', 'block', ...}: best GOPS of `intrinsic` over register-block shapes.
 
-    Runs on this host; raises ValueError when the host cannot execute the instruction.
+    Runs on this host, or on the device of `runner` (unit_tvm.fleet.RpcRunner; `target` then
+    defaults to its servers'); raises ValueError when that device cannot execute the instruction.
     """
-    target = as_target(target)
     intrin = intrinsics.get(intrinsic) if isinstance(intrinsic, str) else intrinsic
-    if not is_host(target):
-        raise ValueError(f"peak is measured on this host only; {target} is not this host")
+    local = runner is None or isinstance(runner, LocalRunner)
+    if local:
+        target = as_target(target)
+        if not is_host(target):
+            raise ValueError(f"peak is measured on this host (or through an RPC runner); "
+                             f"{target} is not this host")
+    else:
+        target = as_target(target) if target is not None else runner.target()
     missing = intrin.missing_features(target)
     if missing:
-        raise ValueError(f"{intrin.name} cannot run on this host: missing {', '.join(missing)}")
-    return dict(_measure(intrin.name, int(threads), str(target)))
+        raise ValueError(f"{intrin.name} cannot run on {'this host' if local else runner}"
+                         f": missing {', '.join(missing)}")
+    return dict(_measure(intrin.name, int(threads), str(target), _LOCAL if local else runner))
 
 
 def host_threads():

@@ -47,11 +47,13 @@ class UnitTensorize:
     database: a unit_tvm.tuner.Database (or path) whose instruction choices and configs are used;
     tune=True also tunes what is missing from it: per op shape (layers that differ only in their
     quantization constants count once), every candidate instruction's default config is timed
-    and the fastest tuned. Ops no instruction fits keep TVM's schedule.
+    and the fastest tuned. Ops no instruction fits keep TVM's schedule. runner: where tuning
+    measures (default: this machine; see unit_tvm.fleet.RpcRunner).
     """
 
-    def __init__(self, target=None, database=None, tune=False, trials=None):
+    def __init__(self, target=None, database=None, tune=False, trials=None, runner=None):
         self.target = as_target(target)
+        self.runner = runner
         self.database = database
         self.tune = tune
         self.trials = trials
@@ -181,13 +183,14 @@ class UnitTensorize:
             # an earlier race decided: only that instruction's graph is built
             chosen = remembered
             config = tune(alternative(chosen)[2][0], chosen, self.target, database=database,
-                          measure=bool(self.tune), trials=self.trials).config
+                          measure=bool(self.tune), trials=self.trials, runner=self.runner).config
         elif found and (database is not None or self.tune):
             alts = [a for a in map(alternative, found) if a is not None]
             try:
                 index, result = tune_instruction(
                     [(intrin, graph[0]) for intrin, _, graph in alts], self.target,
-                    trials=self.trials, database=database, measure=bool(self.tune))
+                    trials=self.trials, database=database, measure=bool(self.tune),
+                    runner=self.runner)
                 chosen, config = alts[index][0], result.config
                 if database is not None and result.gops > 0:  # measured now or before
                     _remember_choice(database, recipe, (packed_out, block), self.target, chosen,

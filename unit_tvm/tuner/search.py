@@ -1,6 +1,7 @@
 """The tuner: search a strategy's knobs (CPU breakpoints, GPU window/split-K/fusion), every
 candidate checked before it is timed."""
 
+import collections
 import logging
 import os
 import random
@@ -8,15 +9,17 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import tqdm
 import tvm
 from tvm import te
 
 from .. import checks, selection
 # the timing helpers by name: tune()'s `measure` flag would shadow the module
-from ..measure import best_seconds, numpy_dtype, random_array, to_device
+from ..measure import numpy_dtype, random_array, to_device
 from .. import schedules
 from ..prepare import Prepared
 from ..rewriter import schedule
+from ..runner import LocalRunner, failure
 from ..target import as_target, host, is_gpu
 from .cost_model import CostModel
 from .database import Database, workload_key
@@ -35,6 +38,8 @@ class TuneResult:
     rejected: list = field(default_factory=list)  # (config, reason) of wrong/failed candidates
     seconds: float = 0.0
     history: list = field(default_factory=list)  # (config key, gops) in measuring order
+    servers: dict = field(default_factory=dict)  # where candidates ran -> how many
+    events: list = field(default_factory=list)  # what the runner reported (a server lost, ...)
 
 
 def _ops(prepared):
@@ -72,12 +77,6 @@ def candidate_module(prepared, intrin, config, target):
     return tvm.tirx.build(schedule(prepared, intrin, config, target).mod, target=target)
 
 
-def _correct(got, expected):
-    if np.issubdtype(expected.dtype, np.integer):
-        return np.array_equal(got, expected)
-    return np.allclose(got.astype(np.float64), expected.astype(np.float64), rtol=1e-3, atol=1e-3)
-
-
 def device_for(target):
     """The device candidates run on: this CPU, or the first CUDA GPU (an error naming the
     alternatives when there is none)."""
@@ -96,22 +95,22 @@ def device_for(target):
 
 
 def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=True,
-         progress=None, seed=0, top_k=6, patience=3, initial=10):
+         progress=None, seed=0, top_k=6, patience=3, initial=10, runner=None):
     """Tune the strategy of a Prepared op for `target` (CPU or CUDA); returns a TuneResult.
 
     database: a Database or a path; a hit returns its config without measuring anything.
     trials: most candidates measured (default: min(64, all)). measure=False with a database
     returns the default config when the database has no entry. progress: show a tqdm bar
-    (default: on unless UNIT_TVM_QUIET is set).
+    (default: on unless UNIT_TVM_QUIET is set). runner: where candidates run (default: this
+    machine; a unit_tvm.fleet.RpcRunner measures them on the servers of a TVM RPC tracker, in
+    parallel, and `target` defaults to theirs).
     """
-    import tqdm
-
     if not isinstance(prepared, Prepared):
         raise TypeError(f"unit_tvm.tune takes the Prepared op from unit_tvm.prepare.prepare(op, "
                         f"intrinsic), got {type(prepared).__name__}")
     intrin = checks.intrinsic(intrin, "unit_tvm.tune")
     checks.count(trials, "trials", "unit_tvm.tune")
-    target = as_target(target)
+    target = as_target(target if target is not None or runner is None else runner.target())
     t0 = time.time()
     if database is not None and not isinstance(database, Database):
         database = Database(database)
@@ -132,76 +131,42 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
     default = space[0]
     if not measure:
         return TuneResult(default, 0.0, False, seconds=time.time() - t0)
-    dev = device_for(target)
-    trials = min(trials or 64, len(space))
+    runner = runner or LocalRunner(device_for(target), target)
+    search = _Search(prepared, intrin, target, runner, seed, progress, min(trials or 64,
+                                                                              len(space)))
     rng = random.Random(seed)
-    data_rng = np.random.default_rng(seed)
-    arrays = _inputs(prepared, intrin, data_rng)
-    expected = reference_output(prepared, arrays, target)
-    n_ops = _ops(prepared)
-    measured, rejected, history = {}, [], []
+    others = [c for c in space if c != default]
+    search.run([default] + rng.sample(others, min(len(space) - 1, initial - 1)))
     feats = {c: strategy.features(c, prepared, target) for c in space}
     model = CostModel(seed)
-    show = progress if progress is not None else not os.environ.get("UNIT_TVM_QUIET")
-    bar = tqdm.tqdm(total=trials, desc=f"tune {prepared.original.op.name} [{intrin.name}]",
-                    disable=not show, leave=False)
-
-    built = {}  # config -> (module, device arrays), kept for the final round
-
-    def run(config):
-        try:
-            lib = candidate_module(prepared, intrin, config, target)
-            out = np.zeros_like(expected)
-            args = to_device(arrays + [out], dev)
-            lib(*args)
-            if not _correct(args[-1].numpy(), expected):
-                raise AssertionError("output differs from the reference")
-            secs = measure_best(lib, args, dev)
-            built[config] = (lib, args)
-        except Exception as e:  # noqa: BLE001 - a failed candidate is logged and discarded
-            reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            # a loop nest that cannot be tensorized is routine; a kernel that computes a wrong
-            # result is not, and is always reported
-            level = logging.INFO if isinstance(e, tvm.s_tir.ScheduleError) else logging.WARNING
-            log.log(level, "candidate %s rejected: %s", config.key(), reason)
-            rejected.append((config, reason))
-            measured[config] = 0.0
-        else:
-            measured[config] = n_ops / secs / 1e9
-        history.append((config.key(), measured[config]))
-        bar.update(1)
-
-    others = [c for c in space if c != default]
-    first = [default] + rng.sample(others, min(len(space) - 1, initial - 1))
-    for c in first[:trials]:
-        run(c)
+    measured = search.measured
     best_seen, stale = max(measured.values()), 0
-    while len(measured) < trials and stale < patience:
+    while len(measured) < search.trials and stale < patience:
         good = [c for c, g in measured.items() if g > 0]
         if len(good) >= 3:
             model.fit([feats[c] for c in good], [measured[c] for c in good])
         rest = [c for c in space if c not in measured]
         scores = model.predict([feats[c] for c in rest])
         ranked = [c for _, c in sorted(zip(scores, range(len(rest))), reverse=True)]
-        batch = [rest[i] for i in ranked[: min(top_k, trials - len(measured))]]
-        for c in batch:
-            run(c)
+        search.run([rest[i] for i in ranked[: min(top_k, search.trials - len(measured))]])
         now = max(measured.values())
         stale = stale + 1 if now <= best_seen * 1.01 else 0
         best_seen = max(best_seen, now)
-    bar.close()
-    _final_round(measured, built, dev, n_ops, default)
+    search.close()
+    search.final_round(default)
     best = max(measured, key=measured.get)
     if measured.get(default, 0.0) * KEEP_DEFAULT > measured[best]:
         best = default  # within the VM's noise of the default: not worth a different config
     if measured[best] <= 0:
         raise RuntimeError(f"every candidate failed for {prepared.original.op.name}: "
-                           f"{rejected[:3]}")
-    result = TuneResult(best, measured[best], False, len(measured), rejected,
-                        time.time() - t0, history)
+                           f"{search.rejected[:3]}")
+    result = TuneResult(best, measured[best], False, len(measured), search.rejected,
+                        time.time() - t0, search.history, dict(search.servers),
+                        list(getattr(runner, "events", ())))
     if database is not None:
         database.append(key, target, intrin.name, best.key(), measured[best],
-                        tuning_seconds=result.seconds, measured=len(measured))
+                        tuning_seconds=result.seconds, measured=len(measured),
+                        device=runner.name)
     return result
 
 
@@ -210,20 +175,73 @@ FINAL_ROUNDS = 2
 KEEP_DEFAULT = 1.03  # a tuned config must beat the default by more than this to replace it
 
 
-def _final_round(measured, built, dev, n_ops, default=None):
-    """Time the best few configs and the default again, in turn, and keep each one's best: on a
-    shared machine a burst of load during one measurement can put a good config behind a worse
-    one (bench-op saw tuned configs 10-25% slower than the default they had beaten)."""
-    top = sorted((c for c in built if measured[c] > 0), key=measured.get,
-                 reverse=True)[:FINAL_CANDIDATES]
-    if default in built and measured[default] > 0 and default not in top:
-        top.append(default)
-    if len(top) < 2:
-        return
-    for _ in range(FINAL_ROUNDS):
-        for config in top:
-            lib, args = built[config]
-            measured[config] = max(measured[config], n_ops / measure_best(lib, args, dev) / 1e9)
+class _Search:
+    """The candidates of one tuning run: built here, measured through the runner in batches
+    (a fleet measures a batch in parallel), every output checked against TVM's own build."""
+
+    def __init__(self, prepared, intrin, target, runner, seed, progress, trials):
+        self.prepared, self.intrin, self.target, self.runner = prepared, intrin, target, runner
+        self.trials = trials
+        self.arrays = _inputs(prepared, intrin, np.random.default_rng(seed))
+        self.expected = reference_output(prepared, self.arrays, target)
+        self.n_ops = _ops(prepared)
+        self.measured, self.built, self.rejected, self.history = {}, {}, [], []
+        self.servers = collections.Counter()
+        show = progress if progress is not None else not os.environ.get("UNIT_TVM_QUIET")
+        self.bar = tqdm.tqdm(total=trials, desc=f"tune {prepared.original.op.name} "
+                             f"[{intrin.name}]", disable=not show, leave=False)
+
+    def _reject(self, config, reason, routine=False):
+        # a loop nest that cannot be tensorized is routine; a kernel that computes a wrong
+        # result is not, and is always reported
+        log.log(logging.INFO if routine else logging.WARNING, "candidate %s rejected: %s",
+                config.key(), reason)
+        self.rejected.append((config, reason))
+        self.measured[config] = 0.0
+
+    def run(self, configs):
+        """Build, check and time `configs` (at most the trials left)."""
+        configs = configs[: self.trials - len(self.measured)]
+        libs, ready = [], []
+        for config in configs:
+            try:
+                libs.append(candidate_module(self.prepared, self.intrin, config, self.target))
+                ready.append(config)
+            except Exception as e:  # noqa: BLE001 - a failed candidate is logged and discarded
+                self._reject(config, failure(e), isinstance(e, tvm.s_tir.ScheduleError))
+        results = self.runner.measure(libs, self.arrays, self.expected) if libs else []
+        for config, lib, m in zip(ready, libs, results):
+            if m.ok:
+                self.measured[config] = self.n_ops / m.seconds / 1e9
+                self.built[config] = lib
+                self.servers[m.server] += 1
+            else:
+                self._reject(config, m.error)
+        for config in configs:
+            self.history.append((config.key(), self.measured[config]))
+            self.bar.update(1)
+
+    def close(self):
+        self.bar.close()
+
+    def final_round(self, default=None):
+        """Time the best few configs and the default again, in turn, and keep each one's best:
+        on a shared machine a burst of load during one measurement can put a good config
+        behind a worse one (bench-op saw tuned configs 10-25% slower than the default they had
+        beaten)."""
+        measured = self.measured
+        top = sorted((c for c in self.built if measured[c] > 0), key=measured.get,
+                     reverse=True)[:FINAL_CANDIDATES]
+        if default in self.built and measured[default] > 0 and default not in top:
+            top.append(default)
+        if len(top) < 2:
+            return
+        for _ in range(FINAL_ROUNDS):
+            results = self.runner.measure([self.built[c] for c in top], self.arrays,
+                                          self.expected)
+            for config, m in zip(top, results):
+                if m.ok:
+                    measured[config] = max(measured[config], self.n_ops / m.seconds / 1e9)
 
 
 def _config_of(strategy, record):
@@ -240,7 +258,8 @@ def _seconds(prepared, result):
 
 
 def tune_instruction(alternatives, target=None, *, trials=None, database=None, measure=True,
-                     progress=None, close=selection.RACE_CLOSE, most=selection.RACE_MOST):
+                     progress=None, close=selection.RACE_CLOSE, most=selection.RACE_MOST,
+                     runner=None):
     """Pick the instruction for one op, and its config: alternatives is [(intrin, prepared), ...]
     in preference order. Returns (index into alternatives, TuneResult).
 
@@ -250,9 +269,9 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
     fastest — and the next ones within `close` of it, `most` in all — is tuned and the fastest
     tuned one kept. Padding, register blocking and tile shapes make the static preference a
     guess: at 7x7 or one row, a 16-row AMX tile computes mostly padding and the 512-bit vpdpbusd
-    wins by 2x.
+    wins by 2x. runner: where candidates run (see `tune`).
     """
-    target = as_target(target)
+    target = as_target(target if target is not None or runner is None else runner.target())
     if database is not None and not isinstance(database, Database):
         database = Database(database)
     if database is not None:
@@ -267,8 +286,8 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
     if not measure or len(alternatives) == 1:
         intrin, prepared = alternatives[0]
         return 0, tune(prepared, intrin, target, trials=trials, database=database,
-                       measure=measure, progress=progress)
-    raced = _race(alternatives, target)
+                       measure=measure, progress=progress, runner=runner)
+    raced = _race(alternatives, target, runner)
     if not raced:
         raise RuntimeError("no alternative instruction builds a correct kernel: "
                            + ", ".join(intrin.name for intrin, _ in alternatives))
@@ -278,7 +297,8 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
         if t > fastest * close:
             break
         intrin, prepared = alternatives[i]
-        res = tune(prepared, intrin, target, trials=trials, database=database, progress=progress)
+        res = tune(prepared, intrin, target, trials=trials, database=database, progress=progress,
+                   runner=runner)
         tuned.append((_seconds(prepared, res), i, res))
     _, i, res = min(tuned, key=lambda h: h[0])
     return i, res
@@ -287,7 +307,7 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
 RACE_ROUNDS = 2  # each alternative's default config is timed this often, in turn
 
 
-def _race(alternatives, target):
+def _race(alternatives, target, runner=None):
     """[(seconds, index)] of every alternative whose default config builds a correct kernel,
     each the best of RACE_ROUNDS timings taken in turn (a burst of load on a shared machine
     during one alternative's only timing once sent a BERT dense to the 256-bit instruction,
@@ -298,7 +318,7 @@ def _race(alternatives, target):
             if i in failed:
                 continue
             try:
-                res = tune(prepared, intrin, target, trials=1, progress=False)
+                res = tune(prepared, intrin, target, trials=1, progress=False, runner=runner)
             except (RuntimeError, ValueError, tvm.s_tir.ScheduleError) as e:
                 log.info("%s: default config failed: %s", intrin.name, str(e).splitlines()[0])
                 failed.add(i)
@@ -306,7 +326,3 @@ def _race(alternatives, target):
             best[i] = min(best.get(i, float("inf")), _seconds(prepared, res))
     return [(t, i) for i, t in best.items()]
 
-
-def measure_best(lib, args, dev):
-    """Seconds per call of one candidate: the best of 5 means of 3 calls."""
-    return best_seconds(lib, args, dev, number=3, repeat=5)

@@ -1,0 +1,93 @@
+"""Where built kernels are run and timed: this machine (LocalRunner) or the servers of a TVM RPC
+tracker (unit_tvm.fleet.RpcRunner). The tuner, `peak` and `bench-op` measure only through a
+Runner, so one code path serves a laptop and a fleet."""
+
+import math
+from typing import NamedTuple, Protocol, Sequence
+
+import numpy as np
+import tvm
+
+from .measure import to_device
+from .target import as_target
+
+# the timing every tuner candidate gets: the best of 5 means of 3 calls
+NUMBER, REPEAT = 3, 5
+
+
+class Measurement(NamedTuple):
+    """One kernel's outcome on a device."""
+
+    seconds: float  # per call (best of `repeat` means of `number` calls); inf when it failed
+    error: str = ""  # why it failed: wrong output, a runtime error ('' when it ran correctly)
+    server: str = "local"  # where it ran: 'local' or the RPC server's host:port
+
+    @property
+    def ok(self) -> bool:
+        """The kernel ran and (when a reference was given) matched it."""
+        return not self.error and math.isfinite(self.seconds)
+
+
+class Runner(Protocol):
+    """Runs built kernels on a device and times them."""
+
+    name: str  # the device kind, recorded with every tuning result
+
+    def target(self) -> tvm.target.Target:
+        """The target kernels for this device are built for."""
+
+    def measure(self, libs: Sequence, arrays: Sequence[np.ndarray], expected=None, *,
+                number: int = NUMBER, repeat: int = REPEAT) -> list[Measurement]:
+        """Run each lib on `arrays` plus an output buffer shaped like `expected` (or, with
+        `expected` None, `arrays` alone: the last array is the output), compare with
+        `expected` when given, and time it."""
+
+
+def outputs_match(got: np.ndarray, expected: np.ndarray) -> bool:
+    """Integers exactly; floats within 1e-3 (relative and absolute)."""
+    if np.issubdtype(expected.dtype, np.integer):
+        return np.array_equal(got, expected)
+    return np.allclose(got.astype(np.float64), expected.astype(np.float64), rtol=1e-3, atol=1e-3)
+
+
+def failure(error: BaseException) -> str:
+    """One line naming an exception: its type and its message's first line."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{type(error).__name__}: {text}"
+
+
+def run_checked(lib, dev, arrays, expected, number, repeat, func="main") -> float:
+    """Seconds per call of `lib` on `dev` after checking its output against `expected`
+    (AssertionError when it differs). The device may be local or an RPC session's."""
+    out = [np.zeros_like(expected)] if expected is not None else []
+    args = to_device(list(arrays) + out, dev)
+    lib(*args)
+    if expected is not None and not outputs_match(args[-1].numpy(), expected):
+        raise AssertionError("output differs from the reference")
+    timer = lib.time_evaluator(func, dev, number=number, repeat=repeat)
+    return min(timer(*args).results)
+
+
+class LocalRunner:
+    """Kernels run on this machine's device (`dev`: tvm.cpu() or a CUDA device)."""
+
+    name = "local"
+
+    def __init__(self, dev=None, target=None):
+        self.dev = dev if dev is not None else tvm.cpu()
+        self._target = target
+
+    def target(self) -> tvm.target.Target:
+        """This host (or the target the runner was made with)."""
+        return as_target(self._target)
+
+    def measure(self, libs, arrays, expected=None, *, number=NUMBER, repeat=REPEAT):
+        """Each lib in turn on this machine (see Runner.measure)."""
+        out = []
+        for lib in libs:
+            try:
+                out.append(Measurement(run_checked(lib, self.dev, arrays, expected, number,
+                                                   repeat)))
+            except Exception as e:  # noqa: BLE001 - a failed kernel is a result, not a crash
+                out.append(Measurement(math.inf, failure(e)))
+        return out
