@@ -16,7 +16,7 @@ setup(
     description="Tensorized instruction compilation (VNNI, BF16, ARM DOT/I8MM, Tensor Core), TVM",
     python_requires=">=3.10",
     packages=list(PACKAGE_DIR) + ["unit_tvm.tuner", "unit_tvm.cross", "unit_tvm.relax",
-                                  "unit_tvm.fuzz", "unit_tvm.bench"],
+                                  "unit_tvm.fuzz", "unit_tvm.bench", "unit_tvm.fleet"],
     package_dir=PACKAGE_DIR,
     package_data={"unit_tvm.intrinsics": ["README.md"], "unit_tvm.cross": ["*.c"]},
     install_requires=[
@@ -28,6 +28,8 @@ setup(
         "xgboost==3.2.0",
         "tqdm>=4.66",
         "onnx==1.23.2",
+        # TVM's RPC tracker (unit_tvm.fleet) imports tornado, which apache-tvm does not require
+        "tornado==6.6.1",
     ],
     extras_require={
         # the model tests use PyTorch (torch.export) and the ONNX exporter as model sources

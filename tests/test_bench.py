@@ -6,11 +6,14 @@ import sys
 
 import numpy as np
 import pytest
+import tvm
 
-from unit_tvm import bench_ops, intrinsics, selection
+import unit_tvm
+from unit_tvm import bench_ops, intrinsics, measure, selection
 from unit_tvm.bench import model, report
 from unit_tvm.bench.engines import accuracy
 from unit_tvm.bench.timing import interleaved
+from unit_tvm.prepare import placeholders_of
 from unit_tvm.target import host
 
 
@@ -42,8 +45,56 @@ def test_bench_op_candidates_follow_the_host():
 def test_bench_op_only_selects_a_kind():
     assert {k for _, k, _ in bench_ops.workloads(only="conv")} == {"conv"}
     assert len(bench_ops.workloads(only="gemm")) == 5
+    assert [p for _, _, p in bench_ops.workloads(only="conv3d")] == bench_ops.RESNET18_3D
     with pytest.raises(ValueError):
         bench_ops.workloads(only="pool")
+
+
+def _conv3d_reference(data, weight, stride):
+    """NCDHW x KCTRS, no padding, int64: the conv3d written out in numpy."""
+    k, r = weight.shape[0], weight.shape[2]
+    o = [(n - r) // stride + 1 for n in data.shape[2:]]
+    out = np.zeros((1, k, *o), np.int64)
+    for t in range(r):
+        for i in range(r):
+            for j in range(r):
+                win = data[0, :, t:t + stride * o[0]:stride, i:i + stride * o[1]:stride,
+                           j:j + stride * o[2]:stride].astype(np.int64)
+                out[0] += np.einsum("cdhw,kc->kdhw", win, weight[:, :, t, i, j].astype(np.int64))
+    return out
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_resnet18_3d_layer_is_tensorized_and_exact(stride):
+    """A ResNet-18-3D layer (smaller channels) in bench-op's layout builds with the host's dot
+    instruction and equals the conv3d computed in numpy, padding included."""
+    p = (32, 4, 9, 32, 3, stride)
+    intrin = next((i for i, _, _ in bench_ops.candidates("conv3d", p, host())), None)
+    if intrin is None:
+        pytest.skip("this CPU has no int8 dot-product instruction")
+    op = bench_ops.workload_op("conv3d", p, intrin)
+    report = unit_tvm.build_report([*placeholders_of(op), op], intrinsic=intrin.name)
+    assert report.intrinsic == intrin.name
+    x, y = intrin.channel_blocks
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 256, (1, 32, 6, 11, 11), dtype=np.uint8)  # pre-padded 4 x 9 x 9
+    weight = rng.integers(-128, 128, (32, 32, 3, 3, 3), dtype=np.int8)
+    packed_data = data.reshape(1, 32 // x, x, 6, 11, 11).transpose(0, 1, 3, 4, 5, 2)
+    packed_w = weight.reshape(32 // y, y, 32 // x, x // 4, 4, 3, 3, 3).transpose(
+        0, 2, 5, 6, 7, 3, 1, 4)
+    out_shape = [int(s) for s in op.shape]
+    args = measure.to_device([np.ascontiguousarray(packed_data), np.ascontiguousarray(packed_w),
+                              np.zeros(out_shape, np.int32)], tvm.cpu())
+    report.module(*args)
+    got = args[-1].numpy().transpose(0, 1, 5, 2, 3, 4).reshape(1, 32, *out_shape[2:5])
+    np.testing.assert_array_equal(got, _conv3d_reference(data, weight, stride))
+
+
+def test_pytorch_conv3d_baseline_is_the_same_op():
+    torch = pytest.importorskip("torch")
+    mod, x = bench_ops.torch_int8_op("conv3d", (16, 4, 8, 32, 3, 2))
+    assert mod(x).shape == torch.Size([1, 32, 2, 4, 4])
+    assert bench_ops.ops_count("conv3d", (16, 4, 8, 32, 3, 2)) == 2 * 16 * 32 * 27 * 2 * 4 * 4
 
 
 def test_accuracy_metrics():

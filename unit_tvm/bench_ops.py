@@ -27,6 +27,7 @@ from .peak import host_threads, peak
 from .build import prepare_op
 from .prepare import placeholders_of
 from .rewriter import schedule
+from .runner import LocalRunner
 from .target import host
 from .tuner import Database, default_path, tune
 
@@ -37,16 +38,29 @@ TABLE_I = [(288, 35, 384, 3, 2), (160, 9, 224, 3, 1), (1056, 7, 192, 1, 1), (80,
            (576, 14, 128, 1, 1), (64, 29, 96, 3, 1), (64, 56, 128, 1, 2), (608, 14, 192, 1, 1)]
 GEMMS = [(1024, 1024, 1024), (4096, 4096, 4096), (128, 2048, 4096), (320, 3072, 4096),
          (2048, 4096, 32)]
+# ResNet-18 with every conv turned 3D (UNIT Fig. 13), clip depth 8 at the first stage; stride 2
+# halves depth, height and width; 3x3x3 convs padded by 1 (the input handed over pre-padded, as
+# the graph pass pads in the producer), the 1x1x1 projections not. The 7x7 stem (3 channels) is
+# left out, as Table I leaves stems out. C, input D, input H=W, K, R, stride.
+RESNET18_3D = [(64, 8, 56, 64, 3, 1), (64, 8, 56, 128, 3, 2), (64, 8, 56, 128, 1, 2),
+               (128, 4, 28, 128, 3, 1), (128, 4, 28, 256, 3, 2), (128, 4, 28, 256, 1, 2),
+               (256, 2, 14, 256, 3, 1), (256, 2, 14, 512, 3, 2), (256, 2, 14, 512, 1, 2),
+               (512, 1, 7, 512, 3, 1)]
+ONLY = ("conv", "gemm", "conv3d")
 
 
 def workloads(quick=False, only=None):
-    """[(label, kind, params)]; quick keeps 4 convs and 1 GEMM; only: "conv" or "gemm"."""
+    """[(label, kind, params)]: Table I convs and the GEMMs (only: "conv" or "gemm"), or the
+    ResNet-18-3D convs (only="conv3d"); quick keeps 4 convs, 1 GEMM or 3 conv3d layers."""
+    if only not in (None, *ONLY):
+        raise ValueError(f"only must be one of {', '.join(ONLY)}, not {only!r}")
+    if only == "conv3d":
+        layers = [(f"R3D-{i + 1}", "conv3d", p) for i, p in enumerate(RESNET18_3D)]
+        return layers[:3] if quick else layers
     convs = [(f"L{i + 1}", "conv", p) for i, p in enumerate(TABLE_I)]
     gemms = [(f"GEMM {m}x{n}x{k}", "gemm", (m, n, k)) for m, n, k in GEMMS]
     if quick:
         convs, gemms = convs[4:8], gemms[:1]
-    if only not in (None, "conv", "gemm"):
-        raise ValueError(f"only must be 'conv' or 'gemm', not {only!r}")
     return (convs if only != "gemm" else []) + (gemms if only != "conv" else [])
 
 
@@ -55,6 +69,8 @@ def form(kind, p, intrin):
     instruction on a window wider than 1: the window's columns and the channels are one
     reduction read through an in-kernel im2col buffer, ops.conv2d_window_folded), "flat" (a 1x1
     stride-1 conv: its pixels are one row of NCHW[x]c, the same bytes) or "direct"."""
+    if kind == "conv3d":
+        return "direct"
     if kind != "conv":
         return "gemm"
     _, _, _, r, s = p
@@ -75,7 +91,7 @@ def candidates(kind, p, target):
     """[(Intrinsic, x, y)] raced for a workload on target (selection.worth_racing): each form
     of the tile instruction whose reduction (the channels, or the folded window times the
     channels, see `form`) pads within selection.RACE_WASTE, and the first vector one."""
-    columns = p[2] if kind == "conv" else p[1]
+    columns = {"conv": p[2], "conv3d": p[3]}.get(kind, p[1])
     usable = []
     for intrin in int8_instructions(target):
         x, y = intrin.channel_blocks
@@ -83,16 +99,22 @@ def candidates(kind, p, target):
             continue  # the packed layouts here do not pad output channels
         layout = form(kind, p, intrin)
         reduce = p[2] if layout == "gemm" else p[0] * p[3] if layout == "folded" else p[0]
+        if kind == "conv3d" and intrin.tile:
+            continue  # AMX would need the window folded in 3D: not built
         usable.append(selection.Candidate(intrin, selection.channel_waste(intrin, reduce,
                                                                           columns)))
     return [(c.intrinsic, *c.intrinsic.channel_blocks) for c in selection.worth_racing(usable)]
 
 
-def _op(kind, p, intrin):
+def workload_op(kind, p, intrin):
     """The workload in the layout the instruction reads (see `form`), channels zero-padded to a
     multiple of its reduction block x, output channels blocked by its columns y."""
     x, y = intrin.channel_blocks
     layout = form(kind, p, intrin)
+    if kind == "conv3d":
+        c, d, h, k, r, stride = p
+        pad = 2 * (r // 2)
+        return ops.conv3d_ncdhwc(-(-c // x) * x, d + pad, h + pad, k, r, stride, x=x, y=y)
     if layout == "folded":
         c, h, k, r, s = p
         return ops.conv2d_window_folded(c, h, k, r, s, "s", x=x, y=y)
@@ -106,7 +128,12 @@ def _op(kind, p, intrin):
     return ops.dense_packed(m, n, -(-k // x) * x, y, x)
 
 
-def _ops_count(kind, p):
+def ops_count(kind, p):
+    """Operations (2 x multiply-adds) of a workload's real, unpadded channels."""
+    if kind == "conv3d":
+        c, d, h, k, r, stride = p
+        od, oh = (d - 1) // stride + 1, (h - 1) // stride + 1  # "same" padding
+        return 2 * c * k * r ** 3 * od * oh * oh
     if kind == "conv":
         c, h, k, r, s = p
         oh = (h - r) // s + 1
@@ -115,35 +142,52 @@ def _ops_count(kind, p):
     return 2 * m * n * k
 
 
-def _time_tvm(lib, tensors, rng, number, repeat):
+def time_kernel(lib, tensors, rng, number, repeat, runner):
+    """Seconds per call of a built kernel on random operands for `tensors` (min of repeats),
+    on the runner's device."""
     arrays = [measure.random_array(t.shape, t.dtype, rng) for t in tensors[:-1]]
     arrays.append(np.zeros([int(s) for s in tensors[-1].shape], str(tensors[-1].dtype)))
-    args = measure.to_device(arrays, tvm.cpu())
-    return measure.best_seconds(lib, args, tvm.cpu(), number=number, repeat=repeat)
+    (m,) = runner.measure([lib], arrays, number=number, repeat=repeat)
+    if not m.ok:
+        raise RuntimeError(f"a benchmark kernel failed on {m.server}: {m.error}")
+    return m.seconds
 
 
-def _time_torch(kind, p, threads, repeat):
-    """Seconds of PyTorch's int8 op (oneDNN via the x86 quantized backend), min of repeats."""
+def torch_int8_op(kind, p):
+    """(module, input) of PyTorch's quantized op for a workload (x86 backend)."""
     import torch
     import torch.ao.nn.quantized as nnq
 
-    torch.set_num_threads(threads)
-    torch.backends.quantized.engine = "x86"
+    def weight(shape):
+        k = shape[0]
+        return torch.quantize_per_channel(torch.randn(*shape), torch.rand(k) * 0.01 + 0.001,
+                                          torch.zeros(k, dtype=torch.long), 0, torch.qint8)
+
+    if kind == "conv3d":
+        c, d, h, k, r, stride = p
+        mod = nnq.Conv3d(c, k, r, stride=stride, padding=r // 2)
+        mod.set_weight_bias(weight((k, c, r, r, r)), None)
+        x = torch.quantize_per_tensor(torch.rand(1, c, d, h, h), 0.01, 0, torch.quint8)
+        return mod, x.contiguous(memory_format=torch.channels_last_3d)
     if kind == "conv":
         c, h, k, r, s = p
         mod = nnq.Conv2d(c, k, r, stride=s)
-        w = torch.quantize_per_channel(torch.randn(k, c, r, r), torch.rand(k) * 0.01 + 0.001,
-                                       torch.zeros(k, dtype=torch.long), 0, torch.qint8)
-        mod.set_weight_bias(w, None)
+        mod.set_weight_bias(weight((k, c, r, r)), None)
         x = torch.quantize_per_tensor(torch.rand(1, c, h, h), 0.01, 0, torch.quint8)
-        x = x.contiguous(memory_format=torch.channels_last)
-    else:
-        m, n, kk = p
-        mod = nnq.Linear(kk, n)
-        w = torch.quantize_per_channel(torch.randn(n, kk), torch.rand(n) * 0.01 + 0.001,
-                                       torch.zeros(n, dtype=torch.long), 0, torch.qint8)
-        mod.set_weight_bias(w, None)
-        x = torch.quantize_per_tensor(torch.rand(m, kk), 0.01, 0, torch.quint8)
+        return mod, x.contiguous(memory_format=torch.channels_last)
+    m, n, kk = p
+    mod = nnq.Linear(kk, n)
+    mod.set_weight_bias(weight((n, kk)), None)
+    return mod, torch.quantize_per_tensor(torch.rand(m, kk), 0.01, 0, torch.quint8)
+
+
+def time_torch(kind, p, threads, repeat):
+    """Seconds of PyTorch's int8 op (oneDNN via the x86 quantized backend), min of repeats."""
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.backends.quantized.engine = "x86"
+    mod, x = torch_int8_op(kind, p)
     with torch.inference_mode():
         for _ in range(3):
             mod(x)
@@ -162,17 +206,21 @@ def _time_torch(kind, p, threads, repeat):
 
 
 def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, database=None,
-        log=print, progress=None, only=None):
-    """Run the benchmark; returns (rows, meta)."""
-    target = host()
-    threads = host_threads()
+        log=print, progress=None, only=None, runner=None):
+    """Run the benchmark; returns (rows, meta). runner: where kernels (and PyTorch) run:
+    this host by default, or the servers of a unit_tvm.fleet.RpcRunner."""
+    target = runner.target() if runner is not None else host()
+    threads = int(target.attrs.get("num-cores", 1)) if runner is not None else host_threads()
+    runner = runner or LocalRunner()
     usable = int8_instructions(target)
     if not usable:
-        raise ValueError("this host has no int8 dot-product instruction")
+        where = "this host" if isinstance(runner, LocalRunner) else runner
+        raise ValueError(f"{where} has no int8 dot-product instruction")
     database = Database(database or default_path())
-    peaks = {i.name: peak(i, threads, target)["gops"] for i in usable}
+    peaks = {i.name: peak(i, threads, target, runner)["gops"] for i in usable}
     meta = {"target": str(target), "threads": threads, "peaks_gops": peaks,
-            "database": database.path, "timing": "min over repeats, each engine warmed up"}
+            "database": database.path, "device": runner.name,
+            "timing": "min over repeats, each engine warmed up"}
     for name, g in peaks.items():
         log(f"{name} peak on {threads} threads: {g:.1f} GOPS (measured now)")
     header = (f"{'workload':<22} {'instr':<13} {'tuned':>8} {'default':>8} {'tvm':>7} "
@@ -181,33 +229,33 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
     rows = []
     rng = np.random.default_rng(0)
     for label, kind, p in workloads(quick, only):
-        n_ops = _ops_count(kind, p)
+        n_ops = ops_count(kind, p)
         number = 3 if n_ops > 2e10 else 10
         best = None
         tune_s = 0.0
         for intrin, _, _ in candidates(kind, p, target):
-            op = _op(kind, p, intrin)
+            op = workload_op(kind, p, intrin)
             tensors = [*placeholders_of(op), op]
             try:
                 prepared = prepare_op(op, intrin, target=target)
                 res = tune(prepared, intrin, target, trials=trials, database=database,
-                           progress=progress)
+                           progress=progress, runner=runner)
             except (ValueError, RuntimeError) as e:
                 log(f"  {label}: {intrin.name} skipped: {str(e).splitlines()[0]}")
                 continue
             tune_s += res.seconds
             lib = tvm.tirx.build(schedule(prepared, intrin, res.config, target).mod, target=target)
-            secs = _time_tvm(lib, tensors, rng, number, 7)
+            secs = time_kernel(lib, tensors, rng, number, 7, runner)
             if best is None or secs < best[0]:
                 best = (secs, intrin, prepared, tensors, res)
         t_tuned, intrin, prepared, tensors, res = best
         default_lib = tvm.tirx.build(schedule(prepared, intrin, None, target).mod, target=target)
-        t_default = _time_tvm(default_lib, tensors, rng, number, 7)
+        t_default = time_kernel(default_lib, tensors, rng, number, 7, runner)
         t_tvm = None
         if with_tvm_default:
             plain = tvm.tirx.build(te.create_prim_func(tensors), target=target)
-            t_tvm = _time_tvm(plain, tensors, rng, 1, 1 if n_ops > 5e9 else 3)
-        t_torch = _time_torch(kind, p, threads, 7) if with_torch else None
+            t_tvm = time_kernel(plain, tensors, rng, 1, 1 if n_ops > 5e9 else 3, runner)
+        t_torch = torch_seconds(kind, p, threads, runner) if with_torch else None
         g = lambda t: None if t is None else n_ops / t / 1e9  # noqa: E731
         row = {"workload": label, "kind": kind, "shape": list(p), "intrinsic": intrin.name,
                "gops_tuned": g(t_tuned), "gops_default": g(t_default), "gops_tvm": g(t_tvm),
@@ -221,12 +269,20 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
             f"{fmt(row['gops_default'], 8)} {fmt(row['gops_tvm'], 7)} {fmt(row['gops_torch'], 8)}  "
             f"{row['percent_of_peak']:6.1f} {fmt(row['speedup_vs_torch'], 7)} {tune_s:7.1f}"
             + ("  (db)" if res.from_database else ""))
-    convs = [r["speedup_vs_torch"] for r in rows if r["kind"] == "conv" and r["speedup_vs_torch"]]
-    if convs:
-        meta["conv_geomean_speedup_vs_torch"] = float(np.exp(np.mean(np.log(convs))))
-        log("Table I geomean speedup over PyTorch int8: "
-            f"{meta['conv_geomean_speedup_vs_torch']:.2f}x")
+    for kind, name in (("conv", "Table I"), ("conv3d", "ResNet-18-3D")):
+        ups = [r["speedup_vs_torch"] for r in rows if r["kind"] == kind and r["speedup_vs_torch"]]
+        if ups:
+            meta[f"{kind}_geomean_speedup_vs_torch"] = float(np.exp(np.mean(np.log(ups))))
+            log(f"{name} geomean speedup over PyTorch int8: "
+                f"{meta[f'{kind}_geomean_speedup_vs_torch']:.2f}x")
     return rows, meta
+
+
+def torch_seconds(kind, p, threads, runner):
+    """PyTorch's int8 op on the device the kernels run on (None where PyTorch is absent)."""
+    if isinstance(runner, LocalRunner):
+        return time_torch(kind, p, threads, 7)
+    return runner.torch_int8_seconds(kind, p, threads, 7)
 
 
 def write_csv(path, rows):
@@ -241,11 +297,12 @@ def write_csv(path, rows):
     return path
 
 
-def write_outputs(rows, meta, out_dir):
-    """CSV, JSON and a PNG bar chart (speedup over PyTorch per workload) in out_dir."""
+def write_outputs(rows, meta, out_dir, name="bench_ops"):
+    """CSV, JSON and a PNG bar chart (speedup over PyTorch per workload) in out_dir, as
+    NAME.csv / .json / .png."""
     os.makedirs(out_dir, exist_ok=True)
-    csv_path = write_csv(os.path.join(out_dir, "bench_ops.csv"), rows)
-    with open(os.path.join(out_dir, "bench_ops.json"), "w") as f:
+    csv_path = write_csv(os.path.join(out_dir, f"{name}.csv"), rows)
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     paths = [csv_path]
     speedups = [(r["workload"], r["speedup_vs_torch"]) for r in rows if r["speedup_vs_torch"]]
@@ -264,7 +321,7 @@ def write_outputs(rows, meta, out_dir):
         ax.set_ylabel("speedup over PyTorch int8")
         ax.set_title(f"unit-tvm tuned ({meta['threads']} threads) vs PyTorch int8 (oneDNN)")
         fig.tight_layout()
-        png = os.path.join(out_dir, "bench_ops.png")
+        png = os.path.join(out_dir, f"{name}.png")
         fig.savefig(png, dpi=120)
         paths.append(png)
     return paths

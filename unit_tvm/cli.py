@@ -1,9 +1,12 @@
 """`unit-tvm` command line: intrinsics, peak, inspect, bench-op, bench-gpu, bench-model, compile,
-run, profile, fuzz, demo."""
+run, profile, reproduce, fuzz, demo."""
 
 import argparse
 import json
 import sys
+
+from .cli_models import (cmd_bench_model, cmd_compile, cmd_profile, cmd_reproduce,
+                         cmd_run)
 
 
 def _cmd_intrinsics(args):
@@ -33,17 +36,20 @@ def _cmd_intrinsics(args):
 
 def _cmd_peak(args):
     from . import intrinsics
+    from .fleet.cli import runner_from_args
     from .peak import host_threads, peak
     from .target import host
 
-    target = host()
+    runner = runner_from_args(args)
+    target = runner.target() if runner else host()
+    cores = int(target.attrs.get("num-cores", 1)) if runner else host_threads()
     names = [args.intrinsic] if args.intrinsic else [i.name for i in intrinsics.for_target(target)]
-    threads = [args.threads] if args.threads else sorted({1, host_threads()})
+    threads = [args.threads] if args.threads else sorted({1, cores})
     rows = []
     for name in names:
         intrinsics.require(name, target)
         for t in threads:
-            rows.append(peak(name, t, target))
+            rows.append(peak(name, t, target, runner))
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -116,12 +122,14 @@ def _cmd_inspect(args):
 
 def _cmd_bench_op(args):
     from . import bench_ops
+    from .fleet.cli import runner_from_args
 
     quiet = args.json
     rows, meta = bench_ops.run(quick=args.quick, with_tvm_default=not args.no_tvm,
                                with_torch=not args.no_torch, trials=args.trials,
                                database=args.database, log=(lambda *a: None) if quiet else print,
-                               progress=False if quiet else None, only=args.only)
+                               progress=False if quiet else None, only=args.only,
+                               runner=runner_from_args(args))
     paths = bench_ops.write_outputs(rows, meta, args.out)
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))
@@ -143,120 +151,6 @@ def _cmd_bench_gpu(args):
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))
     else:
         print(f"geomean vs cuDNN fp16: {meta['geomean_vs_cudnn']}")
-    return 0
-
-
-def _cmd_bench_model(args):
-    from .bench import model, report
-    from .target import host
-
-    log = (lambda *a: None) if args.json else print
-    if args.target == "cuda":
-        return _bench_model_gpu(args, log)
-    engines = model.ENGINES + (model.BF16_ENGINES if args.bf16 else ())
-    if args.engines:
-        engines = tuple(args.engines)
-    engines = tuple(e for e in engines if e not in (args.skip or []))
-    unknown = sorted(set(engines) - set(model.BUILDERS))
-    if unknown:
-        raise ValueError(f"unknown engines {unknown}; known: {', '.join(model.BUILDERS)}")
-    results = []
-    for name in args.models:
-        log(f"{name}:")
-        results.append(model.run_model(name, engines=engines, n_inputs=args.inputs,
-                                       rounds=args.rounds, log=log, trials=args.trials,
-                                       tune=not args.no_tune, database=args.database))
-    paths = report.write_outputs(results, args.out, {"target": str(host())})
-    if args.json:
-        print(json.dumps({"results": results,
-                          "geomean_speedup": model.geomean_speedups(results)}, indent=1,
-                         default=str))
-    else:
-        text = report.summary(results)
-        if text:
-            print(text)
-        print("wrote " + ", ".join(paths))
-    return 0
-
-
-def _bench_model_gpu(args, log):
-    """bench-model --target cuda: fp16 on the first GPU vs PyTorch fp16 and TVM's GPU build."""
-    import os
-
-    from .bench import gpu_model
-
-    results, meta = gpu_model.run(args.models, rounds=args.rounds, database=args.database,
-                                  tune=not args.no_tune, trials=args.trials, log=log)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "bench_model_gpu.json")
-    with open(path, "w") as f:
-        json.dump({"meta": meta, "results": results}, f, indent=1)
-    if args.json:
-        print(json.dumps({"meta": meta, "results": results}, indent=1))
-    else:
-        print(f"geomean vs best PyTorch fp16: {meta['geomean_vs_best_pytorch_fp16']}")
-        print(f"wrote {path}")
-    return 0
-
-
-def _cmd_compile(args):
-    """unit-tvm compile MODEL -o out.so: quantize (--int8), tensorize, export one library."""
-    import tvm
-
-    from . import compile as unit_compile
-    from . import deploy
-    from .target import as_target, host
-
-    source = deploy.model_source(args.model)
-    target = (host() if args.target == "cpu" else
-              tvm.target.Target({"kind": "cuda", "arch": args.arch}) if args.target == "cuda"
-              else as_target(json.loads(args.target)))
-    quantize = None
-    if args.int8:
-        quantize = {"calibration_data": deploy.calibration(args.calibration, source.input_shape)}
-    report = []
-    ex = unit_compile(source.mod, target, quantize=quantize, database=args.database,
-                      tune=args.tune, trials=args.trials, report=report)
-    deploy.export(ex, args.output)
-    done = sum(1 for _, instr, _ in report if instr)
-    print(f"{source.name}: {done} of {len(report)} compute ops tensorized for {target}")
-    for op, instr, reason in report:
-        print(f"  {op}: {instr or 'not tensorized: ' + reason}")
-    print(f"wrote {args.output} (input shape {list(source.input_shape)}); run it with "
-          f"unit-tvm run {args.output} --input x.npy")
-    return 0
-
-
-def _cmd_run(args):
-    """unit-tvm run out.so --input x.npy [--output y.npy]."""
-    import numpy as np
-
-    from .deploy import load
-
-    model = load(args.library, args.device)
-    out = model(*[np.load(p) for p in args.input])
-    outs = out if isinstance(out, list) else [out]
-    for i, o in enumerate(outs):
-        print(f"output {i}: shape {list(o.shape)} dtype {o.dtype} "
-              f"first {np.ravel(o)[:5].tolist()}")
-    if args.output:
-        np.save(args.output, outs[0])
-        print(f"wrote {args.output}")
-    return 0
-
-
-def _cmd_profile(args):
-    from . import profile
-
-    prof = profile.profile_model(args.model, database=args.database, tune=args.tune,
-                                 trials=args.trials, repeats=args.repeats)
-    if args.json:
-        print(json.dumps({"model": prof.model, "end_to_end_ms": prof.end_to_end_ms,
-                          "kernel_ms": prof.kernel_ms, "copy_gbps": prof.copy_gbps,
-                          "peaks": prof.peaks, "by_category": profile.by_category(prof),
-                          "kernels": [k.__dict__ for k in prof.kernels]}, indent=1))
-    else:
-        print(profile.table(prof, top=args.top))
     return 0
 
 
@@ -316,6 +210,8 @@ def _restrict_isa(level):
 
 def main(argv=None):
     """Entry point of the `unit-tvm` console script."""
+    from .fleet.cli import add_rpc_arguments
+
     parser = argparse.ArgumentParser(prog="unit-tvm", description=__doc__)
     parser.add_argument("--isa", help="restrict this CPU to an ISA level, e.g. avx512_core_vnni "
                         "(an AMX server measured as a VNNI-only one); also sets "
@@ -328,6 +224,7 @@ def main(argv=None):
     p.add_argument("--intrinsic", help="one instruction (default: every usable one)")
     p.add_argument("--threads", type=int, help="thread count (default: 1 and all)")
     p.add_argument("--json", action="store_true")
+    add_rpc_arguments(p)
     p.set_defaults(fn=_cmd_peak)
     p = sub.add_parser("inspect", help="which instructions fit an operation, through which loops")
     p.add_argument("op", choices=sorted(_inspect_ops()))
@@ -344,12 +241,14 @@ def main(argv=None):
     p.set_defaults(fn=_cmd_inspect)
     p = sub.add_parser("bench-op", help="Table I convs and GEMMs vs TVM and PyTorch int8")
     p.add_argument("--quick", action="store_true", help="4 convs and one GEMM")
-    p.add_argument("--only", choices=("conv", "gemm"), help="Table I convs or GEMMs only")
+    p.add_argument("--only", choices=("conv", "gemm", "conv3d"),
+                   help="Table I convs, the GEMMs, or the ResNet-18-3D convs (UNIT Fig. 13)")
     p.add_argument("--no-tvm", action="store_true", help="skip TVM's untensorized build")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     _tuning_args(p, "per workload")
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
+    add_rpc_arguments(p)
     p.set_defaults(fn=_cmd_bench_op)
     p = sub.add_parser("bench-gpu", help="Table I convs on Tensor Cores vs cuDNN (needs a GPU)")
     p.add_argument("--dtype", default="float16", help="float16 (vs cuDNN fp16) or int8")
@@ -375,7 +274,8 @@ def main(argv=None):
                    help="also unit-tvm bf16 (quantize dtype=bfloat16) and PyTorch bf16 (autocast)")
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=_cmd_bench_model)
+    add_rpc_arguments(p)
+    p.set_defaults(fn=cmd_bench_model)
     p = sub.add_parser("compile", help="compile a model (zoo name, .onnx, torch.export .pt2) "
                        "to one shared library")
     p.add_argument("model", help="zoo name, ONNX file or torch.export program file (.pt2)")
@@ -388,13 +288,14 @@ def main(argv=None):
     p.add_argument("--arch", default="sm_80", help="CUDA architecture with --target cuda")
     p.add_argument("--tune", action="store_true", help="tune what the database lacks")
     _tuning_args(p, "per distinct op")
-    p.set_defaults(fn=_cmd_compile)
+    add_rpc_arguments(p)
+    p.set_defaults(fn=cmd_compile)
     p = sub.add_parser("run", help="run a library written by `unit-tvm compile` on .npy inputs")
     p.add_argument("library")
     p.add_argument("--input", nargs="+", required=True, help=".npy file per model input")
     p.add_argument("--output", help="write the (first) output as .npy")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.set_defaults(fn=_cmd_run)
+    p.set_defaults(fn=cmd_run)
     p = sub.add_parser("profile", help="per-kernel time, GOPS and %% of peak of a compiled model")
     p.add_argument("model", help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
     _tuning_args(p, "per distinct op")
@@ -402,7 +303,21 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="timed runs of each kernel call")
     p.add_argument("--top", type=int, default=25, help="kernels listed")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=_cmd_profile)
+    p.set_defaults(fn=cmd_profile)
+    p = sub.add_parser("reproduce", help="one of the UNIT paper's experiments: CSV + plot")
+    p.add_argument("fig", choices=("fig8", "fig9", "fig10", "fig11", "fig13"),
+                   help="fig8 models vs engines, fig9 fp16 GPU models, fig10 Table I, "
+                        "fig11 CPU ablation, fig13 ResNet-18-3D convs")
+    p.add_argument("--out", default="bench_out", help="folder; the figure writes OUT/FIG/")
+    p.add_argument("--quick", action="store_true", help="a few layers or models only")
+    p.add_argument("--local-fleet", type=int, default=0, metavar="N",
+                   help="measure through a tracker and N servers started on this machine")
+    p.add_argument("--fleet-threads", type=int, default=1,
+                   help="TVM threads per --local-fleet server (they share this machine)")
+    _tuning_args(p, "per kernel")
+    add_rpc_arguments(p)
+    p.set_defaults(fn=cmd_reproduce)
+
     p = sub.add_parser("fuzz",
                        help="differential fuzzer: random te/topi ops, unit_tvm.build vs TVM")
     p.add_argument("--cases", type=int, default=200, help="how many cases (default 200)")

@@ -61,6 +61,30 @@ def conv2d_nchwc(n, c, h, w, k, r, s, stride=1, dilation=1, x=4, y=16,
     )
 
 
+def conv3d_ncdhwc(c, d, h, k, r, stride=1, x=4, y=16, a_dtype="uint8", b_dtype="int8",
+                  acc="int32"):
+    """conv3d, batch 1, cubic window r and extents d x h x h, data NCDHW[x]c, kernel
+    KCTRS[x/4]c[y]k[4]c, output NCDHW[y]c, no padding (pad the input to pad the conv).
+
+    data: [1, c/x, d, h, h, x]; kernel: [k/y, c/x, r, r, r, x/4, y, 4]; out: [1, k/y, od, oh, oh,
+    y]: the blocked layouts of conv2d_nchwc with a depth axis.
+    """
+    od, oh = (d - r) // stride + 1, (h - r) // stride + 1
+    data = te.placeholder((1, c // x, d, h, h, x), a_dtype, name="data")
+    kern = te.placeholder((k // y, c // x, r, r, r, x // 4, y, 4), b_dtype, name="kernel")
+    rc = te.reduce_axis((0, c), name="rc")
+    rt, rr, rs = (te.reduce_axis((0, r), name=n) for n in ("rt", "rr", "rs"))
+    return te.compute(
+        (1, k // y, od, oh, oh, y),
+        lambda b, ko, z, i, j, ki: te.sum(
+            data[b, rc // x, z * stride + rt, i * stride + rr, j * stride + rs, rc % x]
+            .astype(acc)
+            * kern[ko, rc // x, rt, rr, rs, rc % x // 4, ki, rc % 4].astype(acc),
+            axis=[rc, rt, rr, rs]),
+        name="conv3d_ncdhwc",
+    )
+
+
 def _round_up(n, m):
     return -(-n // m) * m
 
