@@ -160,7 +160,9 @@ def test_blocked_depthwise_conv_vectorised_and_requantized_in_registers(stride, 
     (unrolled rows of accumulators), and the requantization runs inside the same parallel loop
     (no second pass over an int32 buffer); the result equals
     TVM's build of the unscheduled loop nest."""
-    from unit_tvm.relax.qops import in_shape, out_shape, plain_func, plain_weight_shape
+    from unit_tvm.relax.qops import plain_func
+    from unit_tvm.relax.recipe import in_shape, out_shape
+    from unit_tvm.relax.weights import plain_weight_shape
 
     oh = (16 + 2 - 3) // stride + 1
     recipe = {"kind": "conv2d", "in_shape": [1, 20, 16, 16], "w_shape": [20, 1, 3, 3],

@@ -492,7 +492,8 @@ def test_write_back_vectorised_only_into_blocked_layout(blocked):
     """Into NCHW16c the epilogue reads accumulator lanes and writes output lanes in place: one
     vector loop. Into NCHW the lanes scatter across rows: scalar code, no gathers."""
     require_host("x86.vpdpbusd")
-    from unit_tvm.relax.qops import candidates, tensorized_func
+    from unit_tvm.relax.qops import tensorized_func
+    from unit_tvm.relax.recipe import candidates
 
     target = unit_tvm.target.host()
     recipe = _conv_recipe(**({"in_block": 16, "out_block": 16} if blocked else {}))
@@ -520,7 +521,8 @@ def test_single_row_dense_on_every_instruction():
     left the write-back unplaceable (a TVM InternalError). Every instruction of this host builds
     it, and each result equals TVM's own build of the op."""
     import unit_tvm.tuner.search as search
-    from unit_tvm.relax.qops import candidates, tensorized_graph
+    from unit_tvm.relax.qops import tensorized_graph
+    from unit_tvm.relax.recipe import candidates
 
     target = unit_tvm.target.host()
     recipe = {"kind": "dense", "in_shape": [1, 200], "w_shape": [40, 200], "out_channels": 40,
@@ -592,7 +594,7 @@ def test_odd_widths_are_computed_padded_and_cropped_exactly():
     tile width that divides them, so 18 are computed and the extra one cropped; equal to TVM's
     plain int8 build of the same quantized model."""
     require_host("x86.vpdpbusd")
-    from unit_tvm.relax.qops import tiled_extent
+    from unit_tvm.schedules.cpu import tiled_extent
 
     assert [tiled_extent(e) for e in (7, 8, 17, 35, 56, 71, 73, 149)] == [
         7, 8, 18, 35, 56, 72, 75, 150]

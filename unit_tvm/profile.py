@@ -20,7 +20,7 @@ from .bench.timing import interleaved
 from .compiler import build_relax
 from .peak import host_threads, peak
 from .relax import UnitTensorize, quantize
-from .relax.qops import ATTR
+from .relax.recipe import ATTR
 from .relax.tensorize import macs
 from .target import host
 from .tuner import Database, default_path

@@ -10,7 +10,7 @@ import tvm
 from tvm import relax
 
 from .graph import is_nchw_max_pool, readers as binding_readers, uses
-from .qops import candidates
+from .recipe import candidates
 from .u8_values import POOL_ATTR, is_channel_concat
 
 

@@ -8,20 +8,21 @@ residual and activation (no scales, no zero point). The same recipe builds
 - the plain int8 (bf16) computation with TVM's default schedule (`plain_func`: "no tensorize"),
 - the tensorized one (`tensorized_func`): activations quantized and packed into the instruction's
   layout inside the kernel, weights packed at compile time, epilogue fused into the write-back.
+What a recipe says (dtypes, shapes, the instructions that may run it) is in recipe.py; its
+weights in the kernels' layouts, in numpy, in weights.py.
 """
 
 import json
 
-import numpy as np
 from tvm import te, tirx
 
-from .. import fastmath, intrinsics, selection
+from .. import fastmath
 from ..prepare import prepare
 from ..rewriter import schedule
 from ..schedules.cpu import tiled_extent
-
-ATTR = "unit_tvm.recipe"
-
+from .recipe import (ATTR, dtypes, in_shape, is_bf16, is_depthwise, out_dtype, out_shape,
+                     packed_shape, per_word)
+from .weights import plain_weight_shape
 
 def _quantize(x, scale, zp):
     """fp32 -> uint8, round half away from zero, clipped. Multiplies by 1/scale: a vector divide
@@ -41,21 +42,6 @@ def _round_to_bf16(v):
     bits = bits + tirx.const(0x7FFF, "uint32") + ((bits >> tirx.const(16, "uint32"))
                                                    & tirx.const(1, "uint32"))
     return tirx.reinterpret("float32", bits & tirx.const(0xFFFF0000, "uint32"))
-
-
-def is_bf16(recipe):
-    """Whether the recipe is the bfloat16 form of its op (else int8)."""
-    return recipe.get("dtype") == "bfloat16"
-
-
-def _dtypes(recipe):
-    """(activation, weight, accumulator) dtypes the op's instruction takes."""
-    return ("bfloat16", "bfloat16", "float32") if is_bf16(recipe) else ("uint8", "int8", "int32")
-
-
-def _word(recipe):
-    """Elements per 32-bit word of the instruction's inputs (KCRS[x/word]c[y]k[word]c weights)."""
-    return 2 if is_bf16(recipe) else 4
 
 
 def _pad_value(recipe):
@@ -100,29 +86,6 @@ def _epilogue(recipe, comp, mult, bias, residual):
     return fn
 
 
-def out_dtype(recipe):
-    """uint8 when the op requantizes for its consumer, else float32."""
-    return "uint8" if recipe.get("out_q") else "float32"
-
-
-def packed_shape(shape, block):
-    """NCHW -> NCHW[block]c: (n, ceil(c / block), h, w, block)."""
-    n, c, h, w = shape
-    return [n, -(-c // block), h, w, block]
-
-
-def in_shape(recipe):
-    """Shape of the op's activation argument: NCHW, or NCHW[in_block]c on a packed edge."""
-    blk = recipe.get("in_block")
-    return packed_shape(recipe["in_shape"], blk) if blk else recipe["in_shape"]
-
-
-def out_shape(recipe):
-    """Shape of the op's result: NCHW (or [rows, n]), or NCHW[out_block]c on a packed edge."""
-    blk = recipe.get("out_block")
-    return packed_shape(recipe["out_shape"], blk) if blk else recipe["out_shape"]
-
-
 def _load_input(x, recipe, idx):
     """The uint8 activation at the logical (NCHW or [rows, k]) index idx, whatever x's layout:
     x itself when the producer already requantized it, else quantized here."""
@@ -163,7 +126,7 @@ def _placeholders(recipe, x_shape, w_shape):
     """x, w, comp, mult, bias, residual: the op's arguments (comp and mult None for bf16, which
     has no quantization to undo; residual None without one)."""
     x = te.placeholder(x_shape, "uint8" if recipe.get("in_u8") else "float32", name="x")
-    w = te.placeholder(w_shape, _dtypes(recipe)[1], name="w")
+    w = te.placeholder(w_shape, dtypes(recipe)[1], name="w")
     k = recipe["out_channels"]
     comp = None if is_bf16(recipe) else te.placeholder((k,), "int32", name="comp")
     mult = None if is_bf16(recipe) else te.placeholder((k,), "float32", name="mult")
@@ -215,7 +178,7 @@ def plain_func(recipe):
                 return xq[b, lanes[0], i, j, lanes[1]]  # a depthwise conv reads its own lanes
             return xq[b, ch // ib, i, j, ch % ib] if ib else xq[b, ch, i, j]
 
-        acc_t = _dtypes(recipe)[2]
+        acc_t = dtypes(recipe)[2]
 
         def conv_at(b, f, i, j, w_at, lanes=None):
             return te.sum(xq_at(b, f // kg * cg + rc, i * sh + rr * dh, j * sw + rs * dw, lanes)
@@ -240,7 +203,7 @@ def plain_func(recipe):
         x, w, comp, mult, bias, res = _placeholders(recipe, recipe["in_shape"], recipe["w_shape"])
         xq = te.compute((m, kk), lambda i, j: _load_input(x, recipe, (i, j)), name="xq")
         r = te.reduce_axis((0, kk), name="k")
-        acc_t = _dtypes(recipe)[2]
+        acc_t = dtypes(recipe)[2]
         acc = te.compute(recipe["out_shape"], lambda i, j: te.sum(
             xq[i, r].astype(acc_t) * w[j, r].astype(acc_t), axis=r), name="acc")
         fn = _epilogue(recipe, comp, mult, bias, res)
@@ -249,58 +212,8 @@ def plain_func(recipe):
     return te.create_prim_func(args).with_attr(ATTR, json.dumps(recipe))
 
 
-def plain_weight_shape(recipe):
-    """Weight layout of plain_func: [K, C/groups, R, S] (or [N, K]); KCRS[b]k with b = out_block
-    on a packed edge, so that its lanes are output channels like the accumulators'."""
-    ob = recipe.get("out_block")
-    if not ob:
-        return recipe["w_shape"]
-    k, cg, r, s = recipe["w_shape"]
-    return [-(-k // ob), cg, r, s, ob]
-
-
-def plain_weight(recipe, w):
-    """int8 (bf16) weights [K, C/groups, R, S] -> plain_weight_shape(recipe), zero-padded."""
-    ob = recipe.get("out_block")
-    if not ob:
-        return w
-    k, cg, r, s = w.shape
-    wp = np.zeros((_round_up(k, ob), cg, r, s), w.dtype)
-    wp[:k] = w
-    return np.ascontiguousarray(wp.reshape(-1, ob, cg, r, s).transpose(0, 2, 3, 4, 1))
-
-
 def _round_up(v, m):
     return -(-v // m) * m
-
-
-def pack_weight(recipe, w, x, y):
-    """int8 (bf16) weights -> the packed layout of ops.conv2d_nchwc / ops.dense_packed,
-    KCRS[x/word]c[y]k[word]c (word: elements per 32-bit word), zero-padded; a depthwise conv's
-    (x: taps per instruction) as KR[S/x][y]k[x]s."""
-    word = _word(recipe)
-    if is_depthwise(recipe):
-        # KR[S/x][y]k[x]s (x: the instruction's taps): per channel block and kernel row, x taps
-        # of each channel together, padded with zero weights (the extra taps add nothing)
-        k, _, r, s = w.shape
-        taps = _round_up(s, x)
-        wp = np.zeros((_round_up(k, y), r, taps), w.dtype)
-        wp[:k, :, :s] = w[:, 0]
-        wp = wp.reshape(-1, y, r, taps // x, x)
-        return np.ascontiguousarray(wp.transpose(0, 2, 3, 1, 4))
-    if recipe["kind"] == "conv2d":
-        k, c, r, s = w.shape
-        kp, cp = _round_up(k, y), _round_up(c, x)
-        wp = np.zeros((kp, cp, r, s), w.dtype)
-        wp[:k, :c] = w
-        wp = wp.reshape(kp // y, y, cp // x, x // word, word, r, s)
-        return np.ascontiguousarray(wp.transpose(0, 2, 5, 6, 3, 1, 4))
-    n, kk = w.shape
-    np_, kp = _round_up(n, y), _round_up(kk, x)
-    wp = np.zeros((np_, kp), w.dtype)
-    wp[:n, :kk] = w
-    return np.ascontiguousarray(
-        wp.reshape(np_ // y, y, kp // x, x // word, word).transpose(0, 2, 3, 1, 4))
 
 
 def tensorized_graph(recipe, intrin):
@@ -312,8 +225,8 @@ def tensorized_graph(recipe, intrin):
         raise ValueError(f"{intrin.name} {'runs only' if intrin.lanewise else 'cannot run'} "
                          "depthwise convs")
     x_blk, y_blk = intrin.channel_blocks
-    word, pad = _word(recipe), _pad_value(recipe)
-    acc_t = _dtypes(recipe)[2]
+    word, pad = per_word(recipe), _pad_value(recipe)
+    acc_t = dtypes(recipe)[2]
     if is_depthwise(recipe):
         x, w, comp, mult, bias, res, acc = _depthwise_graph(recipe, intrin)
         epi = _conv_epilogue(recipe, _epilogue(recipe, comp, mult, bias, res), y_blk)
@@ -392,13 +305,6 @@ def tensorized_graph(recipe, intrin):
     return prepared, (x_blk, y_blk)
 
 
-def is_depthwise(recipe):
-    """Whether the recipe is a depthwise conv: one input and one output channel per group."""
-    groups = recipe.get("groups", 1)
-    return (recipe["kind"] == "conv2d" and groups > 1 and recipe["in_shape"][1] == groups
-            and recipe["out_channels"] == groups)
-
-
 def _conv_epilogue(recipe, fn, y_blk):
     """epilogue fn of prepare for a conv whose accumulators are NCHW[y_blk]c: the output is
     NCHW, or NCHW[out_block]c read in place (out_block must then be y_blk)."""
@@ -453,51 +359,11 @@ def _depthwise_graph(recipe, intrin):
 
     xq = te.compute((n, kp // y_blk, h + pt + pb, wpd, y_blk), xq_body, name="xq")
     rr, rs = te.reduce_axis((0, r), name="rr"), te.reduce_axis((0, taps), name="rs")
-    acc_t = _dtypes(recipe)[2]
+    acc_t = dtypes(recipe)[2]
     acc = te.compute((n, kp // y_blk, oh, ow, y_blk), lambda b, ko, i, j, ki: te.sum(
         xq[b, ko, i * sh + rr * dh, j * sw + rs, ki].astype(acc_t)
         * w[ko, rr, rs // width, ki, rs % width].astype(acc_t), axis=[rr, rs]), name="acc")
     return x, w, comp, mult, bias, res, acc
-
-
-def tuning_form(recipe):
-    """The recipe with its quantization constants replaced by fixed ones: what the schedule
-    depends on (shapes, layouts, which epilogue steps) without what calibration chose. Layers
-    of one shape (BERT's 12 encoder layers, ResNet's repeated blocks) tune once; the tuned
-    config schedules each layer's own recipe, whose loop nest differs only in constants."""
-    if is_bf16(recipe):
-        return dict(recipe)  # no quantization constants
-    form = dict(recipe, x_scale=0.5, x_zp=1)
-    if form.get("out_q"):
-        form["out_q"] = [0.25, 2]
-    if form.get("residual_q"):
-        form["residual_q"] = [0.125, 3]
-    if form.get("clip_max") is not None:
-        form["clip_max"] = 6.0
-    return form
-
-
-def candidates(recipe, target):
-    """Instructions that can run the recipe on target, best first (unit_tvm.selection's rule
-    on the padding of the packed channels)."""
-    c = recipe["in_shape"][1]
-    k = recipe["out_channels"]
-    a_t, w_t, acc_t = _dtypes(recipe)
-    depthwise = is_depthwise(recipe)
-    if recipe.get("groups", 1) != 1 and not depthwise:
-        return []
-    if depthwise and recipe["dilation"][1] != 1:
-        return []  # a lanewise instruction reads neighbouring pixels: not a dilated window
-    usable = []
-    for intrin in intrinsics.for_target(target):
-        if intrin.input_dtypes != (a_t, w_t) or intrin.output_dtype != acc_t:
-            continue
-        if intrin.lanewise != depthwise:
-            continue  # a depthwise window has no channel reduction; a dense conv no lanewise one
-        if intrin.operand_ranges:
-            continue  # vpmaddubsw needs u7 activations; the quantizer produces u8
-        usable.append(selection.Candidate(intrin, selection.channel_waste(intrin, c, k)))
-    return [cand.intrinsic for cand in selection.preferred(usable)]
 
 
 def tensorized_func(recipe, intrin, target, config=None):

@@ -30,12 +30,13 @@ import tvm
 from tvm import relax
 
 from . import u8_values
-from .graph import dataflow_bindings, max_pool_on, uses as count_uses
+from .chains import find_chains
+from .graph import dataflow_bindings, max_pool_on
 from .requantize import (requantize_edges, requantize_shared_edges, requantize_shortcuts,
                          requantize_through_pools, residual_only_ends)
-from .qops import ATTR, out_dtype, plain_func
+from .qops import plain_func
+from .recipe import ATTR, out_dtype
 
-_AFFINE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
 _TMP = "__unit_tvm_main"
 
 
@@ -47,173 +48,6 @@ def _as_main(mod):
     return new
 
 
-def _const(expr):
-    return isinstance(expr, tvm.ir.expr.Constant)
-
-
-def _np(expr):
-    return expr.value.numpy()
-
-
-def _channel_vector(c, channels, axis, ndim):
-    """A constant that is one value per output channel (or a scalar): its [channels] vector."""
-    arr = np.asarray(c, np.float64)
-    if arr.size == 1:
-        return np.full(channels, float(arr.reshape(-1)[0]))
-    if arr.size != channels:
-        return None
-    shape = [1] * (ndim - arr.ndim) + list(arr.shape)
-    if shape[axis] != channels:
-        return None
-    return arr.reshape(-1)
-
-
-class _Chain:
-    """A quantizable op and the elementwise ops fused after it."""
-
-    def __init__(self, start, kind, x, weight, attrs):
-        self.start, self.kind, self.x, self.weight, self.attrs = start, kind, x, weight, attrs
-        self.scale = None
-        self.shift = None
-        self.residual = None
-        self.relu = False
-        self.clip_max = None
-        self.gelu = False
-        self.end = start
-        self.members = [start]
-
-
-def _prim_value(expr):
-    """Float value of a scalar argument (IntImm/FloatImm, PrimValue or constant), or None."""
-    v = getattr(expr, "value", None)
-    for _ in range(3):
-        if isinstance(v, (int, float)):
-            return float(v)
-        if hasattr(v, "numpy"):
-            return float(v.numpy())
-        v = getattr(v, "value", None)
-    return None
-
-
-def _match_start(binding):
-    value = binding.value
-    if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
-        return None
-    name = value.op.name
-    if name == "relax.nn.conv2d" and _const(value.args[1]):
-        a = value.attrs
-        if (str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW"
-                or str(value.args[0].ty.dtype) != "float32"):
-            return None
-        weight = _np(value.args[1]).astype(np.float64)
-        return _Chain(binding.var, "conv2d", value.args[0], weight, a)
-    if name == "relax.matmul" and _const(value.args[1]) and len(value.args[1].ty.shape) == 2:
-        x = value.args[0]
-        if len(x.ty.shape) < 2 or str(x.ty.dtype) != "float32":
-            return None
-        return _Chain(binding.var, "dense", x, _np(value.args[1]).astype(np.float64).T, None)
-    return None
-
-
-def _grow(chain, by_var, users, uses, taken=frozenset()):
-    """Follow single-use consumers: per-channel affine ops, tuple packing, residual add, relu.
-    Bindings already fused into another chain (`taken`) end the chain."""
-    out_ch = chain.weight.shape[0]
-    axis, ndim = (1, 4) if chain.kind == "conv2d" else (-1, 2)
-    scale, shift = np.ones(out_ch), np.zeros(out_ch)
-    cur = chain.start
-    while uses.get(cur, 0) == 1 and cur in users and users[cur].var not in taken:
-        b = users[cur]
-        v = b.value
-        if isinstance(v, relax.Tuple) and v.fields and v.fields[0].same_as(cur):
-            getter = users.get(b.var)
-            if (getter is None or uses.get(b.var, 0) != 1
-                    or not isinstance(getter.value, relax.TupleGetItem) or getter.value.index != 0):
-                break
-            chain.members += [b.var, getter.var]
-            cur = getter.var
-            continue
-        if not isinstance(v, relax.Call) or not isinstance(v.op, tvm.ir.Op):
-            break
-        name = v.op.name
-        if chain.residual is None and not chain.relu and not chain.gelu and name in _AFFINE:
-            other = v.args[1] if v.args[0].same_as(cur) else v.args[0]
-            vec = _channel_vector(_np(other), out_ch, axis, ndim) if _const(other) else None
-            if vec is not None and not (name in ("relax.subtract", "relax.divide")
-                                        and not v.args[0].same_as(cur)):
-                if name == "relax.add":
-                    shift = shift + vec
-                elif name == "relax.subtract":
-                    shift = shift - vec
-                elif name == "relax.multiply":
-                    scale, shift = scale * vec, shift * vec
-                else:
-                    scale, shift = scale / vec, shift / vec
-                chain.members.append(b.var)
-                cur = b.var
-                continue
-            if (name == "relax.add" and not _const(other) and not chain.relu and not chain.gelu
-                    and list(other.ty.shape) == list(v.ty.shape)):
-                chain.residual = other
-                chain.members.append(b.var)
-                cur = b.var
-                continue
-            break
-        if (name == "relax.reshape" and chain.kind == "dense"
-                and int(v.ty.shape[-1]) == int(b.value.args[0].ty.shape[-1])):
-            # [rows, N] <-> [batch, seq, N]: transparent for a per-row epilogue
-            chain.members.append(b.var)
-            cur = b.var
-            continue
-        if name == "relax.nn.gelu" and not chain.relu and not chain.gelu and chain.residual is None:
-            chain.gelu = True
-            chain.members.append(b.var)
-            cur = b.var
-            continue
-        if name == "relax.nn.relu" and not chain.relu and not chain.gelu:
-            chain.relu = True
-            chain.members.append(b.var)
-            cur = b.var
-            continue
-        if name == "relax.clip" and not chain.relu and len(v.args) == 3:
-            lo, hi = (_prim_value(a) for a in v.args[1:])
-            if lo == 0.0 and hi is not None:
-                chain.relu, chain.clip_max = True, hi
-                chain.members.append(b.var)
-                cur = b.var
-                continue
-        break
-    chain.scale, chain.shift, chain.end = scale, shift, cur
-    return chain
-
-
-def find_chains(func):
-    """The quantizable ops of a Relax main function, each with its fusable epilogue."""
-    bindings = dataflow_bindings(func)
-    uses = count_uses(bindings, func)
-    users = {}
-    for b in bindings:
-        def visit(e, b=b):
-            if isinstance(e, relax.Var) and e not in users:
-                users[e] = b
-        relax.analysis.post_order_visit(b.value, visit)
-    by_var = {b.var: b for b in bindings}
-    chains = []
-    taken = set()
-    for b in bindings:
-        if b.var in taken:
-            continue
-        chain = _match_start(b)
-        if chain is None:
-            continue
-        _grow(chain, by_var, users, uses, taken)
-        # a residual must be computed before the chain ends (it is an argument of the fused op)
-        taken.update(chain.members)
-        chains.append(chain)
-    return chains
-
-
-# -- calibration ------------------------------------------------------------------------------
 def _observe(mod, outputs, calibration_data, target):
     """Run the fp32 model (TVM) on the calibration inputs; the values `outputs` (vars of main)
     take, each flattened over all inputs."""

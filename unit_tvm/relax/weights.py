@@ -1,0 +1,59 @@
+"""Weights in numpy, laid out as the kernels of a recipe read them: the plain int8 loop nest's
+layout, and the packed layouts of the tensorized kernels."""
+
+import numpy as np
+
+from .recipe import is_depthwise, per_word
+
+def plain_weight_shape(recipe):
+    """Weight layout of plain_func: [K, C/groups, R, S] (or [N, K]); KCRS[b]k with b = out_block
+    on a packed edge, so that its lanes are output channels like the accumulators'."""
+    ob = recipe.get("out_block")
+    if not ob:
+        return recipe["w_shape"]
+    k, cg, r, s = recipe["w_shape"]
+    return [-(-k // ob), cg, r, s, ob]
+
+
+def plain_weight(recipe, w):
+    """int8 (bf16) weights [K, C/groups, R, S] -> plain_weight_shape(recipe), zero-padded."""
+    ob = recipe.get("out_block")
+    if not ob:
+        return w
+    k, cg, r, s = w.shape
+    wp = np.zeros((_round_up(k, ob), cg, r, s), w.dtype)
+    wp[:k] = w
+    return np.ascontiguousarray(wp.reshape(-1, ob, cg, r, s).transpose(0, 2, 3, 4, 1))
+
+
+def _round_up(v, m):
+    return -(-v // m) * m
+
+
+def pack_weight(recipe, w, x, y):
+    """int8 (bf16) weights -> the packed layout of ops.conv2d_nchwc / ops.dense_packed,
+    KCRS[x/word]c[y]k[word]c (word: elements per 32-bit word), zero-padded; a depthwise conv's
+    (x: taps per instruction) as KR[S/x][y]k[x]s."""
+    word = per_word(recipe)
+    if is_depthwise(recipe):
+        # KR[S/x][y]k[x]s (x: the instruction's taps): per channel block and kernel row, x taps
+        # of each channel together, padded with zero weights (the extra taps add nothing)
+        k, _, r, s = w.shape
+        taps = _round_up(s, x)
+        wp = np.zeros((_round_up(k, y), r, taps), w.dtype)
+        wp[:k, :, :s] = w[:, 0]
+        wp = wp.reshape(-1, y, r, taps // x, x)
+        return np.ascontiguousarray(wp.transpose(0, 2, 3, 1, 4))
+    if recipe["kind"] == "conv2d":
+        k, c, r, s = w.shape
+        kp, cp = _round_up(k, y), _round_up(c, x)
+        wp = np.zeros((kp, cp, r, s), w.dtype)
+        wp[:k, :c] = w
+        wp = wp.reshape(kp // y, y, cp // x, x // word, word, r, s)
+        return np.ascontiguousarray(wp.transpose(0, 2, 5, 6, 3, 1, 4))
+    n, kk = w.shape
+    np_, kp = _round_up(n, y), _round_up(kk, x)
+    wp = np.zeros((np_, kp), w.dtype)
+    wp[:n, :kk] = w
+    return np.ascontiguousarray(
+        wp.reshape(np_ // y, y, kp // x, x // word, word).transpose(0, 2, 3, 1, 4))
