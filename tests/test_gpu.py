@@ -189,3 +189,29 @@ def test_gpu_tuning_keeps_a_checked_config(tmp_path):
     result = tune(prepared, unit_tvm.intrinsics.get("cuda.wmma.s8s32"), _cuda(arch), trials=12,
                   database=tmp_path / "db.jsonl", progress=False)
     assert result.gops > 0 and result.measured >= 1
+
+
+@needs_nvcc
+def test_gpu_ablation_steps_are_distinct_and_compile():
+    """`unit-tvm reproduce fig11-gpu` (run where a GPU is lent): on a Table I layer each step
+    adds its idea (window, fused spatial index, split-K) to the one before, fitted to the layer,
+    and every step's kernel compiles to PTX with wmma."""
+    from unit_tvm import bench_gpu
+    from unit_tvm.bench_ops import TABLE_I
+    from unit_tvm.rewriter import schedule
+
+    # L1 (288 -> 384, 3x3 stride 2, 17 output columns): two fragments along M, so the window
+    # applies; on one-fragment rows (most Table I layers) that step equals the one before
+    c, h, k, r, s = TABLE_I[0]
+    op = ops.conv2d_nhwc(c, h, k, r, "float16", "float16", "float32", stride=s)
+    prepared = _prepared(op, "cuda.wmma.f16f32")
+    steps = bench_gpu.ablation_configs(prepared, gpu.default(prepared))
+    assert len(steps) == len(bench_gpu.ABLATION)
+    base, window, fused, split = steps[:4]
+    assert (base.p, window.p) == (1, 2) and not window.fuse_spatial and fused.fuse_spatial
+    assert split.split_k > 1 and split.p == fused.p
+    for config in steps[:4]:
+        sch = schedule(prepared, unit_tvm.intrinsics.get("cuda.wmma.f16f32"), config,
+                       _cuda("sm_80"))
+        assert "wmma" in nvcc.ptx(nvcc.cuda_source(tvm.tirx.build(sch.mod,
+                                                                   target=_cuda("sm_80"))))

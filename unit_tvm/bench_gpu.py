@@ -24,6 +24,7 @@ from . import intrinsics, measure, ops
 from .bench_ops import TABLE_I, write_csv
 from .prepare import prepare
 from .rewriter import schedule
+from .schedules import gpu
 from .tuner import Database, default_path, tune
 from .tuner.search import device_for
 
@@ -139,6 +140,48 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
             "geomean_vs_cudnn": (math.exp(sum(map(math.log, ratios)) / len(ratios))
                                  if ratios else None)}
     return rows, meta
+
+
+# UNIT's GPU ablation (Fig. 11): each step adds one of the strategy's ideas to the one before
+ABLATION = ("1x1 fragments", "+ p x p window", "+ fused H/W", "+ split-K", "tuned")
+
+
+def ablation_configs(prepared, tuned):
+    """The configs of ABLATION for a Prepared conv, each fitted to it (a factor that does not
+    divide its loop shrinks: on a layer whose output row is one fragment the window cannot
+    apply, and that step equals the one before), the tuned one last."""
+    m, n, k = gpu.tiles(prepared)
+    steps = (gpu.GpuConfig(p=1, fuse_spatial=False), gpu.GpuConfig(p=2, fuse_spatial=False),
+             gpu.GpuConfig(p=2, fuse_spatial=True), gpu.GpuConfig(p=2, split_k=4))
+    return [gpu.fit(c, m, n, k) for c in steps] + [tuned]
+
+
+def ablation(quick=False, trials=None, database=None, repeat=7, log=print):
+    """Rows of the GPU ablation over Table I in fp16 (ms per step and cuDNN's best); needs a
+    CUDA GPU (RuntimeError naming the alternatives otherwise)."""
+    intrin = intrinsics.get(DTYPES["float16"][0])
+    dev = device_for(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}))
+    target = tvm.target.Target({"kind": "cuda", "arch": _arch(dev)})
+    db, rng, rows = Database(database or default_path()), np.random.default_rng(0), []
+    for i, (c, h, k, r, s) in enumerate(TABLE_I[:4] if quick else TABLE_I, 1):
+        op = ops.conv2d_nhwc(c, h, k, r, "float16", "float16", "float32", stride=s)
+        prepared = prepare(op, intrin, separable=True)
+        tuned = tune(prepared, intrin, target, trials=trials, database=db, progress=False)
+        arrays = [measure.random_array(t.shape, t.dtype, rng) for t in prepared.tensors[:-1]]
+        arrays.append(np.zeros([int(x) for x in op.shape], "float32"))
+        args = measure.to_device(arrays, dev)
+        ms = []
+        for config in ablation_configs(prepared, tuned.config):
+            lib = tvm.tirx.build(schedule(prepared, intrin, config, target).mod, target=target)
+            ms.append(min(measure.round_seconds(lib, args, dev, number=20, repeat=repeat)) * 1e3)
+        torch_t = time_torch_cudnn(c, h, k, r, s, repeat)
+        row = {"workload": f"L{i}", "shape": [c, h, k, r, s], "cudnn_ms": 1e3 * min(
+            torch_t.eager_min, torch_t.graph_min), **dict(zip(ABLATION, ms)),
+               "config": tuned.config.key()}
+        rows.append(row)
+        log(f"L{i:<3} " + "  ".join(f"{name} {v:.4f}" for name, v in zip(ABLATION, ms))
+            + f"  cuDNN {row['cudnn_ms']:.4f} ms")
+    return rows, {"device": str(dev.device_name), "arch": _arch(dev), "steps": list(ABLATION)}
 
 
 def write_outputs(rows, meta, out_dir):
