@@ -94,7 +94,9 @@ def test_pytorch_conv3d_baseline_is_the_same_op():
     torch = pytest.importorskip("torch")
     mod, x = bench_ops.torch_int8_op("conv3d", (16, 4, 8, 32, 3, 2))
     assert mod(x).shape == torch.Size([1, 32, 2, 4, 4])
-    assert bench_ops.ops_count("conv3d", (16, 4, 8, 32, 3, 2)) == 2 * 16 * 32 * 27 * 2 * 4 * 4
+    # depth 4 -> 2 and 8 -> 4 with stride 2: output 0 sees taps 1-2, the others all 3 taps
+    assert bench_ops.ops_count("conv3d", (16, 4, 8, 32, 3, 2)) == 2 * 16 * 32 * 5 * 11 * 11
+    assert bench_ops.ops_count("conv3d", (16, 4, 8, 32, 1, 2)) == 2 * 16 * 32 * 2 * 4 * 4
 
 
 def test_accuracy_metrics():
