@@ -1,6 +1,8 @@
 """Time the same kernels here and through an RPC server, interleaved: what the fleet's timing
 costs or changes. Each Table I conv's default kernel is built once; each round times every kernel
-locally and remotely in turn; the minimum per side is reported.
+locally and remotely in turn, each after a pause in which the other side's TVM worker threads
+stop spinning (~200 ms; a spinning pool takes a core from whatever runs next); the minimum per
+side is reported.
 
     python scripts/fleet/local_vs_remote.py [--rounds 3] [--quick]
         [--rpc-tracker HOST:PORT --rpc-key KEY]   # default: a tracker + 1 server on loopback
@@ -9,11 +11,13 @@ locally and remotely in turn; the minimum per side is reported.
 import argparse
 import contextlib
 import sys
+import time
 
 import numpy as np
 import tvm
 
 from unit_tvm import bench_ops, measure
+from unit_tvm.bench.timing import quiesce
 from unit_tvm.build import prepare_op
 from unit_tvm.fleet import LocalFleet, RpcRunner
 from unit_tvm.peak import host_threads
@@ -21,6 +25,9 @@ from unit_tvm.prepare import placeholders_of
 from unit_tvm.rewriter import schedule
 from unit_tvm.runner import LocalRunner
 from unit_tvm.target import host
+
+
+SETTLE_S = 0.3  # longer than TVM's worker threads spin after a call
 
 
 def kernels(quick):
@@ -61,6 +68,8 @@ def main(argv=None):
         for _ in range(args.rounds):
             for label, lib, arrays, _ in built:
                 for side, runner in enumerate((local, remote)):
+                    quiesce()  # this process's pool
+                    time.sleep(SETTLE_S)  # the server's pool, which this process cannot see
                     (m,) = runner.measure([lib], arrays, number=10, repeat=5)
                     if not m.ok:
                         sys.exit(f"{label} failed on {m.server}: {m.error}")
