@@ -28,8 +28,11 @@ setup(
         "xgboost==3.2.0",
         "tqdm>=4.66",
         "onnx==1.23.2",
-        # TVM's RPC tracker (unit_tvm.fleet) imports tornado, which apache-tvm does not require
+        # TVM's RPC tracker and server (unit_tvm.fleet) import tornado, cloudpickle and psutil,
+        # which apache-tvm does not require
         "tornado==6.6.1",
+        "cloudpickle==3.1.2",
+        "psutil==7.2.2",
     ],
     extras_require={
         # the model tests use PyTorch (torch.export) and the ONNX exporter as model sources

@@ -117,6 +117,34 @@ def test_a_server_that_cannot_run_the_kernel_is_never_sent_one(fleet, conv):
             runner.measure([], [], None)
 
 
+def test_compile_tunes_a_model_on_the_fleet(fleet, tmp_path):
+    """unit_tvm.compile(tune=True, runner=...): every op of a small int8 model tuned on the
+    servers (records say so), and the compiled model computes what the untuned one does."""
+    torch = pytest.importorskip("torch")
+    from tvm import relax
+
+    from unit_tvm import frontends, zoo
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 32, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(32, 16, 1)).eval()
+    cal = zoo.inputs((1, 8, 12, 12), 3, seed=1)
+    mod = frontends.from_torch(model, [torch.tensor(cal[0])])
+    db = tmp_path / "db.jsonl"
+    with RpcRunner(fleet.tracker, KEY, servers=3) as runner:
+        tuned = unit_tvm.compile(mod, quantize={"calibration_data": cal}, tune=True, trials=3,
+                                 database=str(db), runner=runner)
+        target = runner.target()
+    plain = unit_tvm.compile(mod, target, quantize={"calibration_data": cal})
+    records = Database(db).records()
+    assert records and {r["device"] for r in records if "device" in r} == {f"rpc:{KEY}"}
+    outs = []
+    for ex in (tuned, plain):
+        out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(cal[0], tvm.cpu()))
+        outs.append(out.numpy() if hasattr(out, "numpy") else out[0].numpy())
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_peak_through_the_fleet(fleet):
     with RpcRunner(fleet.tracker, KEY) as runner:
         row = peak("x86.vpdpbusd", 1, runner=runner)
