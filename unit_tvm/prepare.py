@@ -19,11 +19,11 @@ import tvm
 from tvm import te, tirx
 
 from . import intrinsics
-from .indexing import NotAffine, bounds, unit_stride_dim, vars_in
+from .indexing import vars_in
 from .inspector import compute_isomorphism, explain, inspect, rank
+from .packing import make_pack, pack_index, pack_plan, padding_in_bounds
 from .shift import SHIFT, shift_plans
-from .te_expr import loads, placeholders_of
-from .te_expr import mutate_expr as _mutate_expr
+from .te_expr import loads, mutate_expr, placeholders_of
 
 __all__ = ["Prepared", "prepare", "placeholders_of", "SHIFT"]
 
@@ -49,169 +49,6 @@ class Prepared:
 
 
 # -- packing and padding ------------------------------------------------------------------------
-def _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
-    """How to lay one operand out for the instruction: a list of entries
-    (instruction loop, op loop, dim, extent, how, extra) in the instruction operand's order.
-
-    how: "split" — dimension `dim` steps by one with the op loop alone: it is split by the
-    instruction's extent, the inner part innermost; "gather" — the dimension's index mixes the
-    op loop with other loops (`extra`, e.g. x + rx in a conv, or a stride): the pack is indexed by
-    those loops and the op loop itself (im2col along that dimension), so a block of the
-    instruction is always one dense block; "row" — the instruction reads rows with a stride, the
-    dimension stays (or, with `extra`, is gathered) outside the inner dims; "broadcast" — the
-    operand does not depend on the loop. None when the operand cannot be packed.
-    """
-    plan = []
-    reads = set().union(*[vars_in(i) for i in in_idx]) if in_idx else set()
-    broadcast = {ol: extent_of[il] for il, ol in loop_of.items() if il not in reads}
-    for pos, iidx in enumerate(in_idx):
-        (il,) = vars_in(iidx) or (None,)
-        if il is None:
-            return None
-        ol = loop_of[il]
-        dims = [d for d, i in enumerate(op_idx) if ol in vars_in(i)]
-        if not dims:
-            plan.append((il, ol, None, extent_of[il], "broadcast", ()))
-            continue
-        if len(dims) != 1:
-            d = unit_stride_dim(op_idx, ol)
-            if d is None or not vars_in(op_idx[d]) <= {ol}:
-                return None
-            dims = [d]
-        (d,) = dims
-        extra = tuple(sorted(vars_in(op_idx[d]) - {ol}))
-        simple = not extra and unit_stride_dim([op_idx[d]], ol) == 0
-        if row_strided and pos == 0:
-            plan.append((il, ol, d, extent_of[il], "row", () if simple else extra + (ol,)))
-        else:
-            # a mapped loop the operand is constant along within a tile (a grouped conv's
-            # f // 16 * 16 + rc) gathers by tile, (loop, extent), so the pack stays broadcast
-            extra = tuple((v, broadcast[v]) if v in broadcast else v for v in extra)
-            plan.append((il, ol, d, extent_of[il], "split" if simple else "gather", extra))
-    return plan
-
-
-def _max_index(idx, extents):
-    """Largest value of an index expression over loops [0, extent) (exact)."""
-    return bounds(idx, extents)[1]
-
-
-def _pack_layout(plan, shape, op_idx, extents, separable=False):
-    """[(kind, payload, extent)] of the pack's dimensions, outermost first.
-
-    separable: an unmapped dimension whose index mixes loops (y + ry, 2 * y + ry) is gathered
-    into one pack dimension per loop, so that every index of the pack is a single loop.
-    """
-    by_dim = {p[2]: p for p in plan if p[2] is not None}
-    outer, row, inner = [], [], []
-    for d, ext in enumerate(shape):
-        entry = by_dim.get(d)
-        if entry is None:
-            mixed = sorted(vars_in(op_idx[d]))
-            if separable and len(mixed) > 1:
-                outer += [("loop", v, extents[v]) for v in mixed]
-            else:
-                outer.append(("dim", d, max(ext, _max_index(op_idx[d], extents) + 1)))
-            continue
-        _, ol, _, iext, how, extra = entry
-        if how == "split":
-            outer.append(("outer", d, -(-ext // iext)))
-        elif how == "gather":
-            outer += [("loop_outer", v, -(-extents[v[0]] // v[1])) if isinstance(v, tuple)
-                      else ("loop", v, extents[v]) for v in extra]
-            outer.append(("loop_outer", (ol, iext), -(-extents[ol] // iext)))
-        elif how == "row" and not extra:
-            row.append(("dim", d, max(ext, _max_index(op_idx[d], extents) + 1)))
-        else:  # gathered rows: the other loops outside, the row loop itself as the row dim
-            outer += [("loop", v, extents[v]) for v in extra[:-1]]
-            row.append(("loop", ol, extents[ol]))
-    for entry in plan:
-        _, ol, d, iext, how, _ = entry
-        if how in ("split", "gather", "broadcast"):
-            inner.append(("inner", entry, iext))
-    return outer + row + inner
-
-
-def _make_pack(tensor, plan, op_idx, extents, separable=False):
-    """P: tensor in the instruction's layout (see _pack_plan), zero where no element exists.
-
-    Every read is guarded by the tensor's real extent, so padded loops never read out of bounds.
-    """
-    shape = [int(s) for s in tensor.shape]
-    layout = _pack_layout(plan, shape, op_idx, extents, separable)
-
-    def fcompute(*q):
-        loops, dims, outers = {}, {}, {}
-        for (kind, payload, _), v in zip(layout, q):
-            if kind == "dim":
-                dims[payload] = v
-            elif kind == "outer":
-                outers[payload] = v
-            elif kind == "loop":
-                loops[payload] = v
-            elif kind == "loop_outer":
-                ol, iext = payload
-                loops[ol] = v * iext + loops.get(ol, 0)
-        for (kind, payload, _), v in zip(layout, q):
-            if kind != "inner":
-                continue
-            _, ol, d, iext, how, _ = payload
-            if how == "split":
-                dims[d] = outers[d] * iext + v
-            elif how == "gather":
-                loops[ol] = loops[ol] + v
-        idx = []
-        for d in range(len(shape)):
-            if d in dims:
-                idx.append(dims[d])
-            else:  # gathered: the op's own index expression of the packed loops
-                idx.append(_mutate_expr(op_idx[d], lambda t, i: t(*i), loops))
-        conds = [tirx.all(i >= 0, i < n) if not isinstance(i, tirx.Var) else i < n
-                 for i, n in zip(idx, shape)]
-        cond = conds[0]
-        for c in conds[1:]:
-            cond = tirx.all(cond, c)
-        return tirx.if_then_else(cond, tensor(*idx), tirx.const(0, tensor.dtype))
-
-    return te.compute([e for *_, e in layout], fcompute, name=f"{tensor.op.name}_packed")
-
-
-def _padding_in_bounds(tensor, op_idx, padded_loops, padded_reduce, extents):
-    """True when the operand can be read in place although loops are padded: only data-parallel
-    loops are (their extra outputs are cropped, so any value read there is harmless) and every
-    padded read stays inside the tensor (a producer that already laid rows out to the padded
-    extent, e.g. an im2col buffer)."""
-    if any(vars_in(i) & padded_reduce for i in op_idx):
-        return False
-    try:
-        return all(0 <= bounds(i, extents)[0] and bounds(i, extents)[1] < int(n)
-                   for i, n in zip(op_idx, tensor.shape) if vars_in(i) & padded_loops)
-    except NotAffine:  # an index that is not affine arithmetic (or too large to check): pack
-        return False
-
-
-def _pack_index(op_idx, orig_idx, plan, var_of, shape, extents, separable=False):
-    """Index into a pack for the op indices op_idx (vars already renamed to the core's);
-    orig_idx: the same indices in the op's own vars (they decide the pack's layout)."""
-    out = []
-    for kind, payload, _ in _pack_layout(plan, shape, orig_idx, extents, separable):
-        if kind == "dim":
-            out.append(op_idx[payload])
-        elif kind == "outer":
-            iext = next(p[3] for p in plan if p[2] == payload)
-            out.append(tirx.floordiv(op_idx[payload], iext))
-        elif kind == "loop":
-            out.append(var_of[payload])
-        elif kind == "loop_outer":
-            ol, iext = payload
-            out.append(tirx.floordiv(var_of[ol], iext))
-        else:
-            _, ol, d, iext, how, _ = payload
-            src = op_idx[d] if how == "split" else var_of[ol]
-            out.append(tirx.floormod(src, iext))
-    return out
-
-
 def _tile_columns(cop, mapped, tile_columns):
     """(loop name, extent to compute) of the innermost data-parallel loop not mapped to the
     instruction when tile_columns pads it, else None."""
@@ -257,7 +94,7 @@ def _in_instruction_order(intrin, bind):
         tensor, op_idx, _ = bind[t.op.name]
         return tensor(*op_idx)
 
-    return _mutate_expr(intrin.output.op.body[0].source[0], on_load, {})
+    return mutate_expr(intrin.output.op.body[0].source[0], on_load, {})
 
 
 def _stage_names(op):
@@ -327,16 +164,16 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     # 1. packs for operands that are strided, broadcast or read a padded loop
     packs = {}
     for name, (tensor, op_idx, in_idx) in bind.items():
-        reads_padded = any(vars_in(i) & padded_loops for i in op_idx) and not _padding_in_bounds(
+        reads_padded = any(vars_in(i) & padded_loops for i in op_idx) and not padding_in_bounds(
             tensor, op_idx, padded_loops, padded_reduce, all_extents)
         mixed = separable and any(len(vars_in(i)) > 1 for i in op_idx)
         if access[name].contiguous and not reads_padded and not mixed:
             continue
-        plan = _pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, name in intrin.strided)
+        plan = pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, name in intrin.strided)
         if plan is None:
             raise ValueError(f"{tensor.op.name} cannot be packed for {intrin.name}: no dimension "
                              "steps by one along the mapped loop")
-        packs[tensor.op.name] = (_make_pack(tensor, plan, op_idx, all_extents, separable), plan,
+        packs[tensor.op.name] = (make_pack(tensor, plan, op_idx, all_extents, separable), plan,
                                  op_idx, [int(x) for x in tensor.shape])
         stages.append(f"{tensor.op.name}_packed")
 
@@ -366,11 +203,11 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
         def on_load(tensor, idx):
             if tensor.op.name in packs:
                 pack, plan, orig_idx, shape = packs[tensor.op.name]
-                return pack(*_pack_index(idx, orig_idx, plan, var_of, shape, all_extents,
+                return pack(*pack_index(idx, orig_idx, plan, var_of, shape, all_extents,
                                           separable))
             return tensor(*idx)
 
-        return te.sum(_mutate_expr(source, on_load, var_of), axis=new_red)
+        return te.sum(mutate_expr(source, on_load, var_of), axis=new_red)
 
     taken = _stage_names(op)
     core_name = _unique(f"{op.op.name}_core", taken)
