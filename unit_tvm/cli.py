@@ -208,15 +208,10 @@ def _restrict_isa(level):
         os.environ["ONEDNN_MAX_CPU_ISA"] = level.upper()
 
 
-def main(argv=None):
-    """Entry point of the `unit-tvm` console script."""
+def _add_op_commands(sub):
+    """intrinsics, peak, inspect, bench-op, bench-gpu: single operations and instructions."""
     from .fleet.cli import add_rpc_arguments
 
-    parser = argparse.ArgumentParser(prog="unit-tvm", description=__doc__)
-    parser.add_argument("--isa", help="restrict this CPU to an ISA level, e.g. avx512_core_vnni "
-                        "(an AMX server measured as a VNNI-only one); also sets "
-                        "ONEDNN_MAX_CPU_ISA for the oneDNN-based baselines. Same as UNIT_TVM_ISA")
-    sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("intrinsics", help="table of registered instructions and host support")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_intrinsics)
@@ -257,6 +252,12 @@ def main(argv=None):
     p.add_argument("--out", help="folder for bench_gpu_DTYPE.json and .csv")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_bench_gpu)
+
+
+def _add_model_commands(sub):
+    """bench-model, compile, run, profile, reproduce: whole models and the paper's figures."""
+    from .fleet.cli import add_rpc_arguments
+
     p = sub.add_parser("bench-model", help="batch-1 latency and int8 accuracy of zoo models")
     p.add_argument("models", nargs="+",
                    help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
@@ -318,6 +319,11 @@ def main(argv=None):
     add_rpc_arguments(p)
     p.set_defaults(fn=cmd_reproduce)
 
+
+
+def _add_tool_commands(sub):
+    """fuzz and demo."""
+
     p = sub.add_parser("fuzz",
                        help="differential fuzzer: random te/topi ops, unit_tvm.build vs TVM")
     p.add_argument("--cases", type=int, default=200, help="how many cases (default 200)")
@@ -336,6 +342,18 @@ def main(argv=None):
     p = sub.add_parser("demo", help="the main job: peaks, then a tensorized GEMM and conv2d")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_demo)
+
+
+def main(argv=None):
+    """Entry point of the `unit-tvm` console script."""
+    parser = argparse.ArgumentParser(prog="unit-tvm", description=__doc__)
+    parser.add_argument("--isa", help="restrict this CPU to an ISA level, e.g. avx512_core_vnni "
+                        "(an AMX server measured as a VNNI-only one); also sets "
+                        "ONEDNN_MAX_CPU_ISA for the oneDNN-based baselines. Same as UNIT_TVM_ISA")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    _add_op_commands(sub)
+    _add_model_commands(sub)
+    _add_tool_commands(sub)
     args = parser.parse_args(argv)
     try:
         _restrict_isa(args.isa)
