@@ -2,15 +2,28 @@
 split or gathered), the packed layout, the te stage that builds it (zero where no element exists)
 and the index the core reads it with. prepare.py decides which operands are packed."""
 
+from typing import NamedTuple
+
 from tvm import te, tirx
 
 from .indexing import NotAffine, bounds, unit_stride_dim, vars_in
 from .te_expr import mutate_expr
 
 
+class PlanEntry(NamedTuple):
+    """How one instruction loop of an operand is laid out in its pack (see pack_plan)."""
+
+    intrin_loop: str  # the instruction's loop variable
+    op_loop: str  # the op loop mapped onto it
+    dim: int | None  # the operand dimension it steps (None: the operand is broadcast along it)
+    extent: int  # the instruction loop's extent
+    how: str  # "split", "gather", "row" or "broadcast"
+    extra: tuple  # the other loops in that dimension's index (gather / row), else ()
+
+
 def pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
-    """How to lay one operand out for the instruction: a list of entries
-    (instruction loop, op loop, dim, extent, how, extra) in the instruction operand's order.
+    """How to lay one operand out for the instruction: a list of PlanEntry in the instruction
+    operand's order.
 
     how: "split" — dimension `dim` steps by one with the op loop alone: it is split by the
     instruction's extent, the inner part innermost; "gather" — the dimension's index mixes the
@@ -30,7 +43,7 @@ def pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
         ol = loop_of[il]
         dims = [d for d, i in enumerate(op_idx) if ol in vars_in(i)]
         if not dims:
-            plan.append((il, ol, None, extent_of[il], "broadcast", ()))
+            plan.append(PlanEntry(il, ol, None, extent_of[il], "broadcast", ()))
             continue
         if len(dims) != 1:
             d = unit_stride_dim(op_idx, ol)
@@ -41,12 +54,12 @@ def pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, row_strided):
         extra = tuple(sorted(vars_in(op_idx[d]) - {ol}))
         simple = not extra and unit_stride_dim([op_idx[d]], ol) == 0
         if row_strided and pos == 0:
-            plan.append((il, ol, d, extent_of[il], "row", () if simple else extra + (ol,)))
+            plan.append(PlanEntry(il, ol, d, extent_of[il], "row", () if simple else extra + (ol,)))
         else:
             # a mapped loop the operand is constant along within a tile (a grouped conv's
             # f // 16 * 16 + rc) gathers by tile, (loop, extent), so the pack stays broadcast
             extra = tuple((v, broadcast[v]) if v in broadcast else v for v in extra)
-            plan.append((il, ol, d, extent_of[il], "split" if simple else "gather", extra))
+            plan.append(PlanEntry(il, ol, d, extent_of[il], "split" if simple else "gather", extra))
     return plan
 
 
@@ -61,7 +74,7 @@ def pack_layout(plan, shape, op_idx, extents, separable=False):
     separable: an unmapped dimension whose index mixes loops (y + ry, 2 * y + ry) is gathered
     into one pack dimension per loop, so that every index of the pack is a single loop.
     """
-    by_dim = {p[2]: p for p in plan if p[2] is not None}
+    by_dim = {p.dim: p for p in plan if p.dim is not None}
     outer, row, inner = [], [], []
     for d, ext in enumerate(shape):
         entry = by_dim.get(d)
@@ -72,7 +85,7 @@ def pack_layout(plan, shape, op_idx, extents, separable=False):
             else:
                 outer.append(("dim", d, max(ext, _max_index(op_idx[d], extents) + 1)))
             continue
-        _, ol, _, iext, how, extra = entry
+        ol, iext, how, extra = entry.op_loop, entry.extent, entry.how, entry.extra
         if how == "split":
             outer.append(("outer", d, -(-ext // iext)))
         elif how == "gather":
@@ -85,9 +98,8 @@ def pack_layout(plan, shape, op_idx, extents, separable=False):
             outer += [("loop", v, extents[v]) for v in extra[:-1]]
             row.append(("loop", ol, extents[ol]))
     for entry in plan:
-        _, ol, d, iext, how, _ = entry
-        if how in ("split", "gather", "broadcast"):
-            inner.append(("inner", entry, iext))
+        if entry.how in ("split", "gather", "broadcast"):
+            inner.append(("inner", entry, entry.extent))
     return outer + row + inner
 
 
@@ -114,11 +126,10 @@ def make_pack(tensor, plan, op_idx, extents, separable=False):
         for (kind, payload, _), v in zip(layout, q):
             if kind != "inner":
                 continue
-            _, ol, d, iext, how, _ = payload
-            if how == "split":
-                dims[d] = outers[d] * iext + v
-            elif how == "gather":
-                loops[ol] = loops[ol] + v
+            if payload.how == "split":
+                dims[payload.dim] = outers[payload.dim] * payload.extent + v
+            elif payload.how == "gather":
+                loops[payload.op_loop] = loops[payload.op_loop] + v
         idx = []
         for d in range(len(shape)):
             if d in dims:
@@ -157,7 +168,7 @@ def pack_index(op_idx, orig_idx, plan, var_of, shape, extents, separable=False):
         if kind == "dim":
             out.append(op_idx[payload])
         elif kind == "outer":
-            iext = next(p[3] for p in plan if p[2] == payload)
+            iext = next(p.extent for p in plan if p.dim == payload)
             out.append(tirx.floordiv(op_idx[payload], iext))
         elif kind == "loop":
             out.append(var_of[payload])
@@ -165,7 +176,6 @@ def pack_index(op_idx, orig_idx, plan, var_of, shape, extents, separable=False):
             ol, iext = payload
             out.append(tirx.floordiv(var_of[ol], iext))
         else:
-            _, ol, d, iext, how, _ = payload
-            src = op_idx[d] if how == "split" else var_of[ol]
-            out.append(tirx.floormod(src, iext))
+            src = op_idx[payload.dim] if payload.how == "split" else var_of[payload.op_loop]
+            out.append(tirx.floormod(src, payload.extent))
     return out
