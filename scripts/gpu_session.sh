@@ -7,6 +7,7 @@
 #   scripts/gpu_session.sh test             pytest of the GPU tests (JUnit XML + log)
 #   scripts/gpu_session.sh bench DTYPE [TRIALS]   bench-gpu Table I (float16 | int8)
 #   scripts/gpu_session.sh models [ARGS]    bench-model --target cuda on the four zoo models
+#   scripts/gpu_session.sh ablation [TRIALS] reproduce fig11-gpu (the GPU ablation, Table I, fp16)
 #   scripts/gpu_session.sh all [TRIALS]     setup, test, bench float16 and int8, models
 #
 # .gpu/a and .gpu/b come from scripts/gpu_pack.sh on a machine with PyPI: TVM's wheel is larger
@@ -57,6 +58,12 @@ bench() {
     cp "$UNIT_TVM_DATABASE" "$OUT/gpu_db.jsonl" 2>/dev/null || true
 }
 
+ablation() {
+    # the configs are tuned from the database bench float16 filled, when it ran first
+    $PY -m unit_tvm.cli reproduce fig11-gpu --trials "${1:-16}" --out "$OUT" 2>&1 \
+        | tee "$OUT/fig11_gpu.log" | grep -v "it/s\]" | tail -20
+}
+
 models() {
     $PY -m unit_tvm.cli bench-model resnet18 resnet50 mobilenet_v2 bert_base --target cuda \
         --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_model_gpu.log" | grep -v "it/s\]" | tail -40
@@ -69,7 +76,9 @@ case "${1:-all}" in
     test) run_tests ;;
     bench) bench "${2:-float16}" "${3:-24}" ;;
     models) shift; models "$@" ;;
-    all) setup && run_tests; bench float16 "${2:-24}"; bench int8 "${2:-24}"; models ;;
-    *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|models [ARGS]|all [TRIALS]" >&2
+    ablation) ablation "${2:-16}" ;;
+    all) setup && run_tests; bench float16 "${2:-24}"; ablation "${2:-24}"; bench int8 "${2:-24}"
+         models ;;
+    *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|ablation [TRIALS]|models [ARGS]|all [TRIALS]" >&2
        exit 2 ;;
 esac
