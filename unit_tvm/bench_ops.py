@@ -23,12 +23,11 @@ import tvm
 from tvm import te
 
 from . import intrinsics, measure, ops, selection
-from .peak import host_threads, peak
+from .peak import peak
 from .build import prepare_op
 from .prepare import placeholders_of
 from .rewriter import schedule
 from .runner import LocalRunner
-from .target import host
 from .tuner import Database, default_path, tune
 
 # UNIT Table I: C, input H=W, K, R=S, stride (batch 1, no padding)
@@ -218,9 +217,9 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
         log=print, progress=None, only=None, runner=None):
     """Run the benchmark; returns (rows, meta). runner: where kernels (and PyTorch) run:
     this host by default, or the servers of a unit_tvm.fleet.RpcRunner."""
-    target = runner.target() if runner is not None else host()
-    threads = int(target.attrs.get("num-cores", 1)) if runner is not None else host_threads()
     runner = runner or LocalRunner()
+    target = runner.target()
+    threads = int(target.attrs.get("num-cores", 1))
     usable = int8_instructions(target)
     if not usable:
         where = "this host" if isinstance(runner, LocalRunner) else runner

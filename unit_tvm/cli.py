@@ -37,12 +37,12 @@ def _cmd_intrinsics(args):
 def _cmd_peak(args):
     from . import intrinsics
     from .fleet.cli import runner_from_args
-    from .peak import host_threads, peak
-    from .target import host
+    from .peak import peak
+    from .runner import LocalRunner
 
     runner = runner_from_args(args)
-    target = runner.target() if runner else host()
-    cores = int(target.attrs.get("num-cores", 1)) if runner else host_threads()
+    target = (runner or LocalRunner()).target()
+    cores = int(target.attrs.get("num-cores", 1))
     names = [args.intrinsic] if args.intrinsic else [i.name for i in intrinsics.for_target(target)]
     threads = [args.threads] if args.threads else sorted({1, cores})
     rows = []

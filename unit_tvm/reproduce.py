@@ -27,7 +27,6 @@ from .prepare import placeholders_of
 from .rewriter import schedule
 from .runner import LocalRunner
 from .schedules.cpu import CpuConfig, default
-from .target import host
 from .tuner import tune
 
 FIG8_MODELS = ("resnet18", "resnet50", "mobilenet_v2", "inception_v3", "bert_base")
@@ -63,8 +62,8 @@ class AblationRow:
 def ablation(*, trials=None, runner=None, quick=False, log=print) -> list:
     """Fig. 11 (CPU) rows for Table I, measured on the runner's device (default: this host).
     The tuner starts from nothing (no database), so its measuring order is the real one."""
-    target = runner.target() if runner is not None else host()
     runner = runner or LocalRunner()
+    target = runner.target()
     threads = int(target.attrs.get("num-cores", 1))
     rng = np.random.default_rng(0)
     rows = []
@@ -167,7 +166,7 @@ def run(fig: str, out_dir: str, *, runner=None, trials=None, database=None, quic
         rows = ablation(trials=trials, runner=runner, quick=quick, log=log)
         summary = ablation_summary(rows)
         log(json.dumps(summary))
-        target = runner.target() if runner is not None else host()
+        target = (runner or LocalRunner()).target()
         return write_ablation(rows, summary, {"target": str(target), "device": device}, out)
     if fig in ("fig10", "fig13"):
         rows, meta = bench_ops.run(quick=quick, with_tvm_default=False, trials=trials,
@@ -195,16 +194,20 @@ def _fig8(out, runner, trials, database, quick, log):
         else:  # every engine runs on the server, in one process there
             results.append(runner.bench_model(name, engines=model.ENGINES, trials=trials,
                                               tune=True))
-    where = runner.target() if runner is not None else host()
+    where = (runner or LocalRunner()).target()
     return report.write_outputs(results, out, {"target": str(where)})
+
+
+def _require_gpu(what, runner):
+    """NotHere unless this machine has a CUDA GPU and no fleet was asked for."""
+    if runner is not None or not tvm.cuda(0).exist:
+        raise NotHere(f"{what} and needs a CUDA GPU on this machine (none found)")
 
 
 def _fig9(out, runner, trials, database, quick, log):
     from .bench import gpu_model
 
-    if runner is not None or not tvm.cuda(0).exist:
-        raise NotHere("fig9 measures fp16 models on Tensor Cores and needs a CUDA GPU on this "
-                      "machine (none found)")
+    _require_gpu("fig9 measures fp16 models on Tensor Cores", runner)
     models = FIG9_MODELS[:1] if quick else FIG9_MODELS
     results, meta = gpu_model.run(models, database=database, tune=True, trials=trials, log=log)
     os.makedirs(out, exist_ok=True)
@@ -217,9 +220,7 @@ def _fig9(out, runner, trials, database, quick, log):
 def _fig11_gpu(out, runner, trials, database, quick, log):
     from . import bench_gpu
 
-    if runner is not None or not tvm.cuda(0).exist:
-        raise NotHere("fig11-gpu times Tensor Core kernels and needs a CUDA GPU on this machine "
-                      "(none found)")
+    _require_gpu("fig11-gpu times Tensor Core kernels", runner)
     rows, meta = bench_gpu.ablation(quick=quick, trials=trials, database=database, log=log)
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "fig11-gpu.json")

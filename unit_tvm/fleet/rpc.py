@@ -137,17 +137,20 @@ class RpcRunner:
     # -- measuring ------------------------------------------------------------------------------
     def measure(self, libs, arrays, expected=None, *, number=NUMBER, repeat=REPEAT):
         """Every lib run, checked and timed on one of the usable servers, in parallel (see
-        Runner.measure); a lib whose server is lost is run again on another."""
+        Runner.measure); a lib whose server is lost is run again on another. A lib listed more
+        than once (the tuner's final round times its best configs in turn, twice) is exported
+        once."""
         target = self.target()
         if not self.usable(target):
             raise RuntimeError(f"no live server under key {self.key!r} runs kernels built for "
                                f"{target}")
         with tempfile.TemporaryDirectory() as tmp:
-            paths = []
+            exported = {}
             for lib in libs:
-                path = os.path.join(tmp, f"unit_tvm_{uuid.uuid4().hex[:12]}.so")
-                lib.export_library(path)
-                paths.append(path)
+                if id(lib) not in exported:
+                    exported[id(lib)] = os.path.join(tmp, f"unit_tvm_{uuid.uuid4().hex[:12]}.so")
+                    lib.export_library(exported[id(lib)])
+            paths = [exported[id(lib)] for lib in libs]
             results = [None] * len(libs)
             pending = list(range(len(libs)))
             while pending:
@@ -193,29 +196,32 @@ class RpcRunner:
     def torch_int8_seconds(self, kind, shape, threads, repeat) -> float:
         """PyTorch's int8 op timed on the first usable server (None when it has no PyTorch or
         is a plain TVM server)."""
-        server = self.usable()[0]
-        try:
-            remote = server.session.get_function(TORCH_SECONDS)
-        except (AttributeError, RuntimeError):
+        server, remote = self._remote_function(TORCH_SECONDS)
+        if remote is None:
             return None
         secs = float(remote(json.dumps({"kind": kind, "shape": list(shape), "threads": threads,
                                         "repeat": repeat})))
         return secs if secs > 0 else None
 
-
     def bench_model(self, name, *, engines, **options) -> dict:
         """unit-tvm bench-model of zoo model `name` run on the first usable server (every
         engine there, in one process, by one timing protocol); its plain-data result."""
-        server = self.usable()[0]
-        try:
-            remote = server.session.get_function(BENCH_MODEL)
-        except (AttributeError, RuntimeError) as e:
+        server, remote = self._remote_function(BENCH_MODEL)
+        if remote is None:
             raise RuntimeError(f"server {server.address} cannot run bench-model (a plain TVM "
-                               "server, or an older unit-tvm)") from e
+                               "server, or an older unit-tvm)")
         result = json.loads(remote(json.dumps({"name": name, "engines": list(engines),
                                                **options})))
         result["device"] = f"{self.name} {server.address}"
         return result
+
+    def _remote_function(self, name):
+        """(first usable server, its function `name` or None when it does not register it)."""
+        server = self.usable()[0]
+        try:
+            return server, server.session.get_function(name)
+        except (AttributeError, RuntimeError):
+            return server, None
 
 
 def _describe(session) -> Server:
