@@ -236,6 +236,13 @@ class Intrinsic:
             n *= ext if kind == "R" else 1
         return n
 
+    @property
+    def weight_word(self):
+        """Elements of one output's reduction stored together in the second operand (the one a
+        model's weights fill): 4 for the int8 words of VNNI, sdot and AMX, 2 for bf16 pairs, 8
+        for smmla's rows. Packed weights are KCRS[x/word]c[y]k[word]c with it."""
+        return int(self.inputs[1].shape[-1])
+
     @functools.cached_property
     def _spatial_reads(self):
         """{input name: the data-parallel loops its indices use}."""

@@ -4,13 +4,16 @@ Op level (`unit_tvm.build`), the graph pass (`UnitTensorize`), bench-op and the 
 all decide through this module; the numbers that decide are named here and nowhere else.
 
 The rule. Instructions are preferred in registry order (`intrinsics._MODULES` lists the
-fastest first: AMX tiles, then 512-bit vectors, then narrower ones). An instruction whose zero
-padding multiplies the op's work by more than MAX_WASTE is passed over for the next one.
-Among the forms of one family (`Intrinsic.family`: AMX tdpbusd alone or chained) the one that
-pads least is used. When every instruction pads more than MAX_WASTE, the one that pads least
-is still better than none. Where measuring is cheap (bench-op, `tune=True`) a race replaces
-the guess: candidates up to RACE_WASTE are timed with their default configs, and those within
-RACE_CLOSE of the fastest are tuned.
+fastest first: AMX tiles, then 512-bit vectors, then narrower ones; on ARM smmla, then sdot).
+An instruction whose zero padding multiplies the op's work by more than MAX_WASTE is passed
+over for the next one. Among the forms of one family (`Intrinsic.family`: AMX tdpbusd alone or
+chained) the one that pads least is used. When every instruction pads more than MAX_WASTE, the
+one that pads least is still better than none. An instruction that takes the activation only
+re-based (uint8 as int8, x - 128: arm.smmla and arm.sdot for a u8 x s8 op) is a candidate only
+where none takes the op's dtypes as they are; it costs one xor per activation byte. Where
+measuring is cheap (bench-op, `tune=True`) a race replaces the guess: candidates up to
+RACE_WASTE are timed with their default configs, and those within RACE_CLOSE of the fastest
+are tuned.
 """
 
 from collections.abc import Callable, Iterable
@@ -72,6 +75,18 @@ def preferred(candidates: Iterable[Candidate]) -> list[Candidate]:
                   key=lambda c: (family_rank[c.intrinsic.family], c.waste))
     rest = sorted((c for c in cands if not c.fits), key=lambda c: c.waste)
     return fits + rest
+
+
+def can_rebase(op_dtype: str, instruction_dtype: str) -> bool:
+    """Whether an 8-bit activation of op_dtype can be handed to an instruction that takes
+    instruction_dtype by re-basing it exactly (u8 -> s8 subtracts 128; see unit_tvm.shift)."""
+    return (op_dtype, instruction_dtype) in (("uint8", "int8"), ("int8", "uint8"))
+
+
+def with_rebased(exact: Iterable[Candidate], rebased: Iterable[Candidate]) -> list[Candidate]:
+    """preferred(exact) when any instruction takes the op's dtypes as they are, else
+    preferred(rebased): re-basing is the fallback, never a reason to pass one over."""
+    return preferred(exact) or preferred(rebased)
 
 
 def first_choice(intrins: Iterable[Intrinsic],

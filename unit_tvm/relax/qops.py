@@ -20,8 +20,8 @@ from .. import fastmath
 from ..prepare import prepare
 from ..rewriter import schedule
 from ..schedules.cpu import tiled_extent
-from .recipe import (ATTR, dtypes, in_shape, is_bf16, is_depthwise, out_dtype, out_shape,
-                     packed_shape, per_word)
+from .recipe import (ATTR, Blocks, blocks_of, dtypes, in_shape, is_bf16, is_depthwise,
+                     out_dtype, out_shape, packed_shape)
 from .weights import plain_weight_shape
 
 def _quantize(x, scale, zp):
@@ -48,6 +48,8 @@ def _pad_value(recipe):
     """What padding holds in the instruction's activation dtype: real 0.0 (the zero point)."""
     if is_bf16(recipe):
         return tirx.const(0.0, "float32").astype("bfloat16")
+    if recipe.get("x_signed"):
+        return tirx.const(recipe["x_zp"] - 128, "int8")
     return tirx.const(recipe["x_zp"], "uint8")
 
 
@@ -98,12 +100,14 @@ def _load_input(x, recipe, idx):
 
 def _quantized(value, recipe):
     """An activation read from the op's input as the instruction takes it: as is when the
-    producer already requantized it, else quantized (or rounded to bf16) here."""
-    if recipe.get("in_u8"):
-        return value
+    producer already requantized it, else quantized (or rounded to bf16) here; re-based to
+    int8 (x - 128, an xor of the sign bit) for an s8 x s8 instruction."""
     if is_bf16(recipe):
-        return _round_to_bf16(value).astype("bfloat16")
-    return _quantize(value, recipe["x_scale"], recipe["x_zp"])
+        return value if recipe.get("in_u8") else _round_to_bf16(value).astype("bfloat16")
+    q = value if recipe.get("in_u8") else _quantize(value, recipe["x_scale"], recipe["x_zp"])
+    if recipe.get("x_signed"):
+        return (q ^ tirx.const(0x80, "uint8")).astype("int8")
+    return q
 
 
 def _packed_output(recipe, fn, acc_at):
@@ -217,15 +221,15 @@ def _round_up(v, m):
 
 
 def tensorized_graph(recipe, intrin):
-    """(prepared graph, (x, y)) computing the recipe with `intrin`; weights arrive packed."""
+    """(prepared graph, Blocks) computing the recipe with `intrin`; weights arrive packed."""
     if recipe.get("groups", 1) != 1 and not is_depthwise(recipe):
         raise ValueError(f"grouped conv ({recipe['groups']} groups): no packed layout for "
                          "dot-product instructions here; it keeps TVM's int8 loop nest")
     if is_depthwise(recipe) != intrin.lanewise:
         raise ValueError(f"{intrin.name} {'runs only' if intrin.lanewise else 'cannot run'} "
                          "depthwise convs")
-    x_blk, y_blk = intrin.channel_blocks
-    word, pad = per_word(recipe), _pad_value(recipe)
+    x_blk, y_blk, word = blocks_of(intrin)
+    pad = _pad_value(recipe)
     acc_t = dtypes(recipe)[2]
     if is_depthwise(recipe):
         x, w, comp, mult, bias, res, acc = _depthwise_graph(recipe, intrin)
@@ -246,7 +250,8 @@ def tensorized_graph(recipe, intrin):
         hp, wpd = h + pt + pb, max(w_ + pl + pr, (owp - 1) * sw + (s - 1) * dw + 1)
         ib = recipe.get("in_block")
         blocked = recipe.get("in_u8") and ib and ib % x_blk == 0 and c % ib == 0
-        if blocked and not any(recipe["padding"]) and owp == ow:
+        in_place = not any(recipe["padding"]) and owp == ow and not recipe.get("x_signed")
+        if blocked and in_place:
             # the producer's NCHW[ib]c uint8 already holds every x_blk channels of a pixel
             # together: the instruction reads it in place, no pass over the input
             xb = x
@@ -258,7 +263,7 @@ def tensorized_graph(recipe, intrin):
                 inside = tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl)
                 ic = tirx.max(tirx.min(i - pt, h - 1), 0)
                 jc = tirx.max(tirx.min(j - pl, w_ - 1), 0)
-                return tirx.if_then_else(inside, x[b, co, ic, jc, ci], pad)
+                return tirx.if_then_else(inside, _quantized(x[b, co, ic, jc, ci], recipe), pad)
 
             xb = te.compute((n, c // ib, hp, wpd, ib), xb_body, name="xq")
         else:
@@ -302,7 +307,7 @@ def tensorized_graph(recipe, intrin):
     params = _arguments(x, w, comp, mult, bias, res)
     prepared = prepare(acc, intrin, params=params,
                        epilogue=(out_shape(recipe), out_dtype(recipe), epi, "out"))
-    return prepared, (x_blk, y_blk)
+    return prepared, Blocks(x_blk, y_blk, word)
 
 
 def _conv_epilogue(recipe, fn, y_blk):
@@ -367,7 +372,7 @@ def _depthwise_graph(recipe, intrin):
 
 
 def tensorized_func(recipe, intrin, target, config=None):
-    """(PrimFunc, (x, y), prepared) of the recipe tensorized with intrin, scheduled with config."""
+    """(PrimFunc, Blocks, prepared) of the recipe tensorized with intrin, scheduled with config."""
     prepared, blocks = tensorized_graph(recipe, intrin)
     func = schedule(prepared, intrin, config, target).mod["main"]
     func = func.with_attr(ATTR, json.dumps(recipe)).with_attr("tirx.is_scheduled", True)

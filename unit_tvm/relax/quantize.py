@@ -63,8 +63,11 @@ def _observe(mod, outputs, calibration_data, target):
         bb.emit_func_output(out)
     cal = _as_main(bb.get())
     from ..compiler import build_relax  # the fp32 model with the default CPU schedule: faster
+    from ..target import host, is_host
 
-    ex = build_relax(cal, target)
+    # Calibration runs here: a model compiled for another machine (aarch64, a wider x86) is
+    # observed in fp32 on this one, so both builds of one model get the same quantization.
+    ex = build_relax(cal, target if is_host(target) else host())
     vm = relax.VirtualMachine(ex, tvm.cpu())
     seen = [[] for _ in outputs]
     for sample in calibration_data:

@@ -1,6 +1,8 @@
 """A recipe (the dict quantize() attaches to each quantized op): what it says about dtypes,
 shapes and layouts, the form it is tuned in, and which instructions may run it."""
 
+from typing import NamedTuple
+
 from .. import intrinsics, selection
 
 ATTR = "unit_tvm.recipe"
@@ -12,13 +14,36 @@ def is_bf16(recipe):
 
 
 def dtypes(recipe):
-    """(activation, weight, accumulator) dtypes the op's instruction takes."""
-    return ("bfloat16", "bfloat16", "float32") if is_bf16(recipe) else ("uint8", "int8", "int32")
+    """(activation, weight, accumulator) dtypes the op's instruction takes: the activation is
+    int8 when it is re-based for an s8 x s8 instruction (see for_instruction)."""
+    if is_bf16(recipe):
+        return ("bfloat16", "bfloat16", "float32")
+    return ("int8" if recipe.get("x_signed") else "uint8", "int8", "int32")
 
 
-def per_word(recipe):
-    """Elements per 32-bit word of the instruction's inputs (KCRS[x/word]c[y]k[word]c weights)."""
-    return 2 if is_bf16(recipe) else 4
+def for_instruction(recipe, intrin):
+    """The recipe as `intrin` runs it. An s8 x s8 instruction (arm.sdot, arm.smmla) takes the
+    uint8 activation re-based, x - 128, with the zero point x_zp - 128: the same real values,
+    so the kernel's int32 sums differ from the u8 x s8 ones by exactly 128 * sum(w) per output
+    channel, which the zero-point term absorbs (weights.rebased_comp)."""
+    if is_bf16(recipe) or intrin.input_dtypes[0] != "int8" or recipe.get("x_signed"):
+        return recipe
+    return dict(recipe, x_signed=True)
+
+
+class Blocks(NamedTuple):
+    """How a kernel packs channels for its instruction: NCHW[x]c activations, NCHW[y]c
+    accumulators, KCRS[x/word]c[y]k[word]c weights (a depthwise conv's: x taps together)."""
+
+    x: int
+    y: int
+    word: int
+
+
+def blocks_of(intrin):
+    """The Blocks an instruction reads directly (Intrinsic.channel_blocks, weight_word)."""
+    x, y = intrin.channel_blocks
+    return Blocks(x, y, intrin.weight_word)
 
 
 def is_depthwise(recipe):
@@ -79,13 +104,17 @@ def candidates(recipe, target):
         return []
     if depthwise and recipe["dilation"][1] != 1:
         return []  # a lanewise instruction reads neighbouring pixels: not a dilated window
-    usable = []
+    usable, rebased = [], []
     for intrin in intrinsics.for_target(target):
-        if intrin.input_dtypes != (a_t, w_t) or intrin.output_dtype != acc_t:
+        if intrin.output_dtype != acc_t or intrin.input_dtypes[1] != w_t:
             continue
         if intrin.lanewise != depthwise:
             continue  # a depthwise window has no channel reduction; a dense conv no lanewise one
         if intrin.operand_ranges:
             continue  # vpmaddubsw needs u7 activations; the quantizer produces u8
-        usable.append(selection.Candidate(intrin, selection.channel_waste(intrin, c, k)))
-    return [cand.intrinsic for cand in selection.preferred(usable)]
+        cand = selection.Candidate(intrin, selection.channel_waste(intrin, c, k))
+        if intrin.input_dtypes[0] == a_t:
+            usable.append(cand)
+        elif selection.can_rebase(a_t, intrin.input_dtypes[0]):
+            rebased.append(cand)
+    return [cand.intrinsic for cand in selection.with_rebased(usable, rebased)]

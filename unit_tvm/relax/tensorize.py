@@ -26,8 +26,8 @@ from ..tuner import Database, tune, tune_instruction
 from .edge_layouts import packed_concats, packed_consumers, pool_conv_readers, pooled_producers
 from .graph import max_pool_on
 from .qops import plain_func, tensorized_func, tensorized_graph
-from .recipe import ATTR, candidates, out_dtype, out_shape, tuning_form
-from .weights import pack_weight, plain_weight
+from .recipe import ATTR, candidates, for_instruction, out_dtype, out_shape, tuning_form
+from .weights import pack_weight, plain_weight, rebased_comp
 from .u8_values import blocked_pool_func, pool_out_shape
 
 
@@ -109,7 +109,10 @@ class UnitTensorize:
                     for j, role in pool_readers[pool]:
                         recipes[j]["in_block" if role == "x" else "residual_block"] = blk
             args = list(call.args[1].fields)
-            args[1] = relax.const(layout_weight(args[1].value.numpy()))
+            weight = args[1].value.numpy()
+            args[1] = relax.const(layout_weight(weight))
+            if final.get("x_signed"):  # the kernel reads the activation re-based to int8
+                args[2] = relax.const(rebased_comp(args[2].value.numpy(), weight))
             replace.append((call, gv, args, relax.TensorType(out_shape(final), out_dtype(final))))
         if not replace:
             return mod
@@ -134,7 +137,7 @@ class UnitTensorize:
             func_t, blocks, final = entry
             self.kernels[name] = KernelInfo(name, label, self.report[-1][1], macs(recipe))
             return (bb.add_func(func_t.with_attr("global_symbol", name), name),
-                    lambda w: pack_weight(final, w, *blocks), final)
+                    lambda w: pack_weight(final, w, blocks), final)
         if packed_out:
             found = candidates(recipe, self.target)
             recipe = dict(recipe, out_block=block or (found[0].channel_blocks[1] if found
@@ -165,7 +168,9 @@ class UnitTensorize:
         def alternative(intrin):
             """(intrin, final recipe, prepared graph of its tuning form), or None with the
             reason kept. Layers of one shape share the tuning form (and its graph)."""
-            final = dict(recipe, out_block=intrin.channel_blocks[1]) if packed_out else recipe
+            final = for_instruction(recipe, intrin)
+            if packed_out:
+                final = dict(final, out_block=intrin.channel_blocks[1])
             form = tuning_form(final)
             key = (json.dumps(form, sort_keys=True), intrin.name)
             if key not in self._graphs:

@@ -3,7 +3,15 @@ layout, and the packed layouts of the tensorized kernels."""
 
 import numpy as np
 
-from .recipe import is_depthwise, per_word
+from .recipe import Blocks, is_depthwise
+
+def rebased_comp(comp, w):
+    """The zero-point term of an op whose activation is re-based to int8 (x - 128): the
+    kernel's sums are short of the u8 ones by 128 * sum(w) per output channel (exact in int32:
+    |sum(w)| <= 127 * K), so the term it subtracts shrinks by as much."""
+    wsum = w.reshape(w.shape[0], -1).astype(np.int64).sum(axis=1)
+    return (comp.astype(np.int64) - 128 * wsum).astype(np.int32)
+
 
 def plain_weight_shape(recipe):
     """Weight layout of plain_func: [K, C/groups, R, S] (or [N, K]); KCRS[b]k with b = out_block
@@ -30,11 +38,11 @@ def _round_up(v, m):
     return -(-v // m) * m
 
 
-def pack_weight(recipe, w, x, y):
+def pack_weight(recipe, w, blocks: Blocks):
     """int8 (bf16) weights -> the packed layout of ops.conv2d_nchwc / ops.dense_packed,
-    KCRS[x/word]c[y]k[word]c (word: elements per 32-bit word), zero-padded; a depthwise conv's
-    (x: taps per instruction) as KR[S/x][y]k[x]s."""
-    word = per_word(recipe)
+    KCRS[x/word]c[y]k[word]c (word: the instruction's weight_word), zero-padded; a depthwise
+    conv's (x: taps per instruction) as KR[S/x][y]k[x]s."""
+    x, y, word = blocks
     if is_depthwise(recipe):
         # KR[S/x][y]k[x]s (x: the instruction's taps): per channel block and kernel row, x taps
         # of each channel together, padded with zero weights (the extra taps add nothing)
