@@ -66,8 +66,9 @@ def test_vectorizable_replaces_libm_calls(host_target):
     np.testing.assert_allclose(out_y.numpy(), ref, rtol=1e-6, atol=1e-6)
 
 
-def _leftover_module(shape, build):
-    """A one-op Relax module (op built by build(x)), legalized and given the default schedule."""
+def _leftover_module(shape, build, target=None):
+    """A one-op Relax module (op built by build(x)), legalized and given the default schedule
+    (with target's vector widths)."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(shape, "float32"))
     with bb.function("main", [x]):
@@ -75,7 +76,7 @@ def _leftover_module(shape, build):
             out = bb.emit_output(build(x))
         bb.emit_func_output(out)
     mod = relax.transform.LegalizeOps()(bb.get())
-    return DefaultCPUSchedule()(mod)
+    return DefaultCPUSchedule(target)(mod)
 
 
 def _numpy_layer_norm(a):
@@ -190,3 +191,15 @@ def test_blocked_depthwise_conv_vectorised_and_requantized_in_registers(stride, 
         outs.append(out.numpy())
     np.testing.assert_array_equal(outs[0], outs[1])
     assert len(np.unique(outs[0])) > 8
+
+
+def test_aarch64_gets_neon_vector_widths():
+    """On aarch64 the leftover ops vectorise 8 float32 lanes (two q registers), not a zmm's 16:
+    the same softmax runs on x86 with 16-lane vectors."""
+    from unit_tvm.cross import aarch64
+
+    shape, build, _ = CASES["softmax"]
+    arm = _leftover_module(shape, build, aarch64.target()).script()
+    x86 = _leftover_module(shape, build).script()
+    assert "T.vectorized(T.int64(8))" in arm and "T.vectorized(T.int64(16))" not in arm
+    assert "T.vectorized(T.int64(16))" in x86

@@ -89,7 +89,7 @@ def build_relax(mod, target):
 
     if is_cpu(target):
         mod = relax.transform.LegalizeOps()(mod)
-        mod = DefaultCPUSchedule()(mod)
+        mod = DefaultCPUSchedule(target)(mod)
     try:
         return tvm.compile(mod, target=target)
     except Exception as e:  # noqa: BLE001 - re-raised, with the kernel named where one is found

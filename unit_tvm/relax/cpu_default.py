@@ -7,6 +7,7 @@ results inside the same loop; exp and erf become arithmetic that vectorises (uni
 instead of libm calls."""
 
 import math
+from typing import NamedTuple
 
 import tvm
 from tvm import s_tir
@@ -14,7 +15,27 @@ from tvm import s_tir
 from .. import fastmath
 
 MIN_PARALLEL = 64  # below this many iterations threads cost more than they save
-RF_LANES = 16  # partial results per row of a vectorised row reduction: one zmm of float32
+
+
+class Widths(NamedTuple):
+    """The vector shapes the schedule uses on one ISA: float32 lanes of a vectorised loop (and
+    the narrower width for extents it does not divide), and how many float32 lanes one vector
+    register holds (a register tile holds at most ACCUMULATORS registers)."""
+
+    lanes: int
+    narrow: int
+    register: int
+
+
+X86 = Widths(16, 8, 16)  # one zmm of float32 (ymm pairs on AVX2, which legalizes them)
+NEON = Widths(8, 4, 4)  # two q registers: loads and FMAs in pairs, 128-bit NEON
+
+
+def widths_for(target) -> Widths:
+    """NEON widths for an aarch64 target, else (x86, or no target) the AVX-512 ones."""
+    from ..target import arch
+
+    return NEON if target is not None and arch(target) == "aarch64" else X86
 
 
 def _read_axes(block):
@@ -50,11 +71,11 @@ def _parallel_prefix(loops, extents):
     return par if total >= MIN_PARALLEL else []
 
 
-def _vectorize_by_rfactor(sch, block, loops, lead):
-    """A row reduction (softmax max/sum, layer-norm moments) as RF_LANES partial results per
+def _vectorize_by_rfactor(sch, block, loops, lead, lanes):
+    """A row reduction (softmax max/sum, layer-norm moments) as `lanes` partial results per
     row, accumulated with contiguous vector loads, then summed per row: both run row-parallel."""
     extents = [int(sch.get(lp).extent) for lp in loops]
-    _, ki = sch.split(loops[lead], [None, RF_LANES])
+    _, ki = sch.split(loops[lead], [None, lanes])
     rf = sch.rfactor(ki, factor_axis=lead)
     for blk in (rf, block):
         lps = sch.get_loops(blk)
@@ -66,15 +87,16 @@ def _vectorize_by_rfactor(sch, block, loops, lead):
     sch.decompose_reduction(rf, lps[-2])
 
 
-def _vectorize(sch, loop, extent):
-    """Split off and vectorise the inner lanes of loop: a whole zmm of 32-bit lanes when the
-    extent allows, else 8; an extent that is a multiple of neither (197 tokens) is partitioned
-    into a vectorised body of whole zmms and a scalar tail (peeled)."""
-    if extent % 8:
-        body = extent - extent % 16
+def _vectorize(sch, loop, extent, widths=X86):
+    """Split off and vectorise the inner lanes of loop: widths.lanes 32-bit lanes when the
+    extent allows, else widths.narrow; an extent that is a multiple of neither (197 tokens) is
+    partitioned into a vectorised body of whole vectors and a scalar tail (peeled)."""
+    if extent % widths.narrow:
+        body = extent - extent % widths.lanes
         loop = sch.loop_partition(loop, [body, None])[0]
         extent = body
-    _, lanes = sch.split(loop, [None, 16 if extent % 16 == 0 else 8])
+    _, lanes = sch.split(loop, [None, widths.lanes if extent % widths.lanes == 0
+                                else widths.narrow])
     sch.vectorize(lanes)
 
 
@@ -86,19 +108,21 @@ def _register_block(extent, outer_work, most=8):
         d == 1 or outer_work // d >= MIN_PARALLEL or outer_work < MIN_PARALLEL))
 
 
-ACCUMULATORS = 24  # vector registers a register tile may hold (of 32 zmm)
+ACCUMULATORS = 24  # vector registers a register tile may hold (of 32 zmm, 32 NEON q)
 
 
-def _register_tile(sch, block, loops, extents, lead, vec):
+def _register_tile(sch, block, loops, extents, lead, vec, widths=X86):
     """Organise a matmul-like reduction around a register tile of f rows x v vectors: the
     vector loop is cut into tiles of v vectors (lanes wide), the reduction runs inside a tile
     and the f rows and v vectors are unrolled, so f * v accumulators stay in registers while
     each loaded row vector serves f rows and each broadcast value v vectors. Returns (the loop
     over row tiles, the loop over column tiles, the tile's width in elements)."""
     ext = extents[vec]
-    lanes = 16 if ext % 16 == 0 else 8
+    lanes = widths.lanes if ext % widths.lanes == 0 else widths.narrow
     v = next(d for d in (4, 3, 2, 1) if (ext // lanes) % d == 0)
-    f = _register_block(extents[vec - 1], math.prod(extents[:vec]), most=min(8, ACCUMULATORS // v))
+    registers = v * max(1, lanes // widths.register)  # a tile row's accumulator registers
+    f = _register_block(extents[vec - 1], math.prod(extents[:vec]),
+                        most=min(8, ACCUMULATORS // registers))
     row_loop = loops[vec - 1]
     rows = []
     if f > 1:
@@ -179,7 +203,7 @@ PAD_COLUMNS = 16  # one zmm of float32 (197 -> 208)
 PAD_ROWS = 8  # the register tile's rows (197 -> 200)
 
 
-def _schedule(func):
+def _schedule(func, widths=X86):
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     _pad_vector_axes(sch, root)
@@ -197,20 +221,20 @@ def _schedule(func):
         # memory rows (softmax, layer norm: the last axis) would make that vector a strided gather
         # and leave too few outer loops to parallelise: its rows run in parallel instead.
         # (an elementwise block's odd last extent is peeled: see _vectorize)
-        vec = lead - 1 if lead >= 2 and (extents[lead - 1] % 8 == 0 or (
+        vec = lead - 1 if lead >= 2 and (extents[lead - 1] % widths.narrow == 0 or (
             not reduction and extents[lead - 1] >= 16)) else None
         if vec is not None and reduction and _gathers(
                 sch.get(block), sch.get(block).iter_vars[vec].var.name):
             vec = None
-        if vec is None and len(loops) == lead + 1 and extents[lead] % RF_LANES == 0 \
-                and extents[lead] >= 4 * RF_LANES and _contiguous_reduction(sch.get(block)):
-            _vectorize_by_rfactor(sch, block, loops, lead)
+        if vec is None and len(loops) == lead + 1 and extents[lead] % widths.lanes == 0 \
+                and extents[lead] >= 4 * widths.lanes and _contiguous_reduction(sch.get(block)):
+            _vectorize_by_rfactor(sch, block, loops, lead, widths.lanes)
             continue
         head, head_ext = loops[:lead if vec is None else vec], extents
         outer = loops[vec - 1] if vec is not None else None  # the loop above the vector loop
         width, tile = (extents[vec] if vec is not None else 0), None
         if vec is not None and reduction:
-            outer, tile, width = _register_tile(sch, block, loops, extents, lead, vec)
+            outer, tile, width = _register_tile(sch, block, loops, extents, lead, vec, widths)
             head = [lp for lp in head if not lp.same_as(loops[vec - 1])] + [outer]
             head_ext = extents[:vec - 1] + [int(sch.get(outer).extent)]
         par = _parallel_prefix(head, head_ext)
@@ -220,14 +244,14 @@ def _schedule(func):
             if par[-1].same_as(outer):
                 outer = fused_loop
         if vec is not None and not reduction:
-            _vectorize(sch, loops[vec], extents[vec])
+            _vectorize(sch, loops[vec], extents[vec], widths)
         consumer = _elementwise_consumer(sch, block) if reduction and vec is not None else None
         if consumer is not None and outer is not None:
             # the consumer (requantization, bias, activation) runs on each tile of results
             # while it is in registers, instead of a second pass over an int32 buffer
             fused.add(sch.get(consumer).name_hint)
             sch.reverse_compute_at(consumer, tile if tile is not None else outer)
-            _vectorize(sch, sch.get_loops(consumer)[-1], width)
+            _vectorize(sch, sch.get_loops(consumer)[-1], width, widths)
         if reduction and vec is not None:
             # the init moves above the reduction loops (their RVs survive the fuse and split)
             sch.decompose_reduction(block, loops[lead])
@@ -236,7 +260,11 @@ def _schedule(func):
 
 @tvm.transform.module_pass(opt_level=0, name="UnitDefaultCPUSchedule")
 class DefaultCPUSchedule:
-    """tvm.transform.Pass: parallel/vector schedule for unscheduled CPU PrimFuncs of a module."""
+    """tvm.transform.Pass: parallel/vector schedule for unscheduled CPU PrimFuncs of a module,
+    with the vector widths of `target` (None: x86's)."""
+
+    def __init__(self, target=None):
+        self.widths = widths_for(target)
 
     def transform_module(self, mod, ctx):  # noqa: D401 - tvm pass hook
         updates = {}
@@ -248,7 +276,7 @@ class DefaultCPUSchedule:
             # exp/erf become vector arithmetic whether or not the loops below can be scheduled
             func = fastmath.vectorizable(func)
             try:
-                updates[gv] = _schedule(func).with_attr("tirx.is_scheduled", True)
+                updates[gv] = _schedule(func, self.widths).with_attr("tirx.is_scheduled", True)
             except (tvm.s_tir.ScheduleError, tvm.error.InternalError, ValueError):
                 updates[gv] = func  # keep TVM's loop nest for anything unusual
         for gv, f in updates.items():
