@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.unit-tvm-installed
 
-.PHONY: run demo test test-all clean cross-tools
+.PHONY: run demo test test-all clean cross-tools arm-python
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,11 +39,22 @@ cross-tools:
 	    || echo "note: could not install aarch64 tools; ARM execution tests will skip"; \
 	else echo "note: not root or no apt; ARM execution tests will skip"; fi
 
-test: $(STAMP) cross-tools
+# Whole aarch64 models run under qemu in an arm64 Python with TVM's aarch64 wheels (Debian's
+# arm64 packages unpacked into .venv/aarch64-python): made once when possible (root with apt),
+# otherwise those tests skip with the reason.
+ARM_STAMP := $(VENV)/aarch64-python/.ready
+arm-python: $(STAMP) cross-tools
+	@if [ -f $(ARM_STAMP) ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && command -v qemu-aarch64 >/dev/null; \
+	then ($(PY) -m unit_tvm.cross.arm_python setup >/dev/null && touch $(ARM_STAMP)) \
+	    || echo "note: could not set up the aarch64 Python; whole-model ARM tests will skip"; \
+	else echo "note: not root or no apt/qemu; whole-model ARM tests will skip"; fi
+
+test: $(STAMP) cross-tools arm-python
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -rs -m "not slow" tests
 
-test-all: $(STAMP) cross-tools
+test-all: $(STAMP) cross-tools arm-python
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -rs tests
 

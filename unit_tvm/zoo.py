@@ -245,6 +245,9 @@ MODELS = {
     "mobilenet_v2": (MobileNetV2, (1, 3, 224, 224)),
     "inception_v3": (InceptionV3, (1, 3, 299, 299)),
     "bert_base": (BertEncoder, (1, 128, 768)),
+    # one encoder layer of bert_base: a transformer where a whole model is too slow to run
+    # (under qemu, in tests)
+    "bert_layer": (lambda: BertEncoder(layers=1), (1, 128, 768)),
 }
 
 

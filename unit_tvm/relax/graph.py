@@ -66,3 +66,32 @@ def rewrite_functions(mod, mutator):
         if isinstance(func, relax.Function):
             mutator.builder_.update_func(gv, mutator.visit_expr(func))
     return mutator.builder_.get()
+
+
+def model_macs(mod) -> int:
+    """Multiply-adds of the convolutions (2-D, any groups) and matrix products in a Relax
+    module's main (the fp32 model, before quantization), read off their shapes."""
+    total = 0
+
+    def shape(e):
+        return [int(v) for v in e.ty.shape]
+
+    def visit(e):
+        nonlocal total
+        if not isinstance(e, relax.Call) or not isinstance(e.op, tvm.ir.Op):
+            return
+        if e.op.name == "relax.nn.conv2d":
+            out, w = shape(e), shape(e.args[1])
+            total += _product(out) * _product(w[1:])
+        elif e.op.name == "relax.matmul":
+            total += _product(shape(e)) * shape(e.args[0])[-1]
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return total
+
+
+def _product(values):
+    n = 1
+    for v in values:
+        n *= v
+    return n
