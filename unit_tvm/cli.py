@@ -306,9 +306,10 @@ def _add_model_commands(sub):
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_profile)
     p = sub.add_parser("reproduce", help="one of the UNIT paper's experiments: CSV + plot")
-    p.add_argument("fig", choices=("fig8", "fig9", "fig10", "fig11", "fig11-gpu", "fig13"),
+    p.add_argument("fig", choices=("fig8", "fig9", "fig10", "fig11", "fig11-gpu", "fig12", "fig13"),
                    help="fig8 models vs engines, fig9 fp16 GPU models, fig10 Table I, "
-                        "fig11 CPU ablation, fig11-gpu GPU ablation, fig13 ResNet-18-3D convs")
+                        "fig11 CPU ablation, fig11-gpu GPU ablation, fig12 aarch64 models "
+                        "(instruction counts under qemu), fig13 ResNet-18-3D convs")
     p.add_argument("--out", default="bench_out", help="folder; the figure writes OUT/FIG/")
     p.add_argument("--quick", action="store_true", help="a few layers or models only")
     p.add_argument("--local-fleet", type=int, default=0, metavar="N",

@@ -6,6 +6,9 @@ fig9   end-to-end fp16 on Tensor Cores against PyTorch / cuDNN (needs a CUDA GPU
 fig10  UNIT Table I per layer against PyTorch int8 (bench-op --only conv)
 fig11  the CPU ablation: parallel only, + unroll, + tuned breakpoints, each against PyTorch
        int8, and where in the tuning order each layer's best config was found
+fig12  int8 models on ARM DOT / I8MM: compiled for aarch64, run under qemu, the instructions
+       of one inference counted against TVM's own int8 and fp32 builds (needs qemu-aarch64 and
+       the aarch64 Python: `make test` sets them up as root)
 fig13  ResNet-18 with every conv 3D, per layer against PyTorch int8 Conv3d (bench-op --only
        conv3d)
 fig11-gpu  the GPU ablation on Table I in fp16: 1x1 fragments, + p x p window, + fused H/W,
@@ -179,6 +182,8 @@ def run(fig: str, out_dir: str, *, runner=None, trials=None, database=None, quic
         return _fig9(out, runner, trials, database, quick, log)
     if fig == "fig11-gpu":
         return _fig11_gpu(out, runner, trials, database, quick, log)
+    if fig == "fig12":
+        return _fig12(out, runner, quick, log)
     raise ValueError(f"unknown figure {fig!r}; one of {', '.join(FIGURES)}")
 
 
@@ -229,4 +234,16 @@ def _fig11_gpu(out, runner, trials, database, quick, log):
     return [path, bench_ops.write_csv(os.path.join(out, "fig11-gpu.csv"), rows)]
 
 
-FIGURES = ("fig8", "fig9", "fig10", "fig11", "fig11-gpu", "fig13")
+def _fig12(out, runner, quick, log):
+    from .bench import arm_counts
+    from .cross import arm_python
+
+    absent = arm_python.missing()
+    if runner is not None or absent:
+        raise NotHere("fig12 runs aarch64 models under qemu on this machine" + (
+            f"; missing {'; '.join(absent)}" if absent else ", not on a fleet"))
+    models = arm_counts.MODELS[:1] if quick else arm_counts.MODELS
+    return arm_counts.write_outputs(arm_counts.run(models, log=log), out)
+
+
+FIGURES = ("fig8", "fig9", "fig10", "fig11", "fig11-gpu", "fig12", "fig13")
