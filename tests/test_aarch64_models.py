@@ -12,6 +12,7 @@ import tvm
 
 import unit_tvm
 from unit_tvm import frontends, zoo
+from unit_tvm.bench.engines import cosine as _cosine
 from unit_tvm.cross import aarch64, arm_python
 from unit_tvm.relax import quantize
 from unit_tvm.relax.graph import model_macs
@@ -20,13 +21,6 @@ pytestmark = pytest.mark.skipif(
     bool(arm_python.missing()),
     reason=f"cannot run aarch64 models: missing {'; '.join(arm_python.missing())}")
 
-DOTPROD_ONLY = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod"],
-                "num-cores": 1}  # a Graviton2 / Neoverse N1: sdot, no smmla
-
-
-def _cosine(a, b):
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
 class Model(NamedTuple):
@@ -61,7 +55,7 @@ def _x86(name):
 def _arm(name, dotprod_only=False):
     """(executable for aarch64, the instructions its report names)."""
     report = []
-    ex = unit_tvm.compile(_model(name).qmod, target=DOTPROD_ONLY if dotprod_only
+    ex = unit_tvm.compile(_model(name).qmod, target=aarch64.DOTPROD_TARGET if dotprod_only
                           else aarch64.TARGET, report=report)
     return ex, {row[1] for row in report}
 

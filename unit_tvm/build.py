@@ -14,6 +14,7 @@ from .prepare import placeholders_of
 from .rewriter import prepare_for, schedule
 from .target import as_target, is_gpu
 from .tuner import tune_instruction
+from .runner import target_for
 from .tuner.database import Database
 
 
@@ -170,7 +171,7 @@ def build_report(tensors, target=None, *, intrinsic=None, tune=False, trials=Non
                  database=None, runner=None) -> BuildReport:
     """unit_tvm.build, returning a BuildReport (module, instruction, mapping, fallback reason)."""
     _check_build_args(intrinsic, tune, trials, database)
-    target = as_target(target if target is not None or runner is None else runner.target())
+    target = target_for(target, runner)
     inputs, out = _split(tensors)
     intrin, prepared, sch = choose(out, target, intrinsic, params=inputs)
     if intrin is None:

@@ -5,7 +5,8 @@ import os
 import tvm
 
 from . import checks
-from .target import as_target, is_cpu, is_gpu
+from .runner import target_for
+from .target import is_cpu, is_gpu
 
 
 def compile(mod, target=None, *, quantize=None, tune=False, database=None, trials=None,  # noqa: A001
@@ -41,7 +42,7 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
     if database is not None and not isinstance(database, (str, os.PathLike, Database)):
         raise TypeError(f"unit_tvm.compile: database must be a path or a Database, got "
                         f"{type(database).__name__}")
-    target = as_target(target if target is not None or runner is None else runner.target())
+    target = target_for(target, runner)
     if isinstance(database, (str, os.PathLike)):
         database = Database(database)
     if report is not None and not isinstance(report, list):

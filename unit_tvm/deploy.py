@@ -71,9 +71,10 @@ def calibration(path: str | None, shape: tuple, n: int = 4) -> list:
     return [a.astype("float32") for a in arrays]
 
 
-def export(executable, path: str) -> str:
-    """Write a compiled model (unit_tvm.compile's result) as one shared library; its path."""
-    executable.export_library(path)
+def export(executable, path: str, cc: str | None = None) -> str:
+    """Write a compiled model (unit_tvm.compile's result) as one shared library; its path.
+    cc: the compiler that links it (a cross compiler for another machine's target)."""
+    executable.export_library(path, **({"cc": cc} if cc else {}))
     return path
 
 

@@ -43,6 +43,12 @@ class Runner(Protocol):
         `expected` when given, and time it."""
 
 
+def target_for(target, runner=None) -> tvm.target.Target:
+    """The target kernels are built for: the one given, else the runner's device's, else this
+    host."""
+    return as_target(target if target is not None or runner is None else runner.target())
+
+
 def outputs_match(got: np.ndarray, expected: np.ndarray) -> bool:
     """Integers exactly; floats within 1e-3 (relative and absolute)."""
     if np.issubdtype(expected.dtype, np.integer):

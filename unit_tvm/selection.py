@@ -77,12 +77,6 @@ def preferred(candidates: Iterable[Candidate]) -> list[Candidate]:
     return fits + rest
 
 
-def can_rebase(op_dtype: str, instruction_dtype: str) -> bool:
-    """Whether an 8-bit activation of op_dtype can be handed to an instruction that takes
-    instruction_dtype by re-basing it exactly (u8 -> s8 subtracts 128; see unit_tvm.shift)."""
-    return (op_dtype, instruction_dtype) in (("uint8", "int8"), ("int8", "uint8"))
-
-
 def with_rebased(exact: Iterable[Candidate], rebased: Iterable[Candidate]) -> list[Candidate]:
     """preferred(exact) when any instruction takes the op's dtypes as they are, else
     preferred(rebased): re-basing is the fallback, never a reason to pass one over."""

@@ -26,6 +26,12 @@ SHIFT = 128
 _TO = {"int8": ("uint8", SHIFT), "uint8": ("int8", -SHIFT)}
 
 
+def rebased_dtype(dtype: str) -> str | None:
+    """The dtype an 8-bit operand of `dtype` becomes when re-based (int8 <-> uint8), or None
+    for a dtype that cannot be."""
+    return _TO[dtype][0] if dtype in _TO else None
+
+
 @dataclass(frozen=True)
 class Correction:
     """sum over the reduction of `delta` * (the other operand), indexed by the output axes that

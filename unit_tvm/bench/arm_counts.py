@@ -19,10 +19,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..cross import aarch64, arm_python
+from .engines import cosine
 
 MODELS = ("resnet18", "mobilenet_v2", "bert_layer")
-DOTPROD_ONLY = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod"],
-                "num-cores": 1}
 BUILDS = ("unit-tvm int8 (i8mm)", "unit-tvm int8 (dotprod)", "TVM int8", "TVM fp32")
 
 
@@ -47,18 +46,13 @@ class CountRow:
         return self.instruction_macs / self.model_macs
 
 
-def _cosine(a, b):
-    a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
-
-
 def _executables(mod, qmod):
     """{build name: (relax Executable for aarch64, tensorized_ops)} of one model."""
     import unit_tvm
     from ..compiler import build_relax
 
     out = {}
-    for name, target in ((BUILDS[0], aarch64.TARGET), (BUILDS[1], DOTPROD_ONLY)):
+    for name, target in ((BUILDS[0], aarch64.TARGET), (BUILDS[1], aarch64.DOTPROD_TARGET)):
         report = []
         ex = unit_tvm.compile(qmod, target=target, report=report)
         done = sum(1 for row in report if row[1])
@@ -90,7 +84,7 @@ def count_model(name: str, log=print) -> list:
         c = run.counts
         rows.append(CountRow(name, build, c.instructions, c.executed.get("smmla", 0),
                              c.executed.get("sdot", 0), c.executed.get("udot", 0),
-                             c.tensorized_macs, macs, ops, _cosine(run.outputs[0], fp32)))
+                             c.tensorized_macs, macs, ops, cosine(run.outputs[0], fp32)))
         r = rows[-1]
         log(f"{name:13s} {build:24s} {c.instructions / 1e6:9.1f} M instructions, "
             f"smmla {r.smmla / 1e6:.2f} M, sdot {r.sdot / 1e6:.2f} M, MACs on them "

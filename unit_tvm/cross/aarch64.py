@@ -18,6 +18,9 @@ QEMU = "qemu-aarch64"
 SYSROOT = "/usr/aarch64-linux-gnu"
 TARGET = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod", "+i8mm"],
           "num-cores": 1}
+# a DotProd server without I8MM (Graviton 2, Neoverse N1): sdot, no smmla
+DOTPROD_TARGET = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon", "+dotprod"],
+                  "num-cores": 1}
 _DTYPE_CODES = {"int": 0, "uint": 1, "float": 2, "bfloat": 4}
 
 

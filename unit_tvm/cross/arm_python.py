@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import deploy
 from .._pins import TVM_FFI_VERSION, TVM_VERSION
 from . import aarch64
 
@@ -178,7 +179,7 @@ def run_model(model, inputs, *, root: str | None = None, count: bool = False,
     with tempfile.TemporaryDirectory(prefix="unit_tvm_arm_") as tmp:
         lib = model if isinstance(model, (str, os.PathLike)) else os.path.join(tmp, "model.so")
         if lib != model:
-            model.export_library(lib, cc=aarch64.CC)
+            deploy.export(model, lib, cc=aarch64.CC)
         args = [os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")]
         np.savez(args[0], *[np.ascontiguousarray(x) for x in inputs])
         counts = {}

@@ -13,6 +13,7 @@ import tvm
 from tvm import s_tir
 
 from .. import fastmath
+from ..target import arch
 
 MIN_PARALLEL = 64  # below this many iterations threads cost more than they save
 
@@ -33,8 +34,6 @@ NEON = Widths(8, 4, 4)  # two q registers: loads and FMAs in pairs, 128-bit NEON
 
 def widths_for(target) -> Widths:
     """NEON widths for an aarch64 target, else (x86, or no target) the AVX-512 ones."""
-    from ..target import arch
-
     return NEON if target is not None and arch(target) == "aarch64" else X86
 
 

@@ -2,6 +2,8 @@
 tensorize pass: how often each variable is used and by which bindings, and the NCHW max-pools
 both passes move to uint8 and to packed channel blocks; running a rewriter over every function."""
 
+import math
+
 import tvm
 from tvm import relax
 
@@ -82,16 +84,9 @@ def model_macs(mod) -> int:
             return
         if e.op.name == "relax.nn.conv2d":
             out, w = shape(e), shape(e.args[1])
-            total += _product(out) * _product(w[1:])
+            total += math.prod(out) * math.prod(w[1:])
         elif e.op.name == "relax.matmul":
-            total += _product(shape(e)) * shape(e.args[0])[-1]
+            total += math.prod(shape(e)) * shape(e.args[0])[-1]
 
     relax.analysis.post_order_visit(mod["main"], visit)
     return total
-
-
-def _product(values):
-    n = 1
-    for v in values:
-        n *= v
-    return n

@@ -19,6 +19,7 @@ from tvm import te, tirx
 from .. import fastmath
 from ..prepare import prepare
 from ..rewriter import schedule
+from ..shift import SHIFT
 from ..schedules.cpu import tiled_extent
 from .recipe import (ATTR, Blocks, blocks_of, dtypes, in_shape, is_bf16, is_depthwise,
                      out_dtype, out_shape, packed_shape)
@@ -49,7 +50,7 @@ def _pad_value(recipe):
     if is_bf16(recipe):
         return tirx.const(0.0, "float32").astype("bfloat16")
     if recipe.get("x_signed"):
-        return tirx.const(recipe["x_zp"] - 128, "int8")
+        return tirx.const(recipe["x_zp"] - SHIFT, "int8")
     return tirx.const(recipe["x_zp"], "uint8")
 
 
@@ -106,7 +107,7 @@ def _quantized(value, recipe):
         return value if recipe.get("in_u8") else _round_to_bf16(value).astype("bfloat16")
     q = value if recipe.get("in_u8") else _quantize(value, recipe["x_scale"], recipe["x_zp"])
     if recipe.get("x_signed"):
-        return (q ^ tirx.const(0x80, "uint8")).astype("int8")
+        return (q ^ tirx.const(SHIFT, "uint8")).astype("int8")  # u8 - 128 as s8
     return q
 
 

@@ -4,6 +4,7 @@ shapes and layouts, the form it is tuned in, and which instructions may run it."
 from typing import NamedTuple
 
 from .. import intrinsics, selection
+from ..shift import rebased_dtype
 
 ATTR = "unit_tvm.recipe"
 
@@ -115,6 +116,6 @@ def candidates(recipe, target):
         cand = selection.Candidate(intrin, selection.channel_waste(intrin, c, k))
         if intrin.input_dtypes[0] == a_t:
             usable.append(cand)
-        elif selection.can_rebase(a_t, intrin.input_dtypes[0]):
+        elif rebased_dtype(a_t) == intrin.input_dtypes[0]:
             rebased.append(cand)
     return [cand.intrinsic for cand in selection.with_rebased(usable, rebased)]

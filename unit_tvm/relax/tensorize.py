@@ -13,6 +13,7 @@ own channel) where the host has one; other grouped int8 convs keep their plain i
 legalization: this is one pass in TVM's pipeline, not a fork of tvm.compile.
 """
 
+import functools
 import hashlib
 import json
 import warnings
@@ -98,7 +99,7 @@ class UnitTensorize:
                                          len(built), block)
             if built[key] is None:
                 continue
-            gv, layout_weight, final = built[key]
+            gv, arguments, final = built[key]
             for j, role in consumer.get(i, ()):
                 recipes[j]["in_block" if role == "x" else "residual_block"] = final["out_block"]
             if i in pooled:
@@ -108,11 +109,7 @@ class UnitTensorize:
                     blocked_pools.add(pool)
                     for j, role in pool_readers[pool]:
                         recipes[j]["in_block" if role == "x" else "residual_block"] = blk
-            args = list(call.args[1].fields)
-            weight = args[1].value.numpy()
-            args[1] = relax.const(layout_weight(weight))
-            if final.get("x_signed"):  # the kernel reads the activation re-based to int8
-                args[2] = relax.const(rebased_comp(args[2].value.numpy(), weight))
+            args = arguments(list(call.args[1].fields))
             replace.append((call, gv, args, relax.TensorType(out_shape(final), out_dtype(final))))
         if not replace:
             return mod
@@ -126,7 +123,7 @@ class UnitTensorize:
         return Database(self.database)
 
     def _entry(self, bb, recipe, packed_out, original, index, block=None):
-        """(GlobalVar, weight layout function, final recipe) of the function that computes
+        """(GlobalVar, arguments function, final recipe) of the function that computes
         recipe — tensorized, else the plain int8 loop nest when the layout changes — or None to
         keep the call as it is. packed_out: the result goes to a packed edge (NCHW[y]c); block:
         y when the edge fixes it (a concat's parts), else the instruction's."""
@@ -137,7 +134,7 @@ class UnitTensorize:
             func_t, blocks, final = entry
             self.kernels[name] = KernelInfo(name, label, self.report[-1][1], macs(recipe))
             return (bb.add_func(func_t.with_attr("global_symbol", name), name),
-                    lambda w: pack_weight(final, w, blocks), final)
+                    functools.partial(_kernel_arguments, recipe=final, blocks=blocks), final)
         if packed_out:
             found = candidates(recipe, self.target)
             recipe = dict(recipe, out_block=block or (found[0].channel_blocks[1] if found
@@ -145,7 +142,8 @@ class UnitTensorize:
         if recipe != original:  # a packed edge: the plain loop nest reads / writes the blocks
             self.kernels[name] = KernelInfo(name, label, "", macs(recipe))
             func_p = plain_func(recipe).with_attr("global_symbol", name)
-            return bb.add_func(func_p, name), lambda w: plain_weight(recipe, w), recipe
+            return (bb.add_func(func_p, name),
+                    functools.partial(_plain_arguments, recipe=recipe), recipe)
         return None
 
     def _build(self, recipe, packed_out, block=None):
@@ -220,6 +218,23 @@ class UnitTensorize:
         warnings.warn(f"UnitTensorize: {label} keeps TVM's schedule: {reason}", stacklevel=3)
         self.report.append((label, None, reason))
         return None
+
+
+def _kernel_arguments(args, recipe, blocks):
+    """A quantized call's arguments as its tensorized kernel reads them: the weight packed for
+    the instruction, and with an activation the kernel re-bases to int8 (x_signed) the
+    zero-point term re-based too."""
+    weight = args[1].value.numpy()
+    args[1] = relax.const(pack_weight(recipe, weight, blocks))
+    if recipe.get("x_signed"):
+        args[2] = relax.const(rebased_comp(args[2].value.numpy(), weight))
+    return args
+
+
+def _plain_arguments(args, recipe):
+    """A quantized call's arguments as the plain int8 loop nest on a packed edge reads them."""
+    args[1] = relax.const(plain_weight(recipe, args[1].value.numpy()))
+    return args
 
 
 class KernelInfo(NamedTuple):

@@ -3,6 +3,7 @@ layout, and the packed layouts of the tensorized kernels."""
 
 import numpy as np
 
+from ..shift import SHIFT
 from .recipe import Blocks, is_depthwise
 
 def rebased_comp(comp, w):
@@ -10,7 +11,7 @@ def rebased_comp(comp, w):
     kernel's sums are short of the u8 ones by 128 * sum(w) per output channel (exact in int32:
     |sum(w)| <= 127 * K), so the term it subtracts shrinks by as much."""
     wsum = w.reshape(w.shape[0], -1).astype(np.int64).sum(axis=1)
-    return (comp.astype(np.int64) - 128 * wsum).astype(np.int32)
+    return (comp.astype(np.int64) - SHIFT * wsum).astype(np.int32)
 
 
 def plain_weight_shape(recipe):

@@ -19,7 +19,7 @@ from ..measure import numpy_dtype, random_array, to_device
 from .. import schedules
 from ..prepare import Prepared
 from ..rewriter import schedule
-from ..runner import LocalRunner, failure
+from ..runner import LocalRunner, failure, target_for
 from ..target import as_target, host, is_gpu
 from .cost_model import CostModel
 from .database import Database, workload_key
@@ -110,7 +110,7 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
                         f"intrinsic), got {type(prepared).__name__}")
     intrin = checks.intrinsic(intrin, "unit_tvm.tune")
     checks.count(trials, "trials", "unit_tvm.tune")
-    target = as_target(target if target is not None or runner is None else runner.target())
+    target = target_for(target, runner)
     t0 = time.time()
     if database is not None and not isinstance(database, Database):
         database = Database(database)
@@ -270,7 +270,7 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
     guess: at 7x7 or one row, a 16-row AMX tile computes mostly padding and the 512-bit vpdpbusd
     wins by 2x. runner: where candidates run (see `tune`).
     """
-    target = as_target(target if target is not None or runner is None else runner.target())
+    target = target_for(target, runner)
     if database is not None and not isinstance(database, Database):
         database = Database(database)
     if database is not None:
