@@ -10,7 +10,8 @@ from torch import nn
 from tvm import relax
 
 import unit_tvm
-from unit_tvm import frontends, zoo
+from unit_tvm import frontends
+from unit_tvm.testing import zoo
 from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
 
@@ -508,7 +509,7 @@ def test_output_block_follows_the_instruction():
     """A 16-channel output block over 8-lane accumulators would mix accumulator blocks in one
     write-back tile (TVM derived a wrong loop nest for it): refused with a clear error."""
     from unit_tvm import intrinsics
-    from unit_tvm.relax.qops import tensorized_graph
+    from unit_tvm.relax.qgraphs import tensorized_graph
 
     recipe = _conv_recipe(in_block=16, out_block=16)
     with pytest.raises(ValueError, match="output block 16 differs"):
@@ -521,7 +522,7 @@ def test_single_row_dense_on_every_instruction():
     left the write-back unplaceable (a TVM InternalError). Every instruction of this host builds
     it, and each result equals TVM's own build of the op."""
     import unit_tvm.tuner.search as search
-    from unit_tvm.relax.qops import tensorized_graph
+    from unit_tvm.relax.qgraphs import tensorized_graph
     from unit_tvm.relax.recipe import candidates
 
     target = unit_tvm.target.host()

@@ -68,8 +68,47 @@ def _max_index(idx, extents):
     return bounds(idx, extents)[1]
 
 
-def pack_layout(plan, shape, op_idx, extents, separable=False):
-    """[(kind, payload, extent)] of the pack's dimensions, outermost first.
+class DimAxis(NamedTuple):
+    """A pack dimension that is an operand dimension, kept whole."""
+
+    dim: int
+    extent: int
+
+
+class OuterAxis(NamedTuple):
+    """The outer part of an operand dimension split by the instruction's extent."""
+
+    dim: int
+    extent: int
+
+
+class LoopAxis(NamedTuple):
+    """A pack dimension indexed by an op loop (gathered: the operand's index mixes loops)."""
+
+    loop: str
+    extent: int
+
+
+class LoopOuterAxis(NamedTuple):
+    """The outer part of an op loop gathered in steps of `step` (its inner part is a lane)."""
+
+    loop: str
+    step: int
+    extent: int
+
+
+class InnerAxis(NamedTuple):
+    """One of the instruction's loops, innermost (how it is indexed: `entry`)."""
+
+    entry: PlanEntry
+    extent: int
+
+
+Axis = DimAxis | OuterAxis | LoopAxis | LoopOuterAxis | InnerAxis
+
+
+def pack_layout(plan, shape, op_idx, extents, separable=False) -> list:
+    """The pack's dimensions, outermost first, as Axis values.
 
     separable: an unmapped dimension whose index mixes loops (y + ry, 2 * y + ry) is gathered
     into one pack dimension per loop, so that every index of the pack is a single loop.
@@ -81,25 +120,25 @@ def pack_layout(plan, shape, op_idx, extents, separable=False):
         if entry is None:
             mixed = sorted(vars_in(op_idx[d]))
             if separable and len(mixed) > 1:
-                outer += [("loop", v, extents[v]) for v in mixed]
+                outer += [LoopAxis(v, extents[v]) for v in mixed]
             else:
-                outer.append(("dim", d, max(ext, _max_index(op_idx[d], extents) + 1)))
+                outer.append(DimAxis(d, max(ext, _max_index(op_idx[d], extents) + 1)))
             continue
         ol, iext, how, extra = entry.op_loop, entry.extent, entry.how, entry.extra
         if how == "split":
-            outer.append(("outer", d, -(-ext // iext)))
+            outer.append(OuterAxis(d, -(-ext // iext)))
         elif how == "gather":
-            outer += [("loop_outer", v, -(-extents[v[0]] // v[1])) if isinstance(v, tuple)
-                      else ("loop", v, extents[v]) for v in extra]
-            outer.append(("loop_outer", (ol, iext), -(-extents[ol] // iext)))
+            outer += [LoopOuterAxis(v[0], v[1], -(-extents[v[0]] // v[1])) if isinstance(v, tuple)
+                      else LoopAxis(v, extents[v]) for v in extra]
+            outer.append(LoopOuterAxis(ol, iext, -(-extents[ol] // iext)))
         elif how == "row" and not extra:
-            row.append(("dim", d, max(ext, _max_index(op_idx[d], extents) + 1)))
+            row.append(DimAxis(d, max(ext, _max_index(op_idx[d], extents) + 1)))
         else:  # gathered rows: the other loops outside, the row loop itself as the row dim
-            outer += [("loop", v, extents[v]) for v in extra[:-1]]
-            row.append(("loop", ol, extents[ol]))
+            outer += [LoopAxis(v, extents[v]) for v in extra[:-1]]
+            row.append(LoopAxis(ol, extents[ol]))
     for entry in plan:
         if entry.how in ("split", "gather", "broadcast"):
-            inner.append(("inner", entry, entry.extent))
+            inner.append(InnerAxis(entry, entry.extent))
     return outer + row + inner
 
 
@@ -113,23 +152,22 @@ def make_pack(tensor, plan, op_idx, extents, separable=False):
 
     def fcompute(*q):
         loops, dims, outers = {}, {}, {}
-        for (kind, payload, _), v in zip(layout, q):
-            if kind == "dim":
-                dims[payload] = v
-            elif kind == "outer":
-                outers[payload] = v
-            elif kind == "loop":
-                loops[payload] = v
-            elif kind == "loop_outer":
-                ol, iext = payload
-                loops[ol] = v * iext + loops.get(ol, 0)
-        for (kind, payload, _), v in zip(layout, q):
-            if kind != "inner":
+        for axis, v in zip(layout, q):
+            if isinstance(axis, DimAxis):
+                dims[axis.dim] = v
+            elif isinstance(axis, OuterAxis):
+                outers[axis.dim] = v
+            elif isinstance(axis, LoopAxis):
+                loops[axis.loop] = v
+            elif isinstance(axis, LoopOuterAxis):
+                loops[axis.loop] = v * axis.step + loops.get(axis.loop, 0)
+        for axis, v in zip(layout, q):
+            if not isinstance(axis, InnerAxis):
                 continue
-            if payload.how == "split":
-                dims[payload.dim] = outers[payload.dim] * payload.extent + v
-            elif payload.how == "gather":
-                loops[payload.op_loop] = loops[payload.op_loop] + v
+            if axis.entry.how == "split":
+                dims[axis.entry.dim] = outers[axis.entry.dim] * axis.entry.extent + v
+            elif axis.entry.how == "gather":
+                loops[axis.entry.op_loop] = loops[axis.entry.op_loop] + v
         idx = []
         for d in range(len(shape)):
             if d in dims:
@@ -143,7 +181,7 @@ def make_pack(tensor, plan, op_idx, extents, separable=False):
             cond = tirx.all(cond, c)
         return tirx.if_then_else(cond, tensor(*idx), tirx.const(0, tensor.dtype))
 
-    return te.compute([e for *_, e in layout], fcompute, name=f"{tensor.op.name}_packed")
+    return te.compute([axis.extent for axis in layout], fcompute, name=f"{tensor.op.name}_packed")
 
 
 def padding_in_bounds(tensor, op_idx, padded_loops, padded_reduce, extents):
@@ -164,18 +202,18 @@ def pack_index(op_idx, orig_idx, plan, var_of, shape, extents, separable=False):
     """Index into a pack for the op indices op_idx (vars already renamed to the core's);
     orig_idx: the same indices in the op's own vars (they decide the pack's layout)."""
     out = []
-    for kind, payload, _ in pack_layout(plan, shape, orig_idx, extents, separable):
-        if kind == "dim":
-            out.append(op_idx[payload])
-        elif kind == "outer":
-            iext = next(p.extent for p in plan if p.dim == payload)
-            out.append(tirx.floordiv(op_idx[payload], iext))
-        elif kind == "loop":
-            out.append(var_of[payload])
-        elif kind == "loop_outer":
-            ol, iext = payload
-            out.append(tirx.floordiv(var_of[ol], iext))
+    for axis in pack_layout(plan, shape, orig_idx, extents, separable):
+        if isinstance(axis, DimAxis):
+            out.append(op_idx[axis.dim])
+        elif isinstance(axis, OuterAxis):
+            iext = next(p.extent for p in plan if p.dim == axis.dim)
+            out.append(tirx.floordiv(op_idx[axis.dim], iext))
+        elif isinstance(axis, LoopAxis):
+            out.append(var_of[axis.loop])
+        elif isinstance(axis, LoopOuterAxis):
+            out.append(tirx.floordiv(var_of[axis.loop], axis.step))
         else:
-            src = op_idx[payload.dim] if payload.how == "split" else var_of[payload.op_loop]
-            out.append(tirx.floormod(src, payload.extent))
+            entry = axis.entry
+            src = op_idx[entry.dim] if entry.how == "split" else var_of[entry.op_loop]
+            out.append(tirx.floormod(src, entry.extent))
     return out

@@ -14,6 +14,7 @@ schedule can place (weights packed once per call, never per tile):
 """
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import tvm
 from tvm import te, tirx
@@ -118,8 +119,173 @@ def _unique(name, taken):
     return out
 
 
+class Pack(NamedTuple):
+    """An operand packed for the instruction: the te stage and how the core indexes it."""
+
+    stage: te.Tensor
+    plan: list  # PlanEntry per instruction loop (packing.pack_plan)
+    op_idx: list  # the operand's indices in the op's own loop variables
+    shape: list  # the operand's shape
+
+
+@dataclass(frozen=True)
+class LoopExtents:
+    """The extents the prepared op computes over: padded where the mapping (or a register tile's
+    columns) needs more than the op's own."""
+
+    extents: dict  # every loop of the op -> extent computed
+    padded: dict  # padded loops (mapped or tiled) -> extent computed
+    padded_loops: frozenset  # loops computed past their own extent
+    padded_reduce: frozenset  # reduction loops among them
+
+    @staticmethod
+    def of(cop, mapping, tile_columns) -> "LoopExtents":
+        """The extents of compute op `cop` under `mapping` (see prepare's tile_columns)."""
+        padded = {m.op_loop: m.op_extent + m.padding for m in mapping.loops}
+        padded_loops = {m.op_loop for m in mapping.loops if m.padding}
+        columns = _tile_columns(cop, padded, tile_columns)
+        if columns is not None:
+            padded[columns[0]] = columns[1]
+            padded_loops.add(columns[0])
+        extents = {ax.var.name: padded.get(ax.var.name, int(ax.dom.extent))
+                   for ax in list(cop.axis) + list(cop.reduce_axis)}
+        reduce = {m.op_loop for m in mapping.loops if m.padding and m.kind == "R"}
+        return LoopExtents(extents, padded, frozenset(padded_loops), frozenset(reduce))
+
+
+@dataclass(frozen=True)
+class CoreLayout:
+    """How the core lays its output out: the op's data-parallel loops (mapped ones split by the
+    instruction's extent) then the instruction's output lanes."""
+
+    names: list  # the op's data-parallel loop names, outermost first
+    lanes: list  # (op loop, instruction extent) of each mapped data-parallel loop
+
+    @property
+    def split(self) -> dict:
+        return dict(self.lanes)
+
+    def index(self, var_of):
+        """The core's index for op loop values var_of (name -> expression)."""
+        split = self.split
+        idx = [tirx.floordiv(var_of[n], split[n]) if n in split else var_of[n]
+               for n in self.names]
+        return idx + [tirx.floormod(var_of[ol], ext) for ol, ext in self.lanes]
+
+
+def _make_packs(bind, mapping, intrin, loops, separable) -> dict:
+    """operand name -> Pack for every operand that is strided, broadcast or reads a padded loop
+    (or, separable, whose indices mix loops); the others are read in place."""
+    loop_of = {m.intrin_loop: m.op_loop for m in mapping.loops}
+    extent_of = {m.intrin_loop: m.intrin_extent for m in mapping.loops}
+    access = {a.intrin_operand: a for a in mapping.operands}
+    packs = {}
+    for name, (tensor, op_idx, in_idx) in bind.items():
+        reads_padded = any(vars_in(i) & loops.padded_loops for i in op_idx) and not (
+            padding_in_bounds(tensor, op_idx, loops.padded_loops, loops.padded_reduce,
+                              loops.extents))
+        mixed = separable and any(len(vars_in(i)) > 1 for i in op_idx)
+        if access[name].contiguous and not reads_padded and not mixed:
+            continue
+        plan = pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, name in intrin.strided)
+        if plan is None:
+            raise ValueError(f"{tensor.op.name} cannot be packed for {intrin.name}: no dimension "
+                             "steps by one along the mapped loop")
+        packs[tensor.op.name] = Pack(make_pack(tensor, plan, op_idx, loops.extents, separable),
+                                     plan, op_idx, [int(x) for x in tensor.shape])
+    return packs
+
+
+def _make_core(cop, intrin, bind, layout, loops, packs, separable, name):
+    """The core: the op's reduction in the instruction's operand order, reading the packs, its
+    output in the instruction's layout (CoreLayout)."""
+    sp_ext = {ax.var.name: int(ax.dom.extent) for ax in cop.axis}
+    split = layout.split
+    shape = [(-(-sp_ext[n] // split[n])) if n in split else loops.padded.get(n, sp_ext[n])
+             for n in layout.names] + [ext for _, ext in layout.lanes]
+    red = cop.body[0]
+    source = _in_instruction_order(intrin, bind)
+    n_outer = len(layout.names)
+
+    def core_compute(*vs):
+        var_of = dict(zip(layout.names, vs[:n_outer]))
+        for (ol, ext), q in zip(layout.lanes, vs[n_outer:]):
+            var_of[ol] = var_of[ol] * ext + q
+        new_red = [te.reduce_axis((0, loops.padded.get(r.var.name, int(r.dom.extent))),
+                                  name=r.var.name) for r in red.axis]
+        var_of.update({r.var.name: n.var for r, n in zip(red.axis, new_red)})
+
+        def on_load(tensor, idx):
+            pack = packs.get(tensor.op.name)
+            if pack is None:
+                return tensor(*idx)
+            return pack.stage(*pack_index(idx, pack.op_idx, pack.plan, var_of, pack.shape,
+                                          loops.extents, separable))
+
+        return te.sum(mutate_expr(source, on_load, var_of), axis=new_red)
+
+    return te.compute(shape, core_compute, name=name)
+
+
+def _make_output(op, core, layout, shift, epilogue, name):
+    """(output, reference): the user's result read back from the core (crop, unpack, the
+    shift's compensation, then `epilogue`), and the same computed from op as given."""
+
+    def value(op_indices, analyzer=None):
+        """op's result at op_indices, read from the core. analyzer: bounds of the output's loop
+        variables, to simplify the core's indices (a block that matches the core's lanes then
+        reads them in place, which vectorises)."""
+        idx = layout.index(dict(zip(layout.names, op_indices)))
+        if analyzer is not None:
+            idx = [analyzer.simplify(i) for i in idx]
+        result = core(*idx)
+        return shift.corrected(result, list(op_indices)) if shift is not None else result
+
+    if epilogue is None:
+        return te.compute([int(s) for s in op.shape], lambda *vs: value(vs), name=name), op
+    shape, _dtype, fn, _ = epilogue
+
+    def out_body(*vs):
+        analyzer = tvm.sym.Analyzer()
+        for v, ext in zip(vs, shape):
+            # an extent-1 variable is left unbound: bound, it would simplify to 0 and vanish
+            # from the core's indices, and reverse_compute_at then cannot place the block
+            if int(ext) > 1:
+                analyzer.bind(v, tvm.ir.Range(0, int(ext)))
+        return fn(lambda idx: value(idx, analyzer), vs)
+
+    output = te.compute(list(shape), out_body, name=name)
+    reference = te.compute(list(shape), lambda *vs: fn(lambda idx: op(*idx), vs),
+                           name=epilogue[3] + "_reference")
+    return output, reference
+
+
+def _contiguous_core_mapping(core, intrin, layout, op_name):
+    """The instruction's Mapping on the core: unpadded, contiguous, on the core's lane loops;
+    ValueError when preparation did not give one."""
+    lanes = [core.op.axis[len(layout.names) + i].var.name for i in range(len(layout.lanes))]
+    for m in inspect(core, intrin):
+        if (not m.padded and all(a.contiguous for a in m.operands)
+                and [x.op_loop for x in m.loops if x.kind == "S"] == lanes):
+            return m
+    raise ValueError(f"preparing {op_name} for {intrin.name} did not give a contiguous core")
+
+
+def _checked_params(params, output, op):
+    """The function's inputs: `params` when they are exactly output's placeholders (default:
+    those, in first-read order)."""
+    found = placeholders_of(output)
+    if params is None:
+        return found
+    if sorted(t.op.name for t in params) != sorted(t.op.name for t in found) or len(
+            params) != len(found):
+        raise ValueError(f"inputs {[t.op.name for t in params]} are not the placeholders "
+                         f"{[t.op.name for t in found]} that {op.op.name} reads")
+    return params
+
+
 def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=None,
-            tile_columns=None):
+            tile_columns=None) -> Prepared:
     """Prepared graph computing `op` (a te.Tensor) with `intrin`, or ValueError why not.
 
     mapping: a Mapping of intrin on op (default: the Inspector's best). params: the order of the
@@ -136,10 +302,7 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     core computes the extra columns from zero padding and the epilogue crops them.
     """
     intrin = intrinsics.get(intrin) if isinstance(intrin, str) else intrin
-    stages = []
-    shifted_name = ""
-    shift = None
-    work = op
+    stages, shifted_name, shift, work = [], "", None, op
     if mapping is None:
         shift, mapping = _best_form(op, intrin)
         if shift is not None:
@@ -148,119 +311,18 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     _check_distinct_names(work.op)
     cop = work.op
     bind = compute_isomorphism(cop, intrin)
-    loop_of = {m.intrin_loop: m.op_loop for m in mapping.loops}
-    extent_of = {m.intrin_loop: m.intrin_extent for m in mapping.loops}
-    padded = {m.op_loop: m.op_extent + m.padding for m in mapping.loops}
-    padded_loops = {m.op_loop for m in mapping.loops if m.padding}
-    columns = _tile_columns(cop, padded, tile_columns)
-    if columns is not None:
-        padded[columns[0]] = columns[1]
-        padded_loops.add(columns[0])
-    padded_reduce = {m.op_loop for m in mapping.loops if m.padding and m.kind == "R"}
-    access = {a.intrin_operand: a for a in mapping.operands}
-    all_extents = {ax.var.name: padded.get(ax.var.name, int(ax.dom.extent))
-                   for ax in list(cop.axis) + list(cop.reduce_axis)}
-
-    # 1. packs for operands that are strided, broadcast or read a padded loop
-    packs = {}
-    for name, (tensor, op_idx, in_idx) in bind.items():
-        reads_padded = any(vars_in(i) & padded_loops for i in op_idx) and not padding_in_bounds(
-            tensor, op_idx, padded_loops, padded_reduce, all_extents)
-        mixed = separable and any(len(vars_in(i)) > 1 for i in op_idx)
-        if access[name].contiguous and not reads_padded and not mixed:
-            continue
-        plan = pack_plan(tensor, op_idx, in_idx, loop_of, extent_of, name in intrin.strided)
-        if plan is None:
-            raise ValueError(f"{tensor.op.name} cannot be packed for {intrin.name}: no dimension "
-                             "steps by one along the mapped loop")
-        packs[tensor.op.name] = (make_pack(tensor, plan, op_idx, all_extents, separable), plan,
-                                 op_idx, [int(x) for x in tensor.shape])
-        stages.append(f"{tensor.op.name}_packed")
-
-    # 2. the core: output in the instruction's layout (spatial mapped loops split, lanes inner)
-    out_loops = [(il, ol, ext) for il, ol, ext in
-                 ((m.intrin_loop, m.op_loop, m.intrin_extent) for m in mapping.loops
-                  if m.kind == "S")]
-    sp_names = [ax.var.name for ax in cop.axis]
-    sp_ext = {ax.var.name: int(ax.dom.extent) for ax in cop.axis}
-    split_sp = {ol: ext for _, ol, ext in out_loops}
-    core_shape = [(-(-sp_ext[n] // split_sp[n])) if n in split_sp else padded.get(n, sp_ext[n])
-                  for n in sp_names]
-    core_shape += [ext for *_, ext in out_loops]
-    red = cop.body[0]
-    source = _in_instruction_order(intrin, bind)
-    n_outer = len(sp_names)
-
-    def core_compute(*vs):
-        outer, inner = vs[:n_outer], vs[n_outer:]
-        var_of = dict(zip(sp_names, outer))
-        for (_, ol, ext), q in zip(out_loops, inner):
-            var_of[ol] = var_of[ol] * ext + q
-        new_red = [te.reduce_axis((0, padded.get(r.var.name, int(r.dom.extent))), name=r.var.name)
-                   for r in red.axis]
-        var_of.update({r.var.name: n.var for r, n in zip(red.axis, new_red)})
-
-        def on_load(tensor, idx):
-            if tensor.op.name in packs:
-                pack, plan, orig_idx, shape = packs[tensor.op.name]
-                return pack(*pack_index(idx, orig_idx, plan, var_of, shape, all_extents,
-                                          separable))
-            return tensor(*idx)
-
-        return te.sum(mutate_expr(source, on_load, var_of), axis=new_red)
-
+    loops = LoopExtents.of(cop, mapping, tile_columns)
+    packs = _make_packs(bind, mapping, intrin, loops, separable)
+    stages += [f"{name}_packed" for name in packs]
+    # the working op (shifted or not) has the same axes as op
+    layout = CoreLayout([ax.var.name for ax in cop.axis],
+                        [(m.op_loop, m.intrin_extent) for m in mapping.loops if m.kind == "S"])
     taken = _stage_names(op)
     core_name = _unique(f"{op.op.name}_core", taken)
-    core = te.compute(core_shape, core_compute, name=core_name)
-
-    # 3. the epilogue: user layout, crop, compensation
-    out_names = sp_names  # the working op (shifted or not) has the same axes as op
-
-    def value(op_indices, analyzer=None):
-        """op's result at op_indices, read from the core (crop, unpack, compensation).
-        analyzer: bounds of the output's loop variables, to simplify the core's indices (a block
-        that matches the core's lanes then reads them in place, which vectorises)."""
-        var_of = dict(zip(out_names, op_indices))
-        idx = [tirx.floordiv(var_of[n], split_sp[n]) if n in split_sp else var_of[n]
-               for n in out_names]
-        idx += [tirx.floormod(var_of[ol], ext) for _, ol, ext in out_loops]
-        if analyzer is not None:
-            idx = [analyzer.simplify(i) for i in idx]
-        result = core(*idx)
-        return shift.corrected(result, list(op_indices)) if shift is not None else result
-
-    if epilogue is None:
-        output = te.compute([int(s) for s in op.shape], lambda *vs: value(vs),
-                            name=_unique(op.op.name, taken - {op.op.name} | {core_name}))
-        reference = op
-    else:
-        shape, _dtype, fn, name = epilogue
-
-        def out_body(*vs):
-            analyzer = tvm.sym.Analyzer()
-            for v, ext in zip(vs, shape):
-                # an extent-1 variable is left unbound: bound, it would simplify to 0 and vanish
-                # from the core's indices, and reverse_compute_at then cannot place the block
-                if int(ext) > 1:
-                    analyzer.bind(v, tvm.ir.Range(0, int(ext)))
-            return fn(lambda idx: value(idx, analyzer), vs)
-
-        output = te.compute(list(shape), out_body,
-                            name=_unique(name, taken - {op.op.name} | {core_name}))
-        reference = te.compute(list(shape), lambda *vs: fn(lambda idx: op(*idx), vs),
-                               name=name + "_reference")
-    core_maps = [m for m in inspect(core, intrin)
-                 if not m.padded and all(a.contiguous for a in m.operands)
-                 and [x.op_loop for x in m.loops if x.kind == "S"] == [
-                     core.op.axis[n_outer + i].var.name for i in range(len(out_loops))]]
-    if not core_maps:
-        raise ValueError(f"preparing {op.op.name} for {intrin.name} did not give a contiguous core")
-    found_params = placeholders_of(output)
-    if params is None:
-        params = found_params
-    elif sorted(t.op.name for t in params) != sorted(t.op.name for t in found_params) or len(
-            params) != len(found_params):
-        raise ValueError(f"inputs {[t.op.name for t in params]} are not the placeholders "
-                         f"{[t.op.name for t in found_params]} that {op.op.name} reads")
-    return Prepared(params, core, output, core_maps[0], tuple(stages), shifted_name, op, mapping,
-                    reference)
+    core = _make_core(cop, intrin, bind, layout, loops, packs, separable, core_name)
+    out_name = _unique(op.op.name if epilogue is None else epilogue[3],
+                       taken - {op.op.name} | {core_name})
+    output, reference = _make_output(op, core, layout, shift, epilogue, out_name)
+    core_mapping = _contiguous_core_mapping(core, intrin, layout, op.op.name)
+    return Prepared(_checked_params(params, output, op), core, output, core_mapping,
+                    tuple(stages), shifted_name, op, mapping, reference)

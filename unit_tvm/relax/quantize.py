@@ -25,17 +25,25 @@ bf16 instruction here fits a depthwise window, and bf16 would only lose precisio
 
 import json
 
+import ml_dtypes
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
+from ..target import as_target, host, is_host
 from . import u8_values
 from .chains import find_chains
 from .graph import dataflow_bindings, max_pool_on
-from .requantize import (requantize_edges, requantize_shared_edges, requantize_shortcuts,
-                         requantize_through_pools, residual_only_ends)
 from .qops import plain_func
 from .recipe import ATTR, out_dtype
+from .requantize import (
+    requantize_edges,
+    requantize_shared_edges,
+    requantize_shortcuts,
+    requantize_through_pools,
+    residual_only_ends,
+)
 
 _TMP = "__unit_tvm_main"
 
@@ -63,7 +71,6 @@ def _observe(mod, outputs, calibration_data, target):
         bb.emit_func_output(out)
     cal = _as_main(bb.get())
     from ..compiler import build_relax  # the fp32 model with the default CPU schedule: faster
-    from ..target import host, is_host
 
     # Calibration runs here: a model compiled for another machine (aarch64, a wider x86) is
     # observed in fp32 on this one, so both builds of one model get the same quantization.
@@ -127,7 +134,6 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     "unit_tvm.recipe"), scheduled by TVM's defaults; UnitTensorize then tensorizes them.
     dtype="bfloat16": bf16 dot products with float32 accumulation instead (no calibration).
     """
-    from ..target import as_target
 
     if dtype not in ("int8", "bfloat16"):
         raise ValueError(f"dtype must be 'int8' or 'bfloat16', got {dtype!r}")
@@ -175,7 +181,6 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
 def _to_bfloat16(mod, chains):
     """mod with every chain one bf16 op: weights (per-channel scale folded in) rounded to bf16,
     the bias (shift) kept in float32; edges between ops stay float32."""
-    import ml_dtypes
 
     if not chains:
         return mod
@@ -208,6 +213,112 @@ def _free_vars(expr):
     return found
 
 
+class _Rewriter:
+    """Re-emits main with every chain replaced by its int8 call (see _rewrite)."""
+    def __init__(self, mod, chains, by_end, pools, plan):
+        self.func = mod["main"]
+        self.by_end, self.pools, self.plan = by_end, pools, plan
+        self.by_var = {b.var: b for b in dataflow_bindings(self.func)}
+        self.removed = {m for c in chains for m in c.members if not m.same_as(c.end)}
+        self.special = set(pools) | set(plan.concats) | set(plan.avg_pools) | set(plan.max_pools)
+        self.bb = relax.BlockBuilder(mod)
+        self.remap = {}  # original var -> its value in the new function (real-valued)
+        self.u8_of = {}  # var -> (uint8 expression, QParams) of the values carried as uint8
+        self.counter = [0]  # names of the functions added (shared with _emit_chain)
+
+    def u8_source(self, var):
+        """(uint8 expression, QParams) of a value carried as uint8 (a pool's or concat's, or a
+        chain's requantized result), or None."""
+        if var in self.u8_of:
+            return self.u8_of[var]
+        if var in self.by_end and self.by_end[var][1].get("out_q"):
+            return self.remap[var], u8_values.QParams(*self.by_end[var][1]["out_q"])
+        return None
+
+    def u8_value(self, var, value, q):
+        """Emit `value`, var's uint8 result in quantization q; remap gets a dequantized copy."""
+        self.u8_of[var] = (self.bb.emit(value), q)
+        self.remap[var] = self._emit(self.by_var[var].var,
+                                     u8_values.dequantize(self.u8_of[var][0], q))
+
+    def _emit(self, var, value):
+        """Emit value in the dataflow block, as an output when `var` is one."""
+        return (self.bb.emit(value) if isinstance(var, relax.DataflowVar)
+                else self.bb.emit_output(value))
+
+    def concat(self, var, b):
+        """A channel concat carried as uint8 in the plan's quantization."""
+        q = self.plan.concats[var]
+        parts = []
+        for field in b.value.args[0].fields:
+            found = self.u8_source(field)
+            part = (u8_values.requantize(found[0], found[1], q) if found
+                    else u8_values.quantize(_sub(field, self.remap), q))
+            # a part already in q is the producer's own variable (what the layout pass
+            # follows), not an alias of it
+            parts.append(part if found and part.same_as(found[0]) else self.bb.emit(part))
+        self.u8_value(var, relax.op.concat(parts, axis=1), q)
+
+    def avg_pool(self, var, b):
+        """An average pool on its uint8 producer, as an integer kernel."""
+        pool = self.plan.avg_pools[var]
+        src, q = self.u8_source(b.value.args[0])
+        name = f"qavg_pool_{self.counter[0]}"
+        self.counter[0] += 1
+        func_p = u8_values.avg_pool_func(b.value.args[0].ty.shape, b.value.attrs, pool)
+        gv = self.bb.add_func(func_p.with_attr("global_symbol", name), name)
+        src = u8_values.requantize(src, q, pool.source)
+        arg = src if isinstance(src, relax.Var) else self.bb.emit(src)
+        self.u8_value(var, relax.call_tir(gv, [arg], relax.TensorType(b.value.ty.shape, "uint8")),
+                      pool.result)
+
+    def emit_special(self, var, b):
+        """A pool or concat that runs on uint8 values."""
+        if var in self.pools or var in self.plan.max_pools:
+            src, q = self.u8_source(b.value.args[0])
+            self.u8_value(var, max_pool_on(b.value, src), q)
+        elif var in self.plan.concats:
+            self.concat(var, b)
+        else:
+            self.avg_pool(var, b)
+
+    def emit_var(self, var):
+        """Emit var after what it depends on (a chain's inputs, or the value's free vars)."""
+        if var in self.remap or var not in self.by_var:
+            return
+        b = self.by_var[var]
+        if var in self.by_end:
+            chain, recipe, consts = self.by_end[var]
+            deps = [chain.x] + ([chain.residual] if chain.residual is not None else [])
+        else:
+            deps = _free_vars(b.value)
+        for d in deps:
+            self.emit_var(d)
+        if var in self.by_end:
+            self.remap[var] = _emit_chain(self.bb, chain, recipe, consts, self.remap,
+                                          self.counter, b.var, self.u8_of)
+        elif var in self.special:
+            self.emit_special(var, b)
+        else:
+            self.remap[var] = self._emit(b.var, _sub(b.value, self.remap))
+
+    def run(self):
+        """The rewritten module (dead values dropped)."""
+        func, bb = self.func, self.bb
+        attrs = ({k: v for k, v in func.attrs.items() if k != "global_symbol"} if func.attrs
+                 else None)
+        with bb.function(_TMP, list(func.params), attrs=attrs):
+            with bb.dataflow():
+                for b in dataflow_bindings(func):
+                    if b.var not in self.removed:
+                        self.emit_var(b.var)
+                out = _sub(func.body.body, self.remap)
+                if not isinstance(out, relax.Var) or out not in list(self.remap.values()):
+                    out = bb.emit_output(out)
+            bb.emit_func_output(out)
+        return relax.transform.DeadCodeElimination()(_as_main(bb.get()))
+
+
 def _rewrite(mod, chains, by_end, pools=None, plan=None):
     """Re-emit main with every chain replaced by its int8 call. Emission follows dependencies:
     a chain is emitted where it ends, after its inputs (a residual may be defined later in the
@@ -215,93 +326,8 @@ def _rewrite(mod, chains, by_end, pools=None, plan=None):
     that run on their uint8 producer; plan: the uint8 concats and pools (u8_values.plan).
     Their uint8 results go to the convs that read uint8, a dequantized copy to every other user
     (DCE drops it when there is none)."""
-    pools = pools or {}
-    plan = plan or u8_values.U8Plan({}, {}, {})
-    u8_of = {}  # var -> (uint8 expression, QParams) of the values carried as uint8
-    func = mod["main"]
-    removed = set()
-    for c in chains:
-        removed.update(m for m in c.members if not m.same_as(c.end))
-    by_var = {b.var: b for b in dataflow_bindings(func)}
-    bb = relax.BlockBuilder(mod)
-    remap = {}
-    counter = [0]
-
-    def u8_source(var):
-        """(uint8 expression, QParams) of a value carried as uint8 (a pool's or concat's, or a
-        chain's requantized result), or None."""
-        if var in u8_of:
-            return u8_of[var]
-        if var in by_end and by_end[var][1].get("out_q"):
-            return remap[var], u8_values.QParams(*by_end[var][1]["out_q"])
-        return None
-
-    def u8_value(var, value, q):
-        """Emit `value`, var's uint8 result in quantization q; remap gets a dequantized copy."""
-        u8_of[var] = (bb.emit(value), q)
-        real = u8_values.dequantize(u8_of[var][0], q)
-        remap[var] = (bb.emit(real) if isinstance(by_var[var].var, relax.DataflowVar)
-                      else bb.emit_output(real))
-
-    def emit_special(var, b):
-        if var in pools or var in plan.max_pools:
-            src, q = u8_source(b.value.args[0])
-            u8_value(var, max_pool_on(b.value, src), q)
-        elif var in plan.concats:
-            q = plan.concats[var]
-            parts = []
-            for field in b.value.args[0].fields:
-                found = u8_source(field)
-                part = (u8_values.requantize(found[0], found[1], q) if found
-                        else u8_values.quantize(_sub(field, remap), q))
-                # a part already in q is the producer's own variable (what the layout pass
-                # follows), not an alias of it
-                parts.append(part if found and part.same_as(found[0]) else bb.emit(part))
-            u8_value(var, relax.op.concat(parts, axis=1), q)
-        else:  # a uint8 average pool
-            pool = plan.avg_pools[var]
-            src, q = u8_source(b.value.args[0])
-            name = f"qavg_pool_{counter[0]}"
-            counter[0] += 1
-            func_p = u8_values.avg_pool_func(b.value.args[0].ty.shape, b.value.attrs, pool)
-            gv = bb.add_func(func_p.with_attr("global_symbol", name), name)
-            src = u8_values.requantize(src, q, pool.source)
-            u8_value(var, relax.call_tir(gv, [src if isinstance(src, relax.Var) else bb.emit(src)],
-                                         relax.TensorType(b.value.ty.shape, "uint8")), pool.result)
-
-    special = set(pools) | set(plan.concats) | set(plan.avg_pools) | set(plan.max_pools)
-
-    def emit_var(var):
-        if var in remap or var not in by_var:
-            return
-        b = by_var[var]
-        if var in by_end:
-            chain, recipe, consts = by_end[var]
-            deps = [chain.x] + ([chain.residual] if chain.residual is not None else [])
-        else:
-            deps = _free_vars(b.value)
-        for d in deps:
-            emit_var(d)
-        if var in by_end:
-            remap[var] = _emit_chain(bb, chain, recipe, consts, remap, counter, b.var, u8_of)
-        elif var in special:
-            emit_special(var, b)
-        else:
-            value = _sub(b.value, remap)
-            remap[var] = (bb.emit(value) if isinstance(b.var, relax.DataflowVar)
-                          else bb.emit_output(value))
-
-    attrs = {k: v for k, v in func.attrs.items() if k != "global_symbol"} if func.attrs else None
-    with bb.function(_TMP, list(func.params), attrs=attrs):
-        with bb.dataflow():
-            for b in dataflow_bindings(func):
-                if b.var not in removed:
-                    emit_var(b.var)
-            out = _sub(func.body.body, remap)
-            if not isinstance(out, relax.Var) or out not in list(remap.values()):
-                out = bb.emit_output(out)
-        bb.emit_func_output(out)
-    return relax.transform.DeadCodeElimination()(_as_main(bb.get()))
+    return _Rewriter(mod, chains, by_end, pools or {},
+                     plan or u8_values.U8Plan({}, {}, {})).run()
 
 
 def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
@@ -329,8 +355,6 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
 
 def _sub(expr, remap):
     """expr with vars replaced per remap (a structural copy)."""
-    import tvm_ffi
-
     if not remap:
         return expr
 

@@ -26,7 +26,8 @@ from ..target import as_target
 from ..tuner import Database, tune, tune_instruction
 from .edge_layouts import packed_concats, packed_consumers, pool_conv_readers, pooled_producers
 from .graph import max_pool_on
-from .qops import plain_func, tensorized_func, tensorized_graph
+from .qgraphs import tensorized_graph
+from .qops import plain_func, tensorized_func
 from .recipe import ATTR, candidates, for_instruction, out_dtype, out_shape, tuning_form
 from .weights import pack_weight, plain_weight, rebased_comp
 from .u8_values import blocked_pool_func, pool_out_shape

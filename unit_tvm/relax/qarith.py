@@ -1,0 +1,137 @@
+"""The arithmetic of a quantized op inside its kernels, shared by the plain and the tensorized
+builders: quantizing an activation to uint8 (or rounding it to bf16), the zero-point padding,
+the op's arguments, and the epilogue that turns int32 sums into the output (compensation,
+per-channel scale, bias, residual, activation, requantization)."""
+
+from tvm import te, tirx
+
+from .. import fastmath
+from ..shift import SHIFT
+from .recipe import dtypes, is_bf16, packed_shape
+
+
+def quantize_value(x, scale, zp):
+    """fp32 -> uint8, round half away from zero, clipped. Multiplies by 1/scale: a vector divide
+    costs ~10x a multiply, once per activation; results can differ from x / scale by one step
+    only where x / scale lies within an ulp of a rounding tie."""
+    q = tirx.round(x * tirx.const(1.0 / scale, "float32")) + tirx.const(float(zp), "float32")
+    return tirx.max(tirx.min(q, tirx.const(255.0, "float32")), tirx.const(0.0, "float32")).astype(
+        "uint8")
+
+
+def round_to_bf16(v):
+    """float32 v rounded to the nearest bfloat16 (ties to even), still float32. Spelled out
+    because TVM's BF16 legalization keeps an internal bf16 stage in float32 unless an
+    instruction reads its storage: with this, the plain loop nest (the tuner's reference) and
+    the tensorized kernel see the same bf16 activations."""
+    bits = tirx.reinterpret("uint32", v)
+    bits = bits + tirx.const(0x7FFF, "uint32") + ((bits >> tirx.const(16, "uint32"))
+                                                   & tirx.const(1, "uint32"))
+    return tirx.reinterpret("float32", bits & tirx.const(0xFFFF0000, "uint32"))
+
+
+def pad_value(recipe):
+    """What padding holds in the instruction's activation dtype: real 0.0 (the zero point)."""
+    if is_bf16(recipe):
+        return tirx.const(0.0, "float32").astype("bfloat16")
+    if recipe.get("x_signed"):
+        return tirx.const(recipe["x_zp"] - SHIFT, "int8")
+    return tirx.const(recipe["x_zp"], "uint8")
+
+
+def epilogue_fn(recipe, comp, mult, bias, residual):
+    """acc (int32) -> fp32: (acc - zp*wsum[k]) * (s_x*s_w[k]) + bias[k] (+ residual), relu.
+    A bf16 op's acc is float32 already: acc + bias[k] (+ residual), relu."""
+
+    def fn(acc, k, out_idx):
+        if is_bf16(recipe):
+            v = acc + bias[k]
+        else:
+            v = (acc - comp[k]).astype("float32") * mult[k] + bias[k]
+        if residual is not None:
+            rb = recipe.get("residual_block")
+            if rb:  # a residual in NCHW[rb]c blocks (a shared uint8 edge)
+                b, f, i, j = out_idx
+                r = residual(b, f // rb, i, j, f % rb)
+            else:
+                r = residual(*out_idx)
+            if recipe.get("residual_q"):  # a uint8 residual (a pool's or conv's): dequantized here
+                scale, zp = recipe["residual_q"]
+                r = (r.astype("float32") - tirx.const(float(zp), "float32")) * tirx.const(
+                    float(scale), "float32")
+            v = v + r
+        if recipe.get("gelu"):  # exact (erf) GELU, as torch.nn.functional.gelu
+            v = v * tirx.const(0.5, "float32") * (tirx.const(1.0, "float32") + fastmath.erf(
+                v * tirx.const(0.7071067811865476, "float32")))
+        if recipe["relu"]:
+            v = tirx.max(v, tirx.const(0.0, "float32"))
+        if recipe.get("clip_max") is not None:
+            v = tirx.min(v, tirx.const(float(recipe["clip_max"]), "float32"))
+        if recipe.get("out_q"):  # requantize for the next quantized op
+            return quantize_value(v, *recipe["out_q"])
+        return v
+
+    return fn
+
+
+def load_input(x, recipe, idx):
+    """The uint8 activation at the logical (NCHW or [rows, k]) index idx, whatever x's layout:
+    x itself when the producer already requantized it, else quantized here."""
+    blk = recipe.get("in_block")
+    if blk:
+        b, c, i, j = idx
+        idx = (b, c // blk, i, j, c % blk)
+    return quantized(x(*idx), recipe)
+
+
+def quantized(value, recipe):
+    """An activation read from the op's input as the instruction takes it: as is when the
+    producer already requantized it, else quantized (or rounded to bf16) here; re-based to
+    int8 (x - 128, an xor of the sign bit) for an s8 x s8 instruction."""
+    if is_bf16(recipe):
+        return value if recipe.get("in_u8") else round_to_bf16(value).astype("bfloat16")
+    q = value if recipe.get("in_u8") else quantize_value(value, recipe["x_scale"], recipe["x_zp"])
+    if recipe.get("x_signed"):
+        return (q ^ tirx.const(SHIFT, "uint8")).astype("int8")  # u8 - 128 as s8
+    return q
+
+
+def packed_output(recipe, fn, acc_at):
+    """te body of a NCHW[out_block]c uint8 result: channel f = ko * block + ki from
+    fn(acc_at(f), f, nchw index); the padding channels hold the output's zero point (real 0)."""
+    blk, k = recipe["out_block"], recipe["out_channels"]
+    zp = tirx.const(int(recipe["out_q"][1]), "uint8")
+
+    def body(b, ko, i, j, ki):
+        f = ko * blk + ki
+        if k % blk == 0:  # no padding channel: straight-line code that vectorises
+            return fn(acc_at(b, ko, i, j, ki, f), f, (b, f, i, j))
+        fc = tirx.min(f, k - 1)  # parameters of a padding channel are never used, but read
+        return tirx.if_then_else(f < k, fn(acc_at(b, ko, i, j, ki, fc), fc, (b, fc, i, j)), zp)
+
+    return body
+
+
+def placeholders(recipe, x_shape, w_shape):
+    """x, w, comp, mult, bias, residual: the op's arguments (comp and mult None for bf16, which
+    has no quantization to undo; residual None without one)."""
+    x = te.placeholder(x_shape, "uint8" if recipe.get("in_u8") else "float32", name="x")
+    w = te.placeholder(w_shape, dtypes(recipe)[1], name="w")
+    k = recipe["out_channels"]
+    comp = None if is_bf16(recipe) else te.placeholder((k,), "int32", name="comp")
+    mult = None if is_bf16(recipe) else te.placeholder((k,), "float32", name="mult")
+    bias = te.placeholder((k,), "float32", name="bias")
+    rb = recipe.get("residual_block")
+    residual = te.placeholder(packed_shape(recipe["out_shape"], rb) if rb else recipe["out_shape"],
+                              "uint8" if recipe.get("residual_q") else "float32",
+                              name="residual") if recipe["residual"] else None
+    return x, w, comp, mult, bias, residual
+
+
+def arguments(*tensors):
+    """The PrimFunc's argument list: the given tensors, less the absent (None) ones."""
+    return [t for t in tensors if t is not None]
+
+
+def round_up(v, m):
+    return -(-v // m) * m

@@ -1,0 +1,196 @@
+"""The te graphs unit-tvm's tensorized kernels compute, per recipe: a conv2d over NCHW[x]c
+input (read in the producer's blocks when it can), a dense layer, a depthwise conv for a
+lanewise instruction; each handed to `prepare` with its epilogue fused into the write-back."""
+
+from typing import NamedTuple
+
+from tvm import te, tirx
+
+from ..prepare import prepare
+from ..schedules.cpu import tiled_extent
+from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
+                     quantized, round_up)
+from .recipe import blocks_of, dtypes, in_shape, is_depthwise, out_dtype, out_shape
+
+
+class _Graph(NamedTuple):
+    """The te graph of a quantized op: its arguments, the int32 accumulation, the epilogue."""
+
+    x: te.Tensor
+    w: te.Tensor
+    comp: te.Tensor
+    mult: te.Tensor
+    bias: te.Tensor
+    res: te.Tensor  # None without a residual
+    acc: te.Tensor
+    epilogue: object  # (value, idx) -> the output element
+
+
+def tensorized_graph(recipe, intrin):
+    """(prepared graph, Blocks) computing the recipe with `intrin`; weights arrive packed."""
+    if recipe.get("groups", 1) != 1 and not is_depthwise(recipe):
+        raise ValueError(f"grouped conv ({recipe['groups']} groups): no packed layout for "
+                         "dot-product instructions here; it keeps TVM's int8 loop nest")
+    if is_depthwise(recipe) != intrin.lanewise:
+        raise ValueError(f"{intrin.name} {'runs only' if intrin.lanewise else 'cannot run'} "
+                         "depthwise convs")
+    blocks = blocks_of(intrin)
+    if is_depthwise(recipe):
+        x, w, comp, mult, bias, res, acc = _depthwise_graph(recipe, intrin)
+        epi = _conv_epilogue(recipe, epilogue_fn(recipe, comp, mult, bias, res), blocks.y)
+        graph = _Graph(x, w, comp, mult, bias, res, acc, epi)
+        blocks = blocks._replace(x=intrin.reduction_width)  # pack_weight's tap group
+    elif recipe["kind"] == "conv2d":
+        graph = _conv_graph(recipe, blocks)
+    else:
+        graph = _dense_graph(recipe, blocks)
+    params = arguments(graph.x, graph.w, graph.comp, graph.mult, graph.bias, graph.res)
+    prepared = prepare(graph.acc, intrin, params=params,
+                       epilogue=(out_shape(recipe), out_dtype(recipe), graph.epilogue, "out"))
+    return prepared, blocks
+
+
+def _conv_input(recipe, x, x_blk, padded_width):
+    """(uint8 NCHW[block]c input the instruction reads, its channel block): the producer's
+    blocks read in place or padded, else the input quantized, padded and packed in one pass."""
+    n, c, h, w_ = recipe["in_shape"]
+    pt, pl, pb, _ = recipe["padding"]
+    hp, pad = h + pt + pb, pad_value(recipe)
+    ib = recipe.get("in_block")
+    blocked = recipe.get("in_u8") and ib and ib % x_blk == 0 and c % ib == 0
+    in_place = (not any(recipe["padding"]) and padded_width == w_
+                and not recipe.get("x_signed"))
+    if blocked and in_place:
+        # the producer's NCHW[ib]c uint8 already holds every x_blk channels of a pixel
+        # together: the instruction reads it in place, no pass over the input
+        return x, ib
+    if blocked:
+        # padded, still in the producer's blocks: a copy of whole channel vectors (the
+        # instruction reads x_blk of a block's ib channels in place); indices are clamped
+        # as well as guarded, since a vectorised select may load both sides
+        def xb_body(b, co, i, j, ci):
+            inside = tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl)
+            ic = tirx.max(tirx.min(i - pt, h - 1), 0)
+            jc = tirx.max(tirx.min(j - pl, w_ - 1), 0)
+            return tirx.if_then_else(inside, quantized(x[b, co, ic, jc, ci], recipe), pad)
+
+        return te.compute((n, c // ib, hp, padded_width, ib), xb_body, name="xq"), ib
+    # quantize, pad (with the zero point: real 0.0) and pack NCHW -> NCHW[x]c in one pass
+    cp = round_up(c, x_blk)
+    return te.compute((n, cp // x_blk, hp, padded_width, x_blk), lambda b, co, i, j, ci:
+                      tirx.if_then_else(
+                          tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl,
+                                   co * x_blk + ci < c),
+                          load_input(x, recipe, (b, co * x_blk + ci, i - pt, j - pl)),
+                          pad), name="xq"), x_blk
+
+
+def _conv_graph(recipe, blocks):
+    """A conv2d over NCHW[x]c input and KCRS[x/word]c[y]k[word]c weights."""
+    x_blk, y_blk, word = blocks
+    acc_t = dtypes(recipe)[2]
+    n, c, h, w_ = recipe["in_shape"]
+    k, _, r, s = recipe["w_shape"]
+    (sh, sw), (dh, dw) = recipe["stride"], recipe["dilation"]
+    _, pl, _, pr = recipe["padding"]
+    cp, kp = round_up(c, x_blk), round_up(k, y_blk)
+    _, oc, oh, ow = recipe["out_shape"]
+    x, w, comp, mult, bias, res = placeholders(
+        recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // word, y_blk, word))
+    # output columns computed: padded when their count has no divisor a register tile can
+    # use (17, 71, 73), the extra columns reading padding and cropped by the epilogue
+    owp = tiled_extent(ow)
+    xb, ib = _conv_input(recipe, x, x_blk, max(w_ + pl + pr, (owp - 1) * sw + (s - 1) * dw + 1))
+    rc, rr, rs = (te.reduce_axis((0, e), name=nm)
+                  for e, nm in ((cp, "rc"), (r, "rr"), (s, "rs")))
+    acc = te.compute((n, kp // y_blk, oh, owp, y_blk), lambda b, ko, i, j, ki: te.sum(
+        xb[b, rc // ib, i * sh + rr * dh, j * sw + rs * dw, rc % ib].astype(acc_t)
+        * w[ko, rc // x_blk, rr, rs, rc % x_blk // word, ki, rc % word].astype(acc_t),
+        axis=[rc, rr, rs]), name="acc")
+    epi = _conv_epilogue(recipe, epilogue_fn(recipe, comp, mult, bias, res), y_blk)
+    return _Graph(x, w, comp, mult, bias, res, acc, epi)
+
+
+def _dense_graph(recipe, blocks):
+    """A dense layer over [rows, K] input and N[x/word]k[y]n[word]k weights."""
+    x_blk, y_blk, word = blocks
+    acc_t, pad = dtypes(recipe)[2], pad_value(recipe)
+    m, kk = recipe["in_shape"]
+    nn_ = recipe["out_channels"]
+    kp, np_ = round_up(kk, x_blk), round_up(nn_, y_blk)
+    # rows computed: padded like a conv's output columns when their count has no divisor a
+    # register tile can use (197 tokens -> 198: a one-row tile ran at 35% of peak)
+    mp = tiled_extent(m)
+    x, w, comp, mult, bias, res = placeholders(
+        recipe, recipe["in_shape"], (np_ // y_blk, kp // x_blk, x_blk // word, y_blk, word))
+    xq = te.compute((mp, kp), lambda i, j: tirx.if_then_else(
+        tirx.all(j < kk, i < m),
+        load_input(x, recipe, (tirx.min(i, m - 1), tirx.min(j, kk - 1))), pad), name="xq")
+    r = te.reduce_axis((0, kp), name="k")
+    acc = te.compute((mp, np_), lambda i, j: te.sum(
+        xq[i, r].astype(acc_t)
+        * w[j // y_blk, r // x_blk, r % x_blk // word, j % y_blk, r % word].astype(acc_t),
+        axis=r), name="acc")
+    fn = epilogue_fn(recipe, comp, mult, bias, res)
+    return _Graph(x, w, comp, mult, bias, res, acc, lambda value, idx: fn(value(idx), idx[-1], idx))
+
+
+def _conv_epilogue(recipe, fn, y_blk):
+    """epilogue fn of prepare for a conv whose accumulators are NCHW[y_blk]c: the output is
+    NCHW, or NCHW[out_block]c read in place (out_block must then be y_blk)."""
+    ob = recipe.get("out_block")
+    if ob and ob != y_blk:
+        # one output block would mix accumulator blocks; TVM's reverse_compute_at then
+        # derives a wrong per-tile loop nest (a wrong result, seen with 8-lane accumulators
+        # under a 16-channel output block), so the output block follows the instruction
+        raise ValueError(f"output block {ob} differs from the instruction's {y_blk} channels")
+
+    def epi(value, idx):
+        if ob:
+            # the same blocking as the accumulators: read in place
+            return packed_output(recipe, fn, lambda b, ko, i, j, ki, f: value(
+                (b, ko, i, j, ki)))(*idx)
+        b, f, i, j = idx
+        return fn(value((b, f // y_blk, i, j, f % y_blk)), f, idx)
+
+    return epi
+
+
+def _depthwise_graph(recipe, intrin):
+    """(x, w, comp, mult, bias, residual, acc) of a depthwise conv for a lanewise instruction:
+    the input quantized, padded and packed to NCHW[lanes]c with room for the padded taps, the
+    window's taps along the width as the instruction's reduction (zero weights past the last tap),
+    accumulators NCHW[lanes]c."""
+    _, y_blk = intrin.channel_blocks
+    width = intrin.reduction_width
+    n, c, h, w_ = recipe["in_shape"]
+    k, _, r, s = recipe["w_shape"]
+    (sh, sw), (dh, dw) = recipe["stride"], recipe["dilation"]
+    if dw != 1:
+        raise ValueError(f"dilated depthwise window (dilation {dw} along the width): the "
+                         f"instruction reads {width} neighbouring pixels")
+    pt, pl, pb, pr = recipe["padding"]
+    _, _, oh, ow = recipe["out_shape"]
+    taps = round_up(s, width)
+    kp = round_up(k, y_blk)
+    x, w, comp, mult, bias, res = placeholders(
+        recipe, in_shape(recipe), (kp // y_blk, r, taps // width, y_blk, width))
+    # the padded taps of the last output column read up to taps - s pixels past the window
+    wpd = max(w_ + pl + pr, (ow - 1) * sw + taps)
+
+    def xq_body(b, co, i, j, ci):
+        inside = [i >= pt, i < h + pt, j >= pl, j < w_ + pl] + ([co * y_blk + ci < c] if c % y_blk
+                                                               else [])
+        if recipe.get("in_block") == y_blk:  # the producer's blocks: read in place, vectorises
+            value = quantized(x(b, co, i - pt, j - pl, ci), recipe)
+        else:
+            value = load_input(x, recipe, (b, co * y_blk + ci, i - pt, j - pl))
+        return tirx.if_then_else(tirx.all(*inside), value, pad_value(recipe))
+
+    xq = te.compute((n, kp // y_blk, h + pt + pb, wpd, y_blk), xq_body, name="xq")
+    rr, rs = te.reduce_axis((0, r), name="rr"), te.reduce_axis((0, taps), name="rs")
+    acc_t = dtypes(recipe)[2]
+    acc = te.compute((n, kp // y_blk, oh, ow, y_blk), lambda b, ko, i, j, ki: te.sum(
+        xq[b, ko, i * sh + rr * dh, j * sw + rs, ki].astype(acc_t)
+        * w[ko, rr, rs // width, ki, rs % width].astype(acc_t), axis=[rr, rs]), name="acc")
+    return x, w, comp, mult, bias, res, acc
