@@ -16,7 +16,8 @@ setup(
     description="Tensorized instruction compilation (VNNI, BF16, ARM DOT/I8MM, Tensor Core), TVM",
     python_requires=">=3.10",
     packages=list(PACKAGE_DIR) + ["unit_tvm.tuner", "unit_tvm.cross", "unit_tvm.relax",
-                                  "unit_tvm.fuzz", "unit_tvm.bench", "unit_tvm.fleet"],
+                                  "unit_tvm.fuzz", "unit_tvm.bench", "unit_tvm.fleet",
+                                  "unit_tvm.testing"],
     package_dir=PACKAGE_DIR,
     package_data={"unit_tvm.intrinsics": ["README.md"], "unit_tvm.cross": ["*.c"]},
     install_requires=[

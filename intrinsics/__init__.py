@@ -6,13 +6,19 @@
     intrinsics.for_target(target)       # those the target can execute, best first
 
 Adding an instruction: write its semantics and emit rule in a module here and list it in
-_MODULES (see README.md in this folder).
+_MODULES, or, outside this package, in a module of your own that another package declares
+under the `unit_tvm.intrinsics` entry-point group (see README.md in this folder).
 """
+
+from importlib import metadata
+
+from unit_tvm.target import as_target
 
 from . import arm, cuda, x86, x86_amx
 from .base import Intrinsic, derive_desc, derive_impl, placeholders
 
 _MODULES = (x86_amx, x86, arm, cuda)
+ENTRY_POINTS = "unit_tvm.intrinsics"  # each names a module with an INTRINSICS list
 _REGISTRY = {}
 
 
@@ -24,7 +30,12 @@ def register(intrin):
     return intrin
 
 
-for _module in _MODULES:
+def _plugin_modules():
+    """Instruction modules installed packages declare (entry-point group ENTRY_POINTS)."""
+    return [ep.load() for ep in metadata.entry_points(group=ENTRY_POINTS)]
+
+
+for _module in (*_MODULES, *_plugin_modules()):
     for _intrin in _module.INTRINSICS:
         register(_intrin)
 
@@ -54,8 +65,6 @@ def for_target(target=None):
 
 def require(name, target=None):
     """get(name), raising ValueError naming the missing feature when `target` cannot run it."""
-    from unit_tvm.target import as_target
-
     intrin = get(name)
     missing = intrin.missing_features(target)
     if missing:

@@ -8,8 +8,9 @@ pragma_import_llvm, always inlined) that load the tiles, issue the dot product a
 accumulator tile; LLVM's AMX passes insert the tile configuration (ldtilecfg). Because the
 accumulator cannot stay in a tile register between two tensorized calls, the chained forms (x2,
 x4) run several instructions on one accumulator per call, with a 2x / 4x longer reduction. Linux
-also requires each process to ask for the AMX tile-data state once (arch_prctl), done here on
-import.
+also requires each process to ask for the AMX tile-data state once (arch_prctl): the forms'
+host check does, which `intrinsics.for_target` runs and `target.prepare_host` calls before
+kernels run in a process that chose none (a loaded library, an RPC server).
 """
 
 import collections
@@ -167,5 +168,3 @@ TDPBF16PS_X4, TDPBF16PS_X2, TDPBF16PS = _form(BF16, 4), _form(BF16, 2), _form(BF
 TDPBF16PS_X4_N2, TDPBF16PS_X2_N2 = _form(BF16, 4, 2), _form(BF16, 2, 2)
 INTRINSICS = [TDPBUSD_X4, TDPBUSD_X2, TDPBUSD, TDPBUSD_X4_N2, TDPBUSD_X2_N2,
               TDPBF16PS_X4, TDPBF16PS_X2, TDPBF16PS, TDPBF16PS_X4_N2, TDPBF16PS_X2_N2]
-
-request_tile_permission()

@@ -13,16 +13,36 @@ The Rewriter's prepared core has the instruction's m x n fragment loops innermos
   their partial fragments to shared memory, and the block's threads sum the slices from there.
 """
 
+import itertools
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import tvm
 from tvm import s_tir, te
 
-FRAGMENT = 16
 MAX_THREADS = 1024
 SHARED_LIMIT = 48 * 1024
+
+
+class Fragment(NamedTuple):
+    """The instruction's M x N x K: the shape of its accumulator fragment and its reduction."""
+
+    m: int
+    n: int
+    k: int
+
+
+def fragment_of(intrin) -> Fragment:
+    """The Fragment an instruction computes, read off its semantics."""
+    m, n = (int(s) for s in intrin.output.shape)
+    return Fragment(m, n, intrin.reduction_width)
+
+
+def _fragment(prepared) -> Fragment:
+    """The Fragment of the instruction mapped on a Prepared op's core (loops M, N, K)."""
+    return Fragment(*(m.intrin_extent for m in prepared.mapping.loops))
 
 
 @dataclass(frozen=True)
@@ -51,16 +71,16 @@ class GpuConfig:
     def threads(self):
         return 32 * self.warps_m * self.warps_n * self.split_k
 
-    def shared_bytes(self, a_bytes, b_bytes, acc_bytes=4):
+    def shared_bytes(self, fragment, a_bytes, b_bytes, acc_bytes=4):
         """Shared memory of one block: the A and B stages of every slice, and with split-K the
-        slices' partial accumulators."""
-        k = self.k_step * FRAGMENT * self.split_k
-        stages = (self.warps_m * self.p * FRAGMENT * k * a_bytes
-                  + self.warps_n * self.p * FRAGMENT * k * b_bytes)
+        slices' partial accumulators (fragment: the instruction's Fragment)."""
+        k = self.k_step * fragment.k * self.split_k
+        stages = (self.warps_m * self.p * fragment.m * k * a_bytes
+                  + self.warps_n * self.p * fragment.n * k * b_bytes)
         partial = 0
         if self.split_k > 1:
-            partial = (self.split_k * self.warps_m * self.warps_n * (self.p * FRAGMENT) ** 2
-                       * acc_bytes)
+            partial = (self.split_k * self.warps_m * self.warps_n * self.p ** 2 * fragment.m
+                       * fragment.n * acc_bytes)
         return stages + partial
 
 
@@ -78,37 +98,32 @@ def fit(config, m_tiles, n_tiles, k_tiles):
     return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk)
 
 
-def fits_device(config, a_bytes, b_bytes, acc_bytes=4):
+def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
     """Whether a block of this config stays within the thread and shared-memory limits."""
     return (config.threads() <= MAX_THREADS
-            and config.shared_bytes(a_bytes, b_bytes, acc_bytes) <= SHARED_LIMIT)
+            and config.shared_bytes(fragment, a_bytes, b_bytes, acc_bytes) <= SHARED_LIMIT)
 
 
-def config_space(m_tiles, n_tiles, k_tiles, a_bytes=2, b_bytes=2, acc_bytes=4):
+def config_space(m_tiles, n_tiles, k_tiles, fragment, a_bytes=2, b_bytes=2, acc_bytes=4):
     """Distinct fitted configs within the thread and shared-memory limits: p in 1, 2, 4; warps
     1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4; spatial fusion on and off."""
     out = []
-    for p in (1, 2, 4):
-        for wm in (1, 2, 4):
-            for wn in (1, 2, 4):
-                for ks in (1, 2, 4):
-                    for sk in (1, 2, 4):
-                        for fuse in (True, False):
-                            c = fit(GpuConfig(p, wm, wn, ks, fuse, sk), m_tiles, n_tiles, k_tiles)
-                            if c not in out and fits_device(c, a_bytes, b_bytes, acc_bytes):
-                                out.append(c)
+    for p, wm, wn, ks, sk, fuse in itertools.product(*[(1, 2, 4)] * 5, (True, False)):
+        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk), m_tiles, n_tiles, k_tiles)
+        if c not in out and fits_device(c, fragment, a_bytes, b_bytes, acc_bytes):
+            out.append(c)
     return out
 
 
 def tiles(prepared):
-    """(M, N, K) of a Prepared op's core in 16-wide fragments."""
+    """(M, N, K) of a Prepared op's core in fragments."""
     core_op = prepared.core.op
     _, _, k_match = prepared.mapping.loops
     orig = prepared.original_mapping.loops
     m_tiles = int(core_op.axis[orig[0].op_index].dom.extent)
     n_tiles = int(core_op.axis[orig[1].op_index].dom.extent)
     k_ext = int(core_op.reduce_axis[k_match.op_index - len(core_op.axis)].dom.extent)
-    return m_tiles, n_tiles, k_ext // FRAGMENT
+    return m_tiles, n_tiles, k_ext // k_match.intrin_extent
 
 
 def _operand_bytes(prepared):
@@ -135,7 +150,7 @@ def space(prepared, target=None):
     """Every config the tuner may try for a Prepared op (p, warps, k_step, split-K, spatial
     fusion), the default first."""
     first = default(prepared, target)
-    rest = config_space(*tiles(prepared), *_operand_bytes(prepared))
+    rest = config_space(*tiles(prepared), _fragment(prepared), *_operand_bytes(prepared))
     return [first] + [c for c in rest if c != first]
 
 
@@ -151,8 +166,9 @@ def features(config, prepared, target=None):
     blocks = (m_tiles // (c.p * c.warps_m)) * (n_tiles // (c.p * c.warps_n)) * _other_blocks(
         prepared)
     steps = k_tiles // (c.k_step * c.split_k)
+    shared = c.shared_bytes(_fragment(prepared), *_operand_bytes(prepared))
     return np.array([c.p, c.warps_m, c.warps_n, c.k_step, c.split_k, float(c.fuse_spatial),
-                     c.threads(), c.shared_bytes(*_operand_bytes(prepared)) / 1024.0,
+                     c.threads(), shared / 1024.0,
                      math.log2(max(blocks, 1)), math.log2(max(steps, 1)),
                      c.p * c.p / (2 * c.p)], np.float32)
 
@@ -181,11 +197,11 @@ def _read_index(sch, block, name):
     raise ValueError(f"{name} is not read by the core")
 
 
-def _tensorize_tile_copy(sch, block, helper):
-    """Tensorize a fragment load/store: its last two loops split into 16 x 16 tiles."""
+def _tensorize_tile_copy(sch, block, helper, rows, cols):
+    """Tensorize a fragment load/store: its last two loops split into rows x cols tiles."""
     loops = sch.get_loops(block)
-    r_o, r_i = sch.split(loops[-2], [None, FRAGMENT])
-    c_o, c_i = sch.split(loops[-1], [None, FRAGMENT])
+    r_o, r_i = sch.split(loops[-2], [None, rows])
+    c_o, c_i = sch.split(loops[-1], [None, cols])
     sch.reorder(r_o, c_o, r_i, c_i)
     sch.tensorize(r_i, helper)
 
@@ -240,12 +256,14 @@ def apply(sch, prepared, intrin, config):
     p, wm, wn, ks, sk = config.p, config.warps_m, config.warps_n, config.k_step, config.split_k
     warps = wm * wn * sk
 
+    frag = _fragment(prepared)
+    a_op, b_op, d_op = intrin.operands
     k_pos = k_match.op_index
-    # the slices interleave per shared stage (k = ((ko * sk + slice) * ks + kk) * 16 + ki) so the
+    # the slices interleave per shared stage (k = ((ko * sk + slice) * ks + kk) * K + ki) so the
     # stage of all slices is one dense tile
     write_back = None
     if sk > 1:
-        ko, kz, kk, ki = sch.split(loops[k_pos], [None, sk, ks, FRAGMENT])
+        ko, kz, kk, ki = sch.split(loops[k_pos], [None, sk, ks, frag.k])
         # each slice of warps accumulates its part of the reduction into a shared partial; the
         # rfactor block gets its own loop nest, with the same loops
         write_back, block = block, sch.rfactor(kz, 0)
@@ -254,7 +272,7 @@ def apply(sch, prepared, intrin, config):
         ko, kz, kk, ki = loops[k_pos:k_pos + 4]
         k_loops = set(range(k_pos, k_pos + 4))
     else:
-        ko, kk, ki = sch.split(loops[k_pos], [None, ks, FRAGMENT])
+        ko, kk, ki = sch.split(loops[k_pos], [None, ks, frag.k])
         k_loops = {k_pos}
     bm, tym, pm = sch.split(loops[m_pos], [None, wm, p])
     bn, tyn, pn = sch.split(loops[n_pos], [None, wn, p])
@@ -273,25 +291,26 @@ def apply(sch, prepared, intrin, config):
     sch.bind(ty, "threadIdx.y")
 
     # accumulators: a p x p window of fragments per warp, stored back through the helper
-    acc = sch.cache_write(block, 0, "wmma.accumulator")
+    acc = sch.cache_write(block, 0, intrin.scopes[d_op])
     sch.reverse_compute_at(acc, ty)
     if write_back is not None:
         _sum_slices(sch, write_back, bx, warps)
-    a_name = next(o.op_tensor for o in mapping.operands if o.intrin_operand == "a")
-    b_name = next(o.op_tensor for o in mapping.operands if o.intrin_operand == "b")
-    for name, frag_scope, helper in ((a_name, "wmma.matrix_a", "load_a"),
-                                     (b_name, "wmma.matrix_b", "load_b")):
+    op_tensor = {o.intrin_operand: o.op_tensor for o in mapping.operands}
+    for operand, helper, shape in ((a_op, "load_a", (frag.m, frag.k)),
+                                   (b_op, "load_b", (frag.k, frag.n))):
+        name, frag_scope = op_tensor[operand], intrin.scopes[operand]
         shared = sch.cache_read(block, _read_index(sch, block, name), "shared")
         sch.compute_at(shared, ko)
         _bind_copy(sch, shared, warps)
-        frag = sch.cache_read(block, _read_index(sch, block, shared_name(sch, shared)), frag_scope)
-        sch.compute_at(frag, kk)
-        _tensorize_tile_copy(sch, frag, intrin.helper(helper))
+        copy = sch.cache_read(block, _read_index(sch, block, shared_name(sch, shared)), frag_scope)
+        sch.compute_at(copy, kk)
+        _tensorize_tile_copy(sch, copy, intrin.helper(helper), *shape)
     init = sch.decompose_reduction(block, red_others[0] if red_others else ko)
     i_loops = sch.get_loops(init)
     sch.tensorize(i_loops[-2], intrin.helper("fill"))
     sch.tensorize(im, intrin.tensor_intrin)
-    _tensorize_tile_copy(sch, acc, intrin.helper("store_shared" if sk > 1 else "store"))
+    _tensorize_tile_copy(sch, acc, intrin.helper("store_shared" if sk > 1 else "store"), frag.m,
+                         frag.n)
     return config
 
 

@@ -3,9 +3,15 @@
 import numpy as np
 import pytest
 
-import unit_tvm  # noqa: F401 - sets the thread count and checks pins before any test
+import unit_tvm  # noqa: F401 - checks the pinned versions before any test
 from unit_tvm import intrinsics
+from unit_tvm.runner import prepare_host
 from unit_tvm.target import host
+
+
+def pytest_configure(config):
+    """Kernels the tests build with TVM directly run on every CPU, as unit-tvm's own do."""
+    prepare_host()
 
 
 @pytest.fixture(scope="session")

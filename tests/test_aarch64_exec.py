@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import unit_tvm
-from unit_tvm import ops, reference
+from unit_tvm import ops
+from unit_tvm.testing import reference
 from unit_tvm.cross import aarch64
 
 pytestmark = pytest.mark.skipif(

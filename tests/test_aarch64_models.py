@@ -11,7 +11,8 @@ import torch
 import tvm
 
 import unit_tvm
-from unit_tvm import frontends, zoo
+from unit_tvm import frontends
+from unit_tvm.testing import zoo
 from unit_tvm.bench.engines import cosine as _cosine
 from unit_tvm.cross import aarch64, arm_python
 from unit_tvm.relax import quantize

@@ -9,45 +9,46 @@ import pytest
 import tvm
 
 import unit_tvm
-from unit_tvm import bench_ops, intrinsics, measure, selection
-from unit_tvm.bench import model, report
+from unit_tvm import intrinsics, measure, selection
+from unit_tvm.bench import model, op_level, report
 from unit_tvm.bench.engines import accuracy
 from unit_tvm.bench.timing import interleaved
 from unit_tvm.prepare import placeholders_of
 from unit_tvm.target import host
+from unit_tvm.testing import workloads
 
 
 def test_bench_op_workloads_are_table1_and_gemms():
-    w = bench_ops.workloads()
+    w = workloads.workloads()
     assert len(w) == 21 and w[0] == ("L1", "conv", (288, 35, 384, 3, 2))
     assert ("GEMM 4096x4096x4096", "gemm", (4096, 4096, 4096)) in w
 
 
 def test_bench_op_candidates_follow_the_host():
-    got = [i.name for i, _, _ in bench_ops.candidates("conv", (96, 16, 128, 3, 1), host())]
+    got = [i.name for i, _, _ in op_level.candidates("conv", (96, 16, 128, 3, 1), host())]
     usable = {i.name for i in intrinsics.for_target(host())}
     assert set(got) <= usable
     if "x86.tdpbusd" in usable:
         # AMX reads a 3x3 conv folded (3 columns x 96 channels = 288 reduced together): chained
         # twice pads it to 384, alone to 320; chained 4x would pad it to 512 (1.8x), too much
         assert got[:2] == ["x86.tdpbusd.x2", "x86.tdpbusd"] and "x86.tdpbusd.x4" not in got
-        assert {bench_ops.form("conv", (96, 16, 128, 3, 1), intrinsics.get(n))
+        assert {workloads.form("conv", (96, 16, 128, 3, 1), intrinsics.get(n))
                 for n in got[:2]} == {"folded"}
     # 1x1 convs are not folded: 1056 channels would be padded to 1280 by the 4x chain (1.2x)
-    for intrin, x, _ in bench_ops.candidates("conv", (1056, 7, 192, 1, 1), host()):
+    for intrin, x, _ in op_level.candidates("conv", (1056, 7, 192, 1, 1), host()):
         assert -(-1056 // x) * x / 1056 <= selection.RACE_WASTE
-        assert bench_ops.form("conv", (1056, 7, 192, 1, 1), intrin) == "flat"
-    vector = [i for i, _, _ in bench_ops.candidates("conv", (80, 73, 192, 3, 1), host())
+        assert workloads.form("conv", (1056, 7, 192, 1, 1), intrin) == "flat"
+    vector = [i for i, _, _ in op_level.candidates("conv", (80, 73, 192, 3, 1), host())
               if i.broadcast_operand]
-    assert all(bench_ops.form("conv", (80, 73, 192, 3, 1), i) == "direct" for i in vector)
+    assert all(workloads.form("conv", (80, 73, 192, 3, 1), i) == "direct" for i in vector)
 
 
 def test_bench_op_only_selects_a_kind():
-    assert {k for _, k, _ in bench_ops.workloads(only="conv")} == {"conv"}
-    assert len(bench_ops.workloads(only="gemm")) == 5
-    assert [p for _, _, p in bench_ops.workloads(only="conv3d")] == bench_ops.RESNET18_3D
+    assert {k for _, k, _ in workloads.workloads(only="conv")} == {"conv"}
+    assert len(workloads.workloads(only="gemm")) == 5
+    assert [p for _, _, p in workloads.workloads(only="conv3d")] == workloads.RESNET18_3D
     with pytest.raises(ValueError):
-        bench_ops.workloads(only="pool")
+        workloads.workloads(only="pool")
 
 
 def _conv3d_reference(data, weight, stride):
@@ -69,10 +70,10 @@ def test_resnet18_3d_layer_is_tensorized_and_exact(stride):
     """A ResNet-18-3D layer (smaller channels) in bench-op's layout builds with the host's dot
     instruction and equals the conv3d computed in numpy, padding included."""
     p = (32, 4, 9, 32, 3, stride)
-    intrin = next((i for i, _, _ in bench_ops.candidates("conv3d", p, host())), None)
+    intrin = next((i for i, _, _ in op_level.candidates("conv3d", p, host())), None)
     if intrin is None:
         pytest.skip("this CPU has no int8 dot-product instruction")
-    op = bench_ops.workload_op("conv3d", p, intrin)
+    op = workloads.workload_op("conv3d", p, intrin)
     report = unit_tvm.build_report([*placeholders_of(op), op], intrinsic=intrin.name)
     assert report.intrinsic == intrin.name
     x, y = intrin.channel_blocks
@@ -92,11 +93,11 @@ def test_resnet18_3d_layer_is_tensorized_and_exact(stride):
 
 def test_pytorch_conv3d_baseline_is_the_same_op():
     torch = pytest.importorskip("torch")
-    mod, x = bench_ops.torch_int8_op("conv3d", (16, 4, 8, 32, 3, 2))
+    mod, x = op_level.torch_int8_op("conv3d", (16, 4, 8, 32, 3, 2))
     assert mod(x).shape == torch.Size([1, 32, 2, 4, 4])
     # depth 4 -> 2 and 8 -> 4 with stride 2: output 0 sees taps 1-2, the others all 3 taps
-    assert bench_ops.ops_count("conv3d", (16, 4, 8, 32, 3, 2)) == 2 * 16 * 32 * 5 * 11 * 11
-    assert bench_ops.ops_count("conv3d", (16, 4, 8, 32, 1, 2)) == 2 * 16 * 32 * 2 * 4 * 4
+    assert workloads.ops_count("conv3d", (16, 4, 8, 32, 3, 2)) == 2 * 16 * 32 * 5 * 11 * 11
+    assert workloads.ops_count("conv3d", (16, 4, 8, 32, 1, 2)) == 2 * 16 * 32 * 2 * 4 * 4
 
 
 def test_accuracy_metrics():

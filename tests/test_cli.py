@@ -81,7 +81,7 @@ def test_compile_export_and_run_equal_the_in_process_model(tmp_path):
     from torch import nn
 
     import unit_tvm
-    from unit_tvm import deploy
+    from unit_tvm import deploy, sources
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 3, 2),
@@ -101,7 +101,7 @@ def test_compile_export_and_run_equal_the_in_process_model(tmp_path):
                 str(tmp_path / "y.npy"))
     assert proc.returncode == 0, proc.stderr
     got = np.load(tmp_path / "y.npy")
-    source = deploy.model_source(onnx_path)
+    source = sources.model_source(onnx_path)
     ex = unit_tvm.compile(source.mod, quantize={"calibration_data": cal})
     again = deploy.export(ex, str(tmp_path / "again.so"))
     np.testing.assert_array_equal(got, unit_tvm.load(again)(x.numpy()))

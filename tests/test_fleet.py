@@ -11,7 +11,8 @@ import pytest
 import tvm
 
 import unit_tvm
-from unit_tvm import intrinsics, measure, ops, reproduce
+from unit_tvm import intrinsics, measure, ops
+from unit_tvm.bench import reproduce
 from unit_tvm.fleet import LocalFleet, RpcRunner, parse_tracker
 from unit_tvm.peak import peak
 from unit_tvm.prepare import prepare
@@ -123,7 +124,8 @@ def test_compile_tunes_a_model_on_the_fleet(fleet, tmp_path):
     torch = pytest.importorskip("torch")
     from tvm import relax
 
-    from unit_tvm import frontends, zoo
+    from unit_tvm import frontends
+    from unit_tvm.testing import zoo
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(8, 32, 3, padding=1), torch.nn.ReLU(),

@@ -8,7 +8,7 @@ import pytest
 import tvm
 
 import unit_tvm
-from unit_tvm import nvcc, ops
+from unit_tvm import intrinsics, nvcc, ops
 from unit_tvm.schedules import gpu
 
 from .conftest import has_gpu
@@ -59,13 +59,14 @@ def _compile_checked(sch, arch):
 
 @needs_nvcc
 def test_gpu_config_space_fits_limits():
-    space = gpu.config_space(16, 16, 16)
+    wmma = gpu.fragment_of(intrinsics.get("cuda.wmma.f16f32"))
+    space = gpu.config_space(16, 16, 16, wmma)
     assert len(space) > 5
     assert {c.split_k for c in space} == {1, 2, 4}
     assert {c.fuse_spatial for c in space} == {True, False}
     for c in space:
         assert c.threads() <= gpu.MAX_THREADS
-        assert c.shared_bytes(2, 2) <= gpu.SHARED_LIMIT
+        assert c.shared_bytes(wmma, 2, 2) <= gpu.SHARED_LIMIT
     for c in space[:6]:
         op = ops.matmul_bn(256, 256, 256, "float16", "float16", "float32")
         sch = unit_tvm.rewrite(op, "cuda.wmma.f16f32", config=c, target=_cuda("sm_80"))
@@ -196,8 +197,8 @@ def test_gpu_ablation_steps_are_distinct_and_compile():
     """`unit-tvm reproduce fig11-gpu` (run where a GPU is lent): on a Table I layer each step
     adds its idea (window, fused spatial index, split-K) to the one before, fitted to the layer,
     and every step's kernel compiles to PTX with wmma."""
-    from unit_tvm import bench_gpu
-    from unit_tvm.bench_ops import TABLE_I
+    from unit_tvm.bench import gpu_ops
+    from unit_tvm.testing.workloads import TABLE_I
     from unit_tvm.rewriter import schedule
 
     # L1 (288 -> 384, 3x3 stride 2, 17 output columns): two fragments along M, so the window
@@ -205,8 +206,8 @@ def test_gpu_ablation_steps_are_distinct_and_compile():
     c, h, k, r, s = TABLE_I[0]
     op = ops.conv2d_nhwc(c, h, k, r, "float16", "float16", "float32", stride=s)
     prepared = _prepared(op, "cuda.wmma.f16f32")
-    steps = bench_gpu.ablation_configs(prepared, gpu.default(prepared))
-    assert len(steps) == len(bench_gpu.ABLATION)
+    steps = gpu_ops.ablation_configs(prepared, gpu.default(prepared))
+    assert len(steps) == len(gpu_ops.ABLATION)
     base, window, fused, split = steps[:4]
     assert (base.p, window.p) == (1, 2) and not window.fuse_spatial and fused.fuse_spatial
     assert split.split_k > 1 and split.p == fused.p

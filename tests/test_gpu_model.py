@@ -21,7 +21,8 @@ def _cuda(arch):
 
 
 def _resnet18():
-    from unit_tvm import frontends, zoo
+    from unit_tvm import frontends
+    from unit_tvm.testing import zoo
 
     module, shape = zoo.get("resnet18")
     x = torch.from_numpy(zoo.inputs(shape, 1)[0])
@@ -68,7 +69,8 @@ def test_gpu_compile_refuses_int8_with_a_clear_error(resnet18):
 def test_gpu_model_matches_pytorch_fp32(name):
     from tvm import relax
 
-    from unit_tvm import frontends, zoo
+    from unit_tvm import frontends
+    from unit_tvm.testing import zoo
 
     module, shape = zoo.get(name)
     x = torch.from_numpy(zoo.inputs(shape, 1)[0])

@@ -8,7 +8,8 @@ import tvm
 from tvm import te
 
 import unit_tvm
-from unit_tvm import measure, ops, reference
+from unit_tvm import measure, ops
+from unit_tvm.testing import reference
 from unit_tvm.prepare import placeholders_of, prepare
 
 from .conftest import require_host

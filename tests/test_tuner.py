@@ -7,7 +7,8 @@ import pytest
 import tvm
 
 import unit_tvm
-from unit_tvm import intrinsics, measure, ops, reference
+from unit_tvm import intrinsics, measure, ops
+from unit_tvm.testing import reference
 from unit_tvm.prepare import prepare
 from unit_tvm.schedules import cpu
 from unit_tvm.tuner import Database, DatabaseWarning, search, tune

@@ -6,22 +6,10 @@ unit_tvm.explain, unit_tvm.rewrite, unit_tvm.tune, unit_tvm.build.
 
 from ._pins import TVM_FFI_VERSION, TVM_VERSION, DependencyError, check_versions
 
+# before anything imports tvm: a clear error naming the pinned versions instead of a failure
+# deep inside an incompatible tvm
 check_versions()
 
-
-def _default_thread_count():
-    """TVM's runtime halves hardware_concurrency() on x86 (it assumes SMT siblings), which leaves
-    half the cores idle on VMs whose vCPUs are real cores. Use every CPU this process may run on
-    unless the user chose (TVM_NUM_THREADS / OMP_NUM_THREADS)."""
-    import os
-
-    if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["TVM_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
-
-
-_default_thread_count()
-
-# after the version check, which guards tvm's import
 from . import intrinsics, target  # noqa: E402
 from .build import BuildReport, FallbackWarning, build, build_report  # noqa: E402
 from .inspector import explain, inspect  # noqa: E402

@@ -7,14 +7,15 @@ from dataclasses import dataclass
 
 import tvm
 from tvm import te
+from tvm.s_tir import dlight
 
 from . import checks, epilogue, intrinsics, selection
 from .inspector import inspect
 from .prepare import placeholders_of
 from .rewriter import prepare_for, schedule
+from .runner import prepare_host, target_for
 from .target import as_target, is_gpu
 from .tuner import tune_instruction
-from .runner import target_for
 from .tuner.database import Database
 
 
@@ -144,7 +145,6 @@ def default_schedule(func, target):
     fallback (threads bound, so the kernel is valid)."""
     mod = tvm.IRModule({"main": func})
     if is_gpu(target):
-        from tvm.s_tir import dlight
 
         with target:
             mod = dlight.ApplyDefaultSchedule(dlight.gpu.Fallback())(mod)
@@ -154,7 +154,6 @@ def default_schedule(func, target):
 @dataclass(frozen=True)
 class BuildReport:
     """What unit_tvm.build made of one operation: the module and how it computes the op."""
-
     module: object  # the runtime module, callable as module(*arrays)
     intrinsic: str = ""  # the instruction used; "" when TVM's default schedule was built
     mapping: str = ""  # the loop mapping ("" for the Inspector's first), e.g. "i:j,k:r"
@@ -172,6 +171,7 @@ def build_report(tensors, target=None, *, intrinsic=None, tune=False, trials=Non
     """unit_tvm.build, returning a BuildReport (module, instruction, mapping, fallback reason)."""
     _check_build_args(intrinsic, tune, trials, database)
     target = target_for(target, runner)
+    prepare_host()
     inputs, out = _split(tensors)
     intrin, prepared, sch = choose(out, target, intrinsic, params=inputs)
     if intrin is None:

@@ -3,16 +3,19 @@ run, profile, reproduce, fuzz, demo."""
 
 import argparse
 import json
+import os
 import sys
 
-from .cli_models import (cmd_bench_model, cmd_compile, cmd_profile, cmd_reproduce,
-                         cmd_run)
+from . import intrinsics, ops
+from .cli_models import cmd_bench_model, cmd_compile, cmd_profile, cmd_reproduce, cmd_run
+from .fleet.cli import add_rpc_arguments, runner_from_args
+from .inspector import explain, inspect
+from .peak import peak
+from .runner import LocalRunner, prepare_host
+from .target import ISA_LEVELS, as_target, host
 
 
 def _cmd_intrinsics(args):
-    from . import intrinsics
-    from .target import as_target, host
-
     target = host()
     rows = []
     for i in intrinsics.all():
@@ -35,11 +38,6 @@ def _cmd_intrinsics(args):
 
 
 def _cmd_peak(args):
-    from . import intrinsics
-    from .fleet.cli import runner_from_args
-    from .peak import peak
-    from .runner import LocalRunner
-
     runner = runner_from_args(args)
     target = (runner or LocalRunner()).target()
     cores = int(target.attrs.get("num-cores", 1))
@@ -61,8 +59,6 @@ def _cmd_peak(args):
 
 # op name -> (builder, shape parameter names, layouts)
 def _inspect_ops():
-    from . import ops
-
     def conv2d(layout, p, a, b, acc, stride, dilation, groups):
         if layout == "nchw":
             return ops.conv2d_nchw(p["C"], p["H"], p["K"], p["R"], stride, dilation, groups, a, b)
@@ -89,9 +85,6 @@ def _inspect_ops():
 
 
 def _cmd_inspect(args):
-    from . import intrinsics
-    from .inspector import explain, inspect
-
     builder, names = _inspect_ops()[args.op]
     values = [int(v) for v in args.shape]
     names = names.split()
@@ -121,16 +114,15 @@ def _cmd_inspect(args):
 
 
 def _cmd_bench_op(args):
-    from . import bench_ops
-    from .fleet.cli import runner_from_args
+    from .bench import op_level
 
     quiet = args.json
-    rows, meta = bench_ops.run(quick=args.quick, with_tvm_default=not args.no_tvm,
-                               with_torch=not args.no_torch, trials=args.trials,
-                               database=args.database, log=(lambda *a: None) if quiet else print,
-                               progress=False if quiet else None, only=args.only,
-                               runner=runner_from_args(args))
-    paths = bench_ops.write_outputs(rows, meta, args.out)
+    rows, meta = op_level.run(quick=args.quick, with_tvm_default=not args.no_tvm,
+                              with_torch=not args.no_torch, trials=args.trials,
+                              database=args.database, log=(lambda *a: None) if quiet else print,
+                              progress=False if quiet else None, only=args.only,
+                              runner=runner_from_args(args))
+    paths = op_level.write_outputs(rows, meta, args.out)
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))
     else:
@@ -139,14 +131,14 @@ def _cmd_bench_op(args):
 
 
 def _cmd_bench_gpu(args):
-    from . import bench_gpu
+    from .bench import gpu_ops
 
     quiet = args.json
-    rows, meta = bench_gpu.run(dtype=args.dtype, quick=args.quick, trials=args.trials,
-                               database=args.database, log=(lambda *a: None) if quiet else print,
-                               progress=False if quiet else None)
+    rows, meta = gpu_ops.run(dtype=args.dtype, quick=args.quick, trials=args.trials,
+                             database=args.database, log=(lambda *a: None) if quiet else print,
+                             progress=False if quiet else None)
     if args.out:
-        bench_gpu.write_outputs(rows, meta, args.out)
+        gpu_ops.write_outputs(rows, meta, args.out)
     if args.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=1))
     else:
@@ -155,7 +147,7 @@ def _cmd_bench_gpu(args):
 
 
 def _cmd_demo(args):
-    from . import demo
+    from .bench import demo
 
     if args.json:
         out = demo.main(log=lambda *a: None)
@@ -195,9 +187,7 @@ def _tuning_args(p, unit):
 
 def _restrict_isa(level):
     """--isa: before any target is made, for unit-tvm and the oneDNN-based engines alike."""
-    import os
 
-    from .target import ISA_LEVELS
 
     if level is None:
         return
@@ -210,8 +200,6 @@ def _restrict_isa(level):
 
 def _add_op_commands(sub):
     """intrinsics, peak, inspect, bench-op, bench-gpu: single operations and instructions."""
-    from .fleet.cli import add_rpc_arguments
-
     p = sub.add_parser("intrinsics", help="table of registered instructions and host support")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_cmd_intrinsics)
@@ -256,8 +244,6 @@ def _add_op_commands(sub):
 
 def _add_model_commands(sub):
     """bench-model, compile, run, profile, reproduce: whole models and the paper's figures."""
-    from .fleet.cli import add_rpc_arguments
-
     p = sub.add_parser("bench-model", help="batch-1 latency and int8 accuracy of zoo models")
     p.add_argument("models", nargs="+",
                    help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
@@ -324,7 +310,6 @@ def _add_model_commands(sub):
 
 def _add_tool_commands(sub):
     """fuzz and demo."""
-
     p = sub.add_parser("fuzz",
                        help="differential fuzzer: random te/topi ops, unit_tvm.build vs TVM")
     p.add_argument("--cases", type=int, default=200, help="how many cases (default 200)")
@@ -358,6 +343,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         _restrict_isa(args.isa)
+        prepare_host()
         return args.fn(args)
     except (KeyError, ValueError, RuntimeError) as e:
         print(f"unit-tvm: error: {e.args[0] if e.args else e}", file=sys.stderr)

@@ -2,15 +2,24 @@
 profile, reproduce (the parser and the op-level commands are in unit_tvm.cli)."""
 
 import json
+import os
 import sys
+from contextlib import nullcontext
+
+import numpy as np
+import tvm
+
+from . import deploy, profile, sources
+from .deploy import load
+from .fleet import LocalFleet, RpcRunner
+from .fleet.cli import runner_from_args
+from .target import as_target, host
 
 
 def cmd_bench_model(args):
     """unit-tvm bench-model: every engine on zoo models, one timing protocol (here, or on a
     fleet server with --rpc-tracker: the whole benchmark runs there, in one process)."""
     from .bench import model, report
-    from .fleet.cli import runner_from_args
-    from .target import host
 
     log = (lambda *a: None) if args.json else print
     if args.target == "cuda":
@@ -53,8 +62,6 @@ def cmd_bench_model(args):
 
 def _bench_model_gpu(args, log):
     """bench-model --target cuda: fp16 on the first GPU vs PyTorch fp16 and TVM's GPU build."""
-    import os
-
     from .bench import gpu_model
 
     results, meta = gpu_model.run(args.models, rounds=args.rounds, database=args.database,
@@ -73,21 +80,16 @@ def _bench_model_gpu(args, log):
 
 def cmd_compile(args):
     """unit-tvm compile MODEL -o out.so: quantize (--int8), tensorize, export one library."""
-    import tvm
-
     from . import compile as unit_compile
-    from . import deploy
-    from .fleet.cli import runner_from_args
-    from .target import as_target, host
 
-    source = deploy.model_source(args.model)
+    source = sources.model_source(args.model)
     runner = runner_from_args(args)
     target = ((runner.target() if runner else host()) if args.target == "cpu" else
               tvm.target.Target({"kind": "cuda", "arch": args.arch}) if args.target == "cuda"
               else as_target(json.loads(args.target)))
     quantize = None
     if args.int8:
-        quantize = {"calibration_data": deploy.calibration(args.calibration, source.input_shape)}
+        quantize = {"calibration_data": sources.calibration(args.calibration, source.input_shape)}
     report = []
     ex = unit_compile(source.mod, target, quantize=quantize, database=args.database,
                       tune=args.tune, trials=args.trials, report=report, runner=runner)
@@ -103,9 +105,7 @@ def cmd_compile(args):
 
 def cmd_run(args):
     """unit-tvm run out.so --input x.npy [--output y.npy]."""
-    import numpy as np
 
-    from .deploy import load
 
     model = load(args.library, args.device)
     out = model(*[np.load(p) for p in args.input])
@@ -121,8 +121,6 @@ def cmd_run(args):
 
 def cmd_profile(args):
     """unit-tvm profile MODEL: per-kernel time, GOPS and % of peak of the compiled model."""
-    from . import profile
-
     prof = profile.profile_model(args.model, database=args.database, tune=args.tune,
                                  trials=args.trials, repeats=args.repeats)
     if args.json:
@@ -137,11 +135,7 @@ def cmd_profile(args):
 
 def cmd_reproduce(args):
     """unit-tvm reproduce FIG: one of the paper's experiments, here or through a tracker."""
-    from contextlib import nullcontext
-
-    from . import reproduce
-    from .fleet import LocalFleet, RpcRunner
-    from .fleet.cli import runner_from_args
+    from .bench import reproduce
 
     runner = runner_from_args(args)
     if args.local_fleet and runner is not None:

@@ -5,7 +5,7 @@ import os
 import tvm
 
 from . import checks
-from .runner import target_for
+from .runner import prepare_host, target_for
 from .target import is_cpu, is_gpu
 
 
@@ -33,6 +33,7 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
     from .tuner import Database
 
     checks.ir_module(mod, "unit_tvm.compile")
+    prepare_host()
     checks.flag(tune, "tune", "unit_tvm.compile")
     checks.count(trials, "trials", "unit_tvm.compile")
     if quantize is not None and not isinstance(quantize, dict):

@@ -13,6 +13,7 @@ exp(88) above and exp(-87) below; erf within 1e-6 absolute everywhere (measured 
 import math
 
 import tvm
+import tvm_ffi
 from tvm import tirx
 
 _F32 = "float32"
@@ -30,7 +31,6 @@ def _let(name, value, body_fn):
 
 def exp(x):
     """exp(x) for a float32 PrimExpr: 2^n * e^r with n = round(x / ln2), |r| <= ln2 / 2."""
-
     def reduced(xc, n):
         # ln2 split in two so that n * ln2_hi is exact (Cody-Waite reduction)
         return _let("r", xc - n * _c(0.693145751953125) - n * _c(1.4286068203094172e-06),
@@ -53,7 +53,6 @@ _AS_A = (1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592)
 
 def erf(x):
     """erf(x) for a float32 PrimExpr (odd; the approximation is taken on |x|)."""
-
     def magnitude(a, t):
         p = _c(_AS_A[0])
         for coef in _AS_A[1:]:
@@ -71,7 +70,6 @@ _REPLACE = {"tirx.exp": exp, "tirx.erf": erf}
 def vectorizable(func):
     """func with every float32 tirx.exp / tirx.erf call replaced by the expressions above."""
 
-    import tvm_ffi
 
     def on_call(call, m):
         fn = _REPLACE.get(getattr(call.op, "name", None))

@@ -3,11 +3,13 @@ tracker (unit_tvm.fleet.RpcRunner). The tuner, `peak` and `bench-op` measure onl
 Runner, so one code path serves a laptop and a fleet."""
 
 import math
+import os
 from typing import NamedTuple, Protocol, Sequence
 
 import numpy as np
 import tvm
 
+from . import intrinsics
 from .measure import to_device
 from .target import as_target
 
@@ -74,12 +76,26 @@ def run_checked(lib, dev, arrays, expected, number, repeat, func="main") -> floa
     return min(timer(*args).results)
 
 
+def prepare_host() -> None:
+    """Make this process ready to run kernels on this machine. TVM's worker count: TVM's runtime
+    halves hardware_concurrency() on x86 (it assumes SMT siblings), which leaves half the cores
+    idle on VMs whose vCPUs are real cores, so TVM_NUM_THREADS becomes the number of CPUs this
+    process may run on unless the user chose (TVM_NUM_THREADS / OMP_NUM_THREADS); it must be set
+    before TVM's thread pool starts, and child processes inherit it. And what the OS must grant
+    before an instruction runs (each Intrinsic's host check: AMX tile data). Called by compile,
+    build, load, LocalRunner, the CLI and RPC servers, not on import."""
+    if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["TVM_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
+    intrinsics.for_target(None)  # runs the host checks, which ask for the permissions
+
+
 class LocalRunner:
     """Kernels run on this machine's device (`dev`: tvm.cpu() or a CUDA device)."""
 
     name = "local"
 
     def __init__(self, dev=None, target=None):
+        prepare_host()
         self.dev = dev if dev is not None else tvm.cpu()
         self._target = target
 

@@ -1,6 +1,7 @@
 """Targets: the host CPU as a TVM Target, and the ISA features of any target."""
 
 import functools
+import os
 
 import tvm
 from tvm.target import codegen
@@ -42,7 +43,6 @@ ISA_LEVELS = {
 def isa_level():
     """The ISA level this process is restricted to ($UNIT_TVM_ISA, default 'native');
     ValueError naming the levels for an unknown one."""
-    import os
 
     level = os.environ.get("UNIT_TVM_ISA", "native").lower()
     if level not in ISA_LEVELS:
@@ -68,7 +68,6 @@ def host(num_cores=None):
 
     num_cores defaults to the number of CPUs this process may run on.
     """
-    import os
 
     cpu = codegen.llvm_get_system_cpu()
     if num_cores is None:

@@ -16,7 +16,8 @@ import time
 import numpy as np
 import tvm
 
-from unit_tvm import bench_ops, measure
+from unit_tvm import measure
+from unit_tvm.bench import op_level
 from unit_tvm.bench.timing import quiesce
 from unit_tvm.build import prepare_op
 from unit_tvm.fleet import LocalFleet, RpcRunner
@@ -25,7 +26,7 @@ from unit_tvm.prepare import placeholders_of
 from unit_tvm.rewriter import schedule
 from unit_tvm.runner import LocalRunner
 from unit_tvm.target import host
-
+from unit_tvm.testing.workloads import ops_count, workload_op, workloads
 
 SETTLE_S = 0.3  # longer than TVM's worker threads spin after a call
 
@@ -34,18 +35,18 @@ def kernels(quick):
     """(label, lib, arrays, ops) of each Table I conv's default kernel for this host."""
     target, rng = host(), np.random.default_rng(0)
     out = []
-    for label, kind, p in bench_ops.workloads(quick, "conv"):
-        found = bench_ops.candidates(kind, p, target)
+    for label, kind, p in workloads(quick, "conv"):
+        found = op_level.candidates(kind, p, target)
         if not found:
             continue
         intrin = found[0][0]
-        op = bench_ops.workload_op(kind, p, intrin)
+        op = workload_op(kind, p, intrin)
         prepared = prepare_op(op, intrin, target=target)
         lib = tvm.tirx.build(schedule(prepared, intrin, None, target).mod, target=target)
         tensors = [*placeholders_of(op), op]
         arrays = [measure.random_array(t.shape, t.dtype, rng) for t in tensors[:-1]]
         arrays.append(np.zeros([int(s) for s in op.shape], str(op.dtype)))
-        out.append((label, lib, arrays, bench_ops.ops_count(kind, p)))
+        out.append((label, lib, arrays, ops_count(kind, p)))
     return out
 
 

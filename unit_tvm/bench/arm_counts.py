@@ -49,6 +49,7 @@ class CountRow:
 def _executables(mod, qmod):
     """{build name: (relax Executable for aarch64, tensorized_ops)} of one model."""
     import unit_tvm
+
     from ..compiler import build_relax
 
     out = {}
@@ -67,9 +68,10 @@ def count_model(name: str, log=print) -> list:
     """The CountRows of one zoo model (every build, one inference each under qemu)."""
     import torch
 
-    from .. import frontends, zoo
+    from .. import frontends
     from ..relax import quantize
     from ..relax.graph import model_macs
+    from ..testing import zoo
 
     module, shape = zoo.get(name)
     x = zoo.inputs(shape, 1, seed=7)[0]

@@ -9,7 +9,6 @@ import numpy as np
 from .engines import Engine, ModelCase, Stopwatch, cosine, fastest_accurate, first_output
 from .timing import interleaved
 
-
 _COMPUTE = ("Convolution", "FullyConnected", "MatMul", "GroupConvolution", "Deconvolution")
 
 

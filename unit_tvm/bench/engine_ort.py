@@ -27,8 +27,13 @@ def _session(path, threads):
 
 def _variants(case, fp32, tmp):
     """{variant name: path of the quantized model}."""
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
-                                          quantize_dynamic, quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     class Reader(CalibrationDataReader):
         def __init__(self):

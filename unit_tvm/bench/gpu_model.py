@@ -114,7 +114,8 @@ def run_model(name, *, rounds=10, database=None, tune=False, trials=None, log=pr
     import torch
     import tvm
 
-    from .. import frontends, zoo
+    from .. import frontends
+    from ..testing import zoo
 
     module, shape = zoo.get(name)
     x = torch.from_numpy(zoo.inputs(shape, 1)[0])

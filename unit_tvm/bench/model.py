@@ -12,8 +12,8 @@ from dataclasses import asdict
 
 import numpy as np
 
-from .. import zoo
 from ..peak import host_threads
+from ..testing import zoo
 from . import engine_openvino, engine_ort, engine_torch, engine_tvm
 from .engines import Engine, ModelCase, accuracy
 from .timing import interleaved

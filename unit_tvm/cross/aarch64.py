@@ -12,6 +12,7 @@ import tempfile
 
 import numpy as np
 import tvm
+import tvm_ffi
 
 CC = "aarch64-linux-gnu-gcc"
 QEMU = "qemu-aarch64"
@@ -35,8 +36,6 @@ def missing_tools():
 @functools.lru_cache(maxsize=None)
 def harness():
     """Path of the compiled aarch64 harness (built once per process, in a temp folder)."""
-    import tvm_ffi
-
     include = os.path.join(os.path.dirname(tvm_ffi.__file__), "include")
     src = os.path.join(os.path.dirname(__file__), "aarch64_harness.c")
     out = os.path.join(tempfile.mkdtemp(prefix="unit_tvm_arm_"), "harness")

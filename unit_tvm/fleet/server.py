@@ -17,7 +17,8 @@ import tvm_ffi
 from tvm import rpc
 from tvm.rpc.server import PopenRPCServerState
 
-from ..bench_ops import time_torch
+from ..bench.op_level import time_torch
+from ..runner import prepare_host
 from ..target import ISA_LEVELS, host, isa_level
 
 DESCRIBE = "unit_tvm.fleet.describe"
@@ -86,6 +87,7 @@ def register(isa=None, threads=None):
         os.environ["UNIT_TVM_ISA"] = isa
     if threads:
         os.environ["TVM_NUM_THREADS"] = str(threads)
+    prepare_host()
     tvm_ffi.register_global_func(DESCRIBE, describe, override=True)
     tvm_ffi.register_global_func(TORCH_SECONDS, torch_int8_seconds, override=True)
     tvm_ffi.register_global_func(BENCH_MODEL, bench_model, override=True)

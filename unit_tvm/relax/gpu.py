@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 from tvm import relax, te
+from tvm.s_tir import dlight
 
 from ..build import alternatives, choose
 from ..rewriter import schedule
@@ -67,7 +68,6 @@ def to_fp16_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
 @dataclass(frozen=True)
 class GpuKernel:
     """One tensorized (or not) op of the model: what the report says about it."""
-
     op: str  # e.g. "conv2d 1x56x56x64 -> 64 k3x3 s1"
     intrinsic: str  # "" when TVM's own schedule computes it
     reason: str = ""
@@ -108,7 +108,6 @@ def _const_weight(expr):
 @dataclass
 class _Kernels:
     """Tensorized PrimFuncs built so far, one per distinct te op (layers of equal shape share)."""
-
     target: object
     database: object
     tune: bool
@@ -143,7 +142,6 @@ class _Kernels:
 @relax.expr_functor.mutator
 class _Rewrite(relax.PyExprMutator):
     """Replaces conv2d / constant-weight matmul calls by call_tir of tensorized kernels."""
-
     def __init__(self, mod, kernels):
         super().__init__(mod)
         self.kernels = kernels
@@ -245,8 +243,6 @@ class UnitTensorizeGPU:
 
 def default_gpu_schedule(mod: tvm.IRModule, target) -> tvm.IRModule:
     """TVM's own GPU pipeline for what the pass left: legalize, fuse, dlight schedules."""
-    from tvm.s_tir import dlight
-
     mod = relax.transform.LegalizeOps()(mod)
     mod = relax.transform.AnnotateTIROpPattern()(mod)
     mod = relax.transform.FoldConstant()(mod)

@@ -20,13 +20,16 @@ from typing import NamedTuple
 
 import tvm
 from tvm import relax, te, tirx
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as T
 
-from .graph import is_nchw_max_pool, readers as binding_readers, uses as count_uses
+from .graph import is_nchw_max_pool
+from .graph import readers as binding_readers
+from .graph import uses as count_uses
 
 
 class QParams(NamedTuple):
     """A per-tensor uint8 quantization: real = (q - zp) * scale."""
-
     scale: float
     zp: int
 
@@ -41,7 +44,6 @@ class AvgPoolPlan(NamedTuple):
 
 class U8Plan(NamedTuple):
     """Which bindings of main become uint8 values, and in which quantization."""
-
     concats: dict  # concat var -> QParams
     avg_pools: dict  # avg pool var -> AvgPoolPlan
     max_pools: dict  # max-pool var (reading a uint8 concat) -> QParams
@@ -147,7 +149,6 @@ def requantize(u8, source: QParams, target: QParams):
 
 class _Pool(NamedTuple):
     """An average pool's geometry on an NCHW uint8 tensor and its requantization."""
-
     shape: tuple  # n, c, h, w
     window: tuple  # kh, kw
     strides: tuple
@@ -208,8 +209,6 @@ def blocked_pool_func(func, block) -> tvm.tirx.PrimFunc:
     """The average pool of `func` (made by avg_pool_func) on NCHW[block]c uint8, same layout
     out: each output pixel is one vector of `block` channels, every tap a contiguous load,
     the window's bounds checks scalar."""
-    from tvm.script.ir_builder import IRBuilder
-    from tvm.script.ir_builder import tirx as T
 
     geo = _geometry(str(func.attrs[POOL_ATTR]))
     n, c, h, w = geo.shape
@@ -306,8 +305,6 @@ def _vector_pool(geo, lanes):
     overlaps the one before it instead of leaving a scalar tail, which TVM would not vectorise
     — and its few edge columns as scalars with bounds checks. A window row outside the input
     adds nothing (its real value is 0.0)."""
-    from tvm.script.ir_builder import IRBuilder
-    from tvm.script.ir_builder import tirx as T
 
     n, c, h, w = geo.shape
     (kh, kw), (sh, _) = geo.window, geo.strides

@@ -22,61 +22,14 @@ import numpy as np
 import tvm
 from tvm import te
 
-from . import intrinsics, measure, ops, selection
-from .peak import peak
-from .build import prepare_op
-from .prepare import placeholders_of
-from .rewriter import schedule
-from .runner import LocalRunner
-from .tuner import Database, default_path, tune
-
-# UNIT Table I: C, input H=W, K, R=S, stride (batch 1, no padding)
-TABLE_I = [(288, 35, 384, 3, 2), (160, 9, 224, 3, 1), (1056, 7, 192, 1, 1), (80, 73, 192, 3, 1),
-           (128, 16, 128, 3, 1), (192, 16, 192, 3, 1), (256, 16, 256, 3, 1), (1024, 14, 512, 1, 1),
-           (128, 16, 160, 3, 1), (576, 14, 192, 1, 1), (96, 16, 128, 3, 1), (1024, 14, 256, 1, 1),
-           (576, 14, 128, 1, 1), (64, 29, 96, 3, 1), (64, 56, 128, 1, 2), (608, 14, 192, 1, 1)]
-GEMMS = [(1024, 1024, 1024), (4096, 4096, 4096), (128, 2048, 4096), (320, 3072, 4096),
-         (2048, 4096, 32)]
-# ResNet-18 with every conv turned 3D (UNIT Fig. 13), a 16-frame clip (torchvision's r3d_18
-# clip length) at the first stage; stride 2 halves depth, height and width; 3x3x3 convs padded by
-# 1 (the input handed over pre-padded, as the graph pass pads in the producer), the 1x1x1
-# projections not. The 7x7 stem (3 channels) is left out, as Table I leaves stems out.
-# C, input D, input H=W, K, R, stride.
-RESNET18_3D = [(64, 16, 56, 64, 3, 1), (64, 16, 56, 128, 3, 2), (64, 16, 56, 128, 1, 2),
-               (128, 8, 28, 128, 3, 1), (128, 8, 28, 256, 3, 2), (128, 8, 28, 256, 1, 2),
-               (256, 4, 14, 256, 3, 1), (256, 4, 14, 512, 3, 2), (256, 4, 14, 512, 1, 2),
-               (512, 2, 7, 512, 3, 1)]
-ONLY = ("conv", "gemm", "conv3d")
-
-
-def workloads(quick=False, only=None):
-    """[(label, kind, params)]: Table I convs and the GEMMs (only: "conv" or "gemm"), or the
-    ResNet-18-3D convs (only="conv3d"); quick keeps 4 convs, 1 GEMM or 3 conv3d layers."""
-    if only not in (None, *ONLY):
-        raise ValueError(f"only must be one of {', '.join(ONLY)}, not {only!r}")
-    if only == "conv3d":
-        layers = [(f"R3D-{i + 1}", "conv3d", p) for i, p in enumerate(RESNET18_3D)]
-        return layers[:3] if quick else layers
-    convs = [(f"L{i + 1}", "conv", p) for i, p in enumerate(TABLE_I)]
-    gemms = [(f"GEMM {m}x{n}x{k}", "gemm", (m, n, k)) for m, n, k in GEMMS]
-    if quick:
-        convs, gemms = convs[4:8], gemms[:1]
-    return (convs if only != "gemm" else []) + (gemms if only != "conv" else [])
-
-
-def form(kind, p, intrin):
-    """How a workload is laid out for an instruction: "gemm"; for a conv "folded" (a tile
-    instruction on a window wider than 1: the window's columns and the channels are one
-    reduction read through an in-kernel im2col buffer, ops.conv2d_window_folded), "flat" (a 1x1
-    stride-1 conv: its pixels are one row of NCHW[x]c, the same bytes) or "direct"."""
-    if kind == "conv3d":
-        return "direct"
-    if kind != "conv":
-        return "gemm"
-    _, _, _, r, s = p
-    if r > 1 and intrin.tile:
-        return "folded"
-    return "flat" if r == 1 and s == 1 else "direct"
+from .. import intrinsics, measure, selection
+from ..build import prepare_op
+from ..peak import peak
+from ..prepare import placeholders_of
+from ..rewriter import schedule
+from ..runner import LocalRunner
+from ..testing.workloads import form, ops_count, workload_op, workloads
+from ..tuner import Database, default_path, tune
 
 
 def int8_instructions(target):
@@ -104,50 +57,6 @@ def candidates(kind, p, target):
         usable.append(selection.Candidate(intrin, selection.channel_waste(intrin, reduce,
                                                                           columns)))
     return [(c.intrinsic, *c.intrinsic.channel_blocks) for c in selection.worth_racing(usable)]
-
-
-def workload_op(kind, p, intrin):
-    """The workload in the layout the instruction reads (see `form`), channels zero-padded to a
-    multiple of its reduction block x, output channels blocked by its columns y."""
-    x, y = intrin.channel_blocks
-    layout = form(kind, p, intrin)
-    if kind == "conv3d":
-        c, d, h, k, r, stride = p
-        pad = 2 * (r // 2)
-        return ops.conv3d_ncdhwc(-(-c // x) * x, d + pad, h + pad, k, r, stride, x=x, y=y)
-    if layout == "folded":
-        c, h, k, r, s = p
-        return ops.conv2d_window_folded(c, h, k, r, s, "s", x=x, y=y)
-    if layout == "flat":
-        c, h, k, _, _ = p
-        return ops.conv2d_nchwc(1, -(-c // x) * x, 1, h * h, k, 1, 1, x=x, y=y)
-    if kind == "conv":
-        c, h, k, r, s = p
-        return ops.conv2d_nchwc(1, -(-c // x) * x, h, h, k, r, r, s, x=x, y=y)
-    m, n, k = p
-    return ops.dense_packed(m, n, -(-k // x) * x, y, x)
-
-
-def ops_count(kind, p):
-    """Operations (2 x multiply-adds) of a workload's real, unpadded channels; for a padded conv3d
-    only the products whose input is inside the volume (oneDNN skips window taps that fall
-    wholly in the padding, so counting them would overstate what either engine must do)."""
-    if kind == "conv3d":
-        c, d, h, k, r, stride = p
-        return 2 * c * k * _taps_inside(d, r, stride) * _taps_inside(h, r, stride) ** 2
-    if kind == "conv":
-        c, h, k, r, s = p
-        oh = (h - r) // s + 1
-        return 2 * c * k * r * r * oh * oh
-    m, n, k = p
-    return 2 * m * n * k
-
-
-def _taps_inside(n, r, stride):
-    """(output position, window tap) pairs along one axis of extent n, window r, padding r // 2,
-    whose input index lies inside the axis."""
-    pad, out = r // 2, (n + 2 * (r // 2) - r) // stride + 1
-    return sum(0 <= o * stride + t - pad < n for o in range(out) for t in range(r))
 
 
 def time_kernel(lib, tensors, rng, number, repeat, runner):

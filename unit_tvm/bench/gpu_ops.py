@@ -20,13 +20,14 @@ from typing import NamedTuple
 import numpy as np
 import tvm
 
-from . import intrinsics, measure, ops
-from .bench_ops import TABLE_I, write_csv
-from .prepare import prepare
-from .rewriter import schedule
-from .schedules import gpu
-from .tuner import Database, default_path, tune
-from .tuner.search import device_for
+from .. import intrinsics, measure, ops
+from ..prepare import prepare
+from ..rewriter import schedule
+from ..schedules import gpu
+from ..testing.workloads import TABLE_I
+from ..tuner import Database, default_path, tune
+from ..tuner.search import device_for
+from .op_level import write_csv
 
 DTYPES = {"float16": ("cuda.wmma.f16f32", "float32"), "int8": ("cuda.wmma.s8s32", "int32")}
 

@@ -24,13 +24,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import tvm
 
-from . import bench_ops
-from .build import prepare_op
-from .prepare import placeholders_of
-from .rewriter import schedule
-from .runner import LocalRunner
-from .schedules.cpu import CpuConfig, default
-from .tuner import tune
+from ..build import prepare_op
+from ..prepare import placeholders_of
+from ..rewriter import schedule
+from ..runner import LocalRunner
+from ..schedules.cpu import CpuConfig, default
+from ..testing.workloads import ops_count, workload_op, workloads
+from ..tuner import tune
+from . import op_level
 
 FIG8_MODELS = ("resnet18", "resnet50", "mobilenet_v2", "inception_v3", "bert_base")
 FIG9_MODELS = ("resnet18", "resnet50", "mobilenet_v2", "bert_base")
@@ -70,27 +71,27 @@ def ablation(*, trials=None, runner=None, quick=False, log=print) -> list:
     threads = int(target.attrs.get("num-cores", 1))
     rng = np.random.default_rng(0)
     rows = []
-    for label, kind, p in bench_ops.workloads(quick, "conv"):
-        found = bench_ops.candidates(kind, p, target)
+    for label, kind, p in workloads(quick, "conv"):
+        found = op_level.candidates(kind, p, target)
         if not found:
             log(f"{label}: no int8 instruction on {target}")
             continue
         intrin = found[0][0]
-        op = bench_ops.workload_op(kind, p, intrin)
+        op = workload_op(kind, p, intrin)
         tensors = [*placeholders_of(op), op]
         prepared = prepare_op(op, intrin, target=target)
         res = tune(prepared, intrin, target, trials=trials, runner=runner, progress=False)
         base = default(prepared, target)
         steps = (CpuConfig(parallel=base.parallel), base, res.config)
-        n_ops = bench_ops.ops_count(kind, p)
+        n_ops = ops_count(kind, p)
         libs = [tvm.tirx.build(schedule(prepared, intrin, c, target).mod, target=target)
                 for c in steps]
         best = [math.inf] * len(libs)
         for _ in range(ROUNDS):  # in turn, so a burst of load does not fall on one step only
             for i, lib in enumerate(libs):
-                best[i] = min(best[i], bench_ops.time_kernel(lib, tensors, rng, 10, 3, runner))
+                best[i] = min(best[i], op_level.time_kernel(lib, tensors, rng, 10, 3, runner))
         gops = [n_ops / t / 1e9 for t in best]
-        torch_s = bench_ops.torch_seconds(kind, p, threads, runner)
+        torch_s = op_level.torch_seconds(kind, p, threads, runner)
         order = [key for key, _ in res.history]
         rank = order.index(res.config.key()) + 1 if res.config.key() in order else 0
         row = AblationRow(label, "x".join(map(str, p)), intrin.name, *gops,
@@ -172,10 +173,10 @@ def run(fig: str, out_dir: str, *, runner=None, trials=None, database=None, quic
         target = (runner or LocalRunner()).target()
         return write_ablation(rows, summary, {"target": str(target), "device": device}, out)
     if fig in ("fig10", "fig13"):
-        rows, meta = bench_ops.run(quick=quick, with_tvm_default=False, trials=trials,
-                                   database=database, log=log, progress=False,
-                                   only="conv" if fig == "fig10" else "conv3d", runner=runner)
-        return bench_ops.write_outputs(rows, meta, out, name=fig)
+        rows, meta = op_level.run(quick=quick, with_tvm_default=False, trials=trials,
+                                  database=database, log=log, progress=False,
+                                  only="conv" if fig == "fig10" else "conv3d", runner=runner)
+        return op_level.write_outputs(rows, meta, out, name=fig)
     if fig == "fig8":
         return _fig8(out, runner, trials, database, quick, log)
     if fig == "fig9":
@@ -188,7 +189,7 @@ def run(fig: str, out_dir: str, *, runner=None, trials=None, database=None, quic
 
 
 def _fig8(out, runner, trials, database, quick, log):
-    from .bench import model, report
+    from . import model, report
 
     results = []
     for name in FIG8_MODELS[:2] if quick else FIG8_MODELS:
@@ -210,7 +211,7 @@ def _require_gpu(what, runner):
 
 
 def _fig9(out, runner, trials, database, quick, log):
-    from .bench import gpu_model
+    from . import gpu_model
 
     _require_gpu("fig9 measures fp16 models on Tensor Cores", runner)
     models = FIG9_MODELS[:1] if quick else FIG9_MODELS
@@ -223,20 +224,20 @@ def _fig9(out, runner, trials, database, quick, log):
 
 
 def _fig11_gpu(out, runner, trials, database, quick, log):
-    from . import bench_gpu
+    from . import gpu_ops
 
     _require_gpu("fig11-gpu times Tensor Core kernels", runner)
-    rows, meta = bench_gpu.ablation(quick=quick, trials=trials, database=database, log=log)
+    rows, meta = gpu_ops.ablation(quick=quick, trials=trials, database=database, log=log)
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, "fig11-gpu.json")
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    return [path, bench_ops.write_csv(os.path.join(out, "fig11-gpu.csv"), rows)]
+    return [path, op_level.write_csv(os.path.join(out, "fig11-gpu.csv"), rows)]
 
 
 def _fig12(out, runner, quick, log):
-    from .bench import arm_counts
-    from .cross import arm_python
+    from ..cross import arm_python
+    from . import arm_counts
 
     absent = arm_python.missing()
     if runner is not None or absent:

@@ -7,12 +7,16 @@ import time
 import numpy as np
 import tvm
 
-from . import intrinsics, measure, ops, reference
-from .build import build as unit_build, prepare_op
-from .peak import host_threads, peak
-from .rewriter import schedule
-from .target import host
-from .tuner import Database, default_path, tune
+from .. import intrinsics, measure, ops
+from ..build import build as unit_build
+from ..build import prepare_op
+from ..peak import host_threads, peak
+from ..rewriter import schedule
+from ..target import host
+from ..testing import reference
+from ..tuner import Database, default_path, tune
+from .op_level import candidates
+
 
 def _time(lib, arrays, expected, n_ops, out_shape):
     dev = tvm.cpu()
@@ -69,7 +73,6 @@ def main(log=print):
         log(f"  {intrin.name:<18} usable   peak {p1:7.1f} GOPS on 1 thread, "
             f"{pn:7.1f} GOPS on {threads} threads")
     log("")
-    from .bench_ops import candidates
 
     database = Database(default_path())
     m = n = k = 1024
