@@ -162,15 +162,15 @@ def test_blocked_depthwise_conv_vectorised_and_requantized_in_registers(stride, 
     (no second pass over an int32 buffer); the result equals
     TVM's build of the unscheduled loop nest."""
     from unit_tvm.relax.qops import plain_func
-    from unit_tvm.relax.recipe import in_shape, out_shape
+    from unit_tvm.relax.recipe import Recipe, in_shape, out_shape
     from unit_tvm.relax.weights import plain_weight_shape
 
     oh = (16 + 2 - 3) // stride + 1
-    recipe = {"kind": "conv2d", "in_shape": [1, 20, 16, 16], "w_shape": [20, 1, 3, 3],
-              "out_channels": 20, "out_shape": [1, 20, oh, oh], "stride": [stride, stride],
-              "dilation": [1, 1], "padding": [1, 1, 1, 1], "groups": 20, "x_scale": 0.1,
-              "x_zp": 3, "in_u8": True, "out_q": [0.2, 5], "bias": True, "relu": True,
-              "clip_max": 6.0, "residual": False, "in_block": 16, "out_block": 16}
+    recipe = Recipe(kind="conv2d", in_shape=(1, 20, 16, 16), w_shape=(20, 1, 3, 3),
+                    out_channels=20, out_shape=(1, 20, oh, oh), stride=(stride, stride),
+                    dilation=(1, 1), padding=(1, 1, 1, 1), groups=20, x_scale=0.1, x_zp=3,
+                    in_u8=True, out_q=(0.2, 5), relu=True, clip_max=6.0, in_block=16,
+                    out_block=16)
     func = plain_func(recipe)
     scheduled = DefaultCPUSchedule()(tvm.IRModule({"main": func}))["main"]
     text = scheduled.script()

@@ -14,6 +14,7 @@ from unit_tvm import frontends
 from unit_tvm.testing import zoo
 from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
+from unit_tvm.relax.recipe import Recipe
 
 from .conftest import require_host
 
@@ -485,7 +486,7 @@ def _conv_recipe(**extra):
               "relu": True, "clip_max": None, "residual": False, "in_u8": True,
               "out_q": [0.05, 0]}
     recipe.update(extra)
-    return recipe
+    return Recipe.from_dict(recipe)
 
 
 @pytest.mark.parametrize("blocked", [True, False])
@@ -514,7 +515,7 @@ def test_output_block_follows_the_instruction():
     recipe = _conv_recipe(in_block=16, out_block=16)
     with pytest.raises(ValueError, match="output block 16 differs"):
         tensorized_graph(recipe, intrinsics.get("x86.vpdpbusd.256"))
-    tensorized_graph(dict(recipe, out_block=8), intrinsics.get("x86.vpdpbusd.256"))
+    tensorized_graph(recipe.replace(out_block=8), intrinsics.get("x86.vpdpbusd.256"))
 
 
 def test_single_row_dense_on_every_instruction():
@@ -526,9 +527,8 @@ def test_single_row_dense_on_every_instruction():
     from unit_tvm.relax.recipe import candidates
 
     target = unit_tvm.target.host()
-    recipe = {"kind": "dense", "in_shape": [1, 200], "w_shape": [40, 200], "out_channels": 40,
-              "out_shape": [1, 40], "x_scale": 0.1, "x_zp": 3, "in_u8": False, "out_q": None,
-              "bias": True, "relu": None, "residual": False}
+    recipe = Recipe(kind="dense", in_shape=(1, 200), w_shape=(40, 200), out_channels=40,
+                    out_shape=(1, 40), x_scale=0.1, x_zp=3)
     found = candidates(recipe, target)
     if not found:
         pytest.skip(f"no u8 x s8 instruction runs on {target}")

@@ -59,10 +59,11 @@ def test_channel_waste_pads_both_blocks():
 
 
 def _conv_recipe(channels):
-    return {"kind": "conv2d", "in_shape": [1, channels, 8, 8], "w_shape": [32, channels, 3, 3],
-            "out_shape": [1, 32, 8, 8], "out_channels": 32, "x_scale": 0.1, "x_zp": 7,
-            "relu": False, "clip_max": None, "gelu": False, "residual": False,
-            "stride": [1, 1], "dilation": [1, 1], "padding": [1, 1, 1, 1]}
+    from unit_tvm.relax.recipe import Recipe
+
+    return Recipe(kind="conv2d", in_shape=(1, channels, 8, 8), w_shape=(32, channels, 3, 3),
+                  out_shape=(1, 32, 8, 8), out_channels=32, x_scale=0.1, x_zp=7,
+                  stride=(1, 1), dilation=(1, 1), padding=(1, 1, 1, 1))
 
 
 def test_rebased_instructions_only_where_none_takes_the_dtypes():
@@ -77,7 +78,7 @@ def test_rebased_instructions_only_where_none_takes_the_dtypes():
     assert [i.name for i in candidates(_conv_recipe(64), arm)] == ["arm.smmla", "arm.sdot"]
     assert [i.name for i in candidates(_conv_recipe(3), arm)] == ["arm.sdot", "arm.smmla"]
     signed = for_instruction(_conv_recipe(64), intrinsics.get("arm.smmla"))
-    assert signed["x_signed"] and dtypes(signed) == ("int8", "int8", "int32")
+    assert signed.x_signed and dtypes(signed) == ("int8", "int8", "int32")
     for intrin in candidates(_conv_recipe(64), host()):
         assert intrin.input_dtypes[0] == "uint8"
         assert for_instruction(_conv_recipe(64), intrin) == _conv_recipe(64)

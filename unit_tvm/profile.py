@@ -8,7 +8,6 @@ fp32 op), the instruction, GOPS and % of that instruction's measured peak on thi
 the others the bytes they move per second against a measured copy bandwidth.
 """
 
-import json
 import time
 from dataclasses import dataclass, field
 
@@ -20,7 +19,7 @@ from .bench.timing import interleaved
 from .compiler import build_relax
 from .peak import host_threads, peak
 from .relax import UnitTensorize, quantize
-from .relax.recipe import ATTR
+from .relax.recipe import ATTR, Recipe
 from .relax.tensorize import macs
 from .target import host
 from .tuner import Database, default_path
@@ -148,7 +147,8 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
     pass_ = UnitTensorize(target, database=Database(database or default_path()), tune=tune,
                           trials=trials)
     tmod = pass_(qmod)
-    recipes = {gv.name_hint: json.loads(str(f.attrs[ATTR])) for gv, f in tmod.functions.items()
+    recipes = {gv.name_hint: Recipe.from_json(str(f.attrs[ATTR]))
+               for gv, f in tmod.functions.items()
                if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and ATTR in f.attrs}
     vm = relax.VirtualMachine(build_relax(tmod, target), tvm.cpu())
     arg = tvm.runtime.tensor(np.asarray(x), tvm.cpu())

@@ -35,16 +35,16 @@ def packed_consumers(func, calls, recipes):
     count = uses(bindings, func)
     out = {}
     for j, (call, recipe) in enumerate(zip(calls, recipes)):
-        if recipe["kind"] != "conv2d":
+        if recipe.kind != "conv2d":
             continue
         fields = list(call.args[1].fields)
-        roles = [(fields[0], "x", recipe.get("in_u8"))]
-        if recipe.get("residual"):
-            roles.append((fields[-1], "residual", recipe.get("residual_q")))
+        roles = [(fields[0], "x", recipe.in_u8)]
+        if recipe.residual:
+            roles.append((fields[-1], "residual", recipe.residual_q))
         for arg, role, is_u8 in roles:
             i = producer_of.get(arg) if isinstance(arg, relax.Var) else None
-            if (i is not None and is_u8 and recipes[i]["kind"] == "conv2d"
-                    and recipes[i].get("out_q")):
+            if (i is not None and is_u8 and recipes[i].kind == "conv2d"
+                    and recipes[i].out_q):
                 out.setdefault(i, []).append((j, role))
     var_of = {i: v for v, i in producer_of.items()}
     # an edge is laid out in blocks only when every one of its readers reads the blocks
@@ -61,8 +61,8 @@ def pooled_producers(func, calls, recipes):
     for b in bindings:
         src = b.value.args[0] if is_nchw_max_pool(b.value) else None
         i = producer_of.get(src) if isinstance(src, relax.Var) else None
-        if (i is not None and count.get(src) == 1 and recipes[i]["kind"] == "conv2d"
-                and recipes[i].get("out_q") and len(recipes[i]["out_shape"]) == 4):
+        if (i is not None and count.get(src) == 1 and recipes[i].kind == "conv2d"
+                and recipes[i].out_q and len(recipes[i].out_shape) == 4):
             out[i] = b.value
     return out
 
@@ -79,12 +79,12 @@ def pool_conv_readers(func, calls, recipes, pooled):
     for pool, var in var_of.items():
         found = []
         for j, (call, recipe) in enumerate(zip(calls, recipes)):
-            if recipe["kind"] != "conv2d":
+            if recipe.kind != "conv2d":
                 continue
             fields = list(call.args[1].fields)
-            if recipe.get("in_u8") and fields[0].same_as(var):
+            if recipe.in_u8 and fields[0].same_as(var):
                 found.append((j, "x"))
-            if recipe.get("residual") and recipe.get("residual_q") and fields[-1].same_as(var):
+            if recipe.residual and recipe.residual_q and fields[-1].same_as(var):
                 found.append((j, "residual"))
         if found and len(found) == count.get(var):
             out[pool] = found
@@ -130,7 +130,7 @@ def packed_concats(mod, func, calls, recipes, target):
             if not isinstance(f, relax.Var) or count.get(f) != 1:
                 return None
             i = producer_of.get(f)
-            if i is not None and recipes[i]["kind"] == "conv2d" and recipes[i].get("out_q"):
+            if i is not None and recipes[i].kind == "conv2d" and recipes[i].out_q:
                 found.append(i)
             elif _is_u8_concat(value_of.get(f)) and parts(f) is not None:
                 sub, sub_inner = parts(f)
@@ -141,9 +141,9 @@ def packed_concats(mod, func, calls, recipes, target):
 
     def conv_reader(b, var):
         i = producer_of.get(b.var)
-        return (i is not None and recipes[i]["kind"] == "conv2d" and recipes[i].get("in_u8")
+        return (i is not None and recipes[i].kind == "conv2d" and recipes[i].in_u8
                 and b.value.args[1].fields[0].same_as(var)
-                and not (recipes[i].get("residual") and b.value.args[1].fields[-1].same_as(var)))
+                and not (recipes[i].residual and b.value.args[1].fields[-1].same_as(var)))
 
     out = ConcatEdges({}, {}, {}, {})
     inner_done = set()
@@ -163,7 +163,7 @@ def packed_concats(mod, func, calls, recipes, target):
             continue
         first = candidates(recipes[found[0][0]], target)
         block = first[0].channel_blocks[1] if first else 16
-        if any(recipes[i]["out_channels"] % block for i in found[0]):
+        if any(recipes[i].out_channels % block for i in found[0]):
             continue
         inner_done.update(found[1])
         out.producers.update({i: block for i in found[0]})

@@ -34,9 +34,9 @@ def pad_value(recipe):
     """What padding holds in the instruction's activation dtype: real 0.0 (the zero point)."""
     if is_bf16(recipe):
         return tirx.const(0.0, "float32").astype("bfloat16")
-    if recipe.get("x_signed"):
-        return tirx.const(recipe["x_zp"] - SHIFT, "int8")
-    return tirx.const(recipe["x_zp"], "uint8")
+    if recipe.x_signed:
+        return tirx.const(recipe.x_zp - SHIFT, "int8")
+    return tirx.const(recipe.x_zp, "uint8")
 
 
 def epilogue_fn(recipe, comp, mult, bias, residual):
@@ -49,26 +49,26 @@ def epilogue_fn(recipe, comp, mult, bias, residual):
         else:
             v = (acc - comp[k]).astype("float32") * mult[k] + bias[k]
         if residual is not None:
-            rb = recipe.get("residual_block")
+            rb = recipe.residual_block
             if rb:  # a residual in NCHW[rb]c blocks (a shared uint8 edge)
                 b, f, i, j = out_idx
                 r = residual(b, f // rb, i, j, f % rb)
             else:
                 r = residual(*out_idx)
-            if recipe.get("residual_q"):  # a uint8 residual (a pool's or conv's): dequantized here
-                scale, zp = recipe["residual_q"]
+            if recipe.residual_q:  # a uint8 residual (a pool's or conv's): dequantized here
+                scale, zp = recipe.residual_q
                 r = (r.astype("float32") - tirx.const(float(zp), "float32")) * tirx.const(
                     float(scale), "float32")
             v = v + r
-        if recipe.get("gelu"):  # exact (erf) GELU, as torch.nn.functional.gelu
+        if recipe.gelu:  # exact (erf) GELU, as torch.nn.functional.gelu
             v = v * tirx.const(0.5, "float32") * (tirx.const(1.0, "float32") + fastmath.erf(
                 v * tirx.const(0.7071067811865476, "float32")))
-        if recipe["relu"]:
+        if recipe.relu:
             v = tirx.max(v, tirx.const(0.0, "float32"))
-        if recipe.get("clip_max") is not None:
-            v = tirx.min(v, tirx.const(float(recipe["clip_max"]), "float32"))
-        if recipe.get("out_q"):  # requantize for the next quantized op
-            return quantize_value(v, *recipe["out_q"])
+        if recipe.clip_max is not None:
+            v = tirx.min(v, tirx.const(float(recipe.clip_max), "float32"))
+        if recipe.out_q:  # requantize for the next quantized op
+            return quantize_value(v, *recipe.out_q)
         return v
 
     return fn
@@ -77,7 +77,7 @@ def epilogue_fn(recipe, comp, mult, bias, residual):
 def load_input(x, recipe, idx):
     """The uint8 activation at the logical (NCHW or [rows, k]) index idx, whatever x's layout:
     x itself when the producer already requantized it, else quantized here."""
-    blk = recipe.get("in_block")
+    blk = recipe.in_block
     if blk:
         b, c, i, j = idx
         idx = (b, c // blk, i, j, c % blk)
@@ -89,9 +89,9 @@ def quantized(value, recipe):
     producer already requantized it, else quantized (or rounded to bf16) here; re-based to
     int8 (x - 128, an xor of the sign bit) for an s8 x s8 instruction."""
     if is_bf16(recipe):
-        return value if recipe.get("in_u8") else round_to_bf16(value).astype("bfloat16")
-    q = value if recipe.get("in_u8") else quantize_value(value, recipe["x_scale"], recipe["x_zp"])
-    if recipe.get("x_signed"):
+        return value if recipe.in_u8 else round_to_bf16(value).astype("bfloat16")
+    q = value if recipe.in_u8 else quantize_value(value, recipe.x_scale, recipe.x_zp)
+    if recipe.x_signed:
         return (q ^ tirx.const(SHIFT, "uint8")).astype("int8")  # u8 - 128 as s8
     return q
 
@@ -99,8 +99,8 @@ def quantized(value, recipe):
 def packed_output(recipe, fn, acc_at):
     """te body of a NCHW[out_block]c uint8 result: channel f = ko * block + ki from
     fn(acc_at(f), f, nchw index); the padding channels hold the output's zero point (real 0)."""
-    blk, k = recipe["out_block"], recipe["out_channels"]
-    zp = tirx.const(int(recipe["out_q"][1]), "uint8")
+    blk, k = recipe.out_block, recipe.out_channels
+    zp = tirx.const(int(recipe.out_q[1]), "uint8")
 
     def body(b, ko, i, j, ki):
         f = ko * blk + ki
@@ -115,16 +115,16 @@ def packed_output(recipe, fn, acc_at):
 def placeholders(recipe, x_shape, w_shape):
     """x, w, comp, mult, bias, residual: the op's arguments (comp and mult None for bf16, which
     has no quantization to undo; residual None without one)."""
-    x = te.placeholder(x_shape, "uint8" if recipe.get("in_u8") else "float32", name="x")
+    x = te.placeholder(x_shape, "uint8" if recipe.in_u8 else "float32", name="x")
     w = te.placeholder(w_shape, dtypes(recipe)[1], name="w")
-    k = recipe["out_channels"]
+    k = recipe.out_channels
     comp = None if is_bf16(recipe) else te.placeholder((k,), "int32", name="comp")
     mult = None if is_bf16(recipe) else te.placeholder((k,), "float32", name="mult")
     bias = te.placeholder((k,), "float32", name="bias")
-    rb = recipe.get("residual_block")
-    residual = te.placeholder(packed_shape(recipe["out_shape"], rb) if rb else recipe["out_shape"],
-                              "uint8" if recipe.get("residual_q") else "float32",
-                              name="residual") if recipe["residual"] else None
+    rb = recipe.residual_block
+    residual = te.placeholder(packed_shape(recipe.out_shape, rb) if rb else recipe.out_shape,
+                              "uint8" if recipe.residual_q else "float32",
+                              name="residual") if recipe.residual else None
     return x, w, comp, mult, bias, residual
 
 

@@ -28,8 +28,8 @@ class _Graph(NamedTuple):
 
 def tensorized_graph(recipe, intrin):
     """(prepared graph, Blocks) computing the recipe with `intrin`; weights arrive packed."""
-    if recipe.get("groups", 1) != 1 and not is_depthwise(recipe):
-        raise ValueError(f"grouped conv ({recipe['groups']} groups): no packed layout for "
+    if recipe.groups != 1 and not is_depthwise(recipe):
+        raise ValueError(f"grouped conv ({recipe.groups} groups): no packed layout for "
                          "dot-product instructions here; it keeps TVM's int8 loop nest")
     if is_depthwise(recipe) != intrin.lanewise:
         raise ValueError(f"{intrin.name} {'runs only' if intrin.lanewise else 'cannot run'} "
@@ -40,7 +40,7 @@ def tensorized_graph(recipe, intrin):
         epi = _conv_epilogue(recipe, epilogue_fn(recipe, comp, mult, bias, res), blocks.y)
         graph = _Graph(x, w, comp, mult, bias, res, acc, epi)
         blocks = blocks._replace(x=intrin.reduction_width)  # pack_weight's tap group
-    elif recipe["kind"] == "conv2d":
+    elif recipe.kind == "conv2d":
         graph = _conv_graph(recipe, blocks)
     else:
         graph = _dense_graph(recipe, blocks)
@@ -53,13 +53,13 @@ def tensorized_graph(recipe, intrin):
 def _conv_input(recipe, x, x_blk, padded_width):
     """(uint8 NCHW[block]c input the instruction reads, its channel block): the producer's
     blocks read in place or padded, else the input quantized, padded and packed in one pass."""
-    n, c, h, w_ = recipe["in_shape"]
-    pt, pl, pb, _ = recipe["padding"]
+    n, c, h, w_ = recipe.in_shape
+    pt, pl, pb, _ = recipe.padding
     hp, pad = h + pt + pb, pad_value(recipe)
-    ib = recipe.get("in_block")
-    blocked = recipe.get("in_u8") and ib and ib % x_blk == 0 and c % ib == 0
-    in_place = (not any(recipe["padding"]) and padded_width == w_
-                and not recipe.get("x_signed"))
+    ib = recipe.in_block
+    blocked = recipe.in_u8 and ib and ib % x_blk == 0 and c % ib == 0
+    in_place = (not any(recipe.padding) and padded_width == w_
+                and not recipe.x_signed)
     if blocked and in_place:
         # the producer's NCHW[ib]c uint8 already holds every x_blk channels of a pixel
         # together: the instruction reads it in place, no pass over the input
@@ -89,12 +89,12 @@ def _conv_graph(recipe, blocks):
     """A conv2d over NCHW[x]c input and KCRS[x/word]c[y]k[word]c weights."""
     x_blk, y_blk, word = blocks
     acc_t = dtypes(recipe)[2]
-    n, c, h, w_ = recipe["in_shape"]
-    k, _, r, s = recipe["w_shape"]
-    (sh, sw), (dh, dw) = recipe["stride"], recipe["dilation"]
-    _, pl, _, pr = recipe["padding"]
+    n, c, h, w_ = recipe.in_shape
+    k, _, r, s = recipe.w_shape
+    (sh, sw), (dh, dw) = recipe.stride, recipe.dilation
+    _, pl, _, pr = recipe.padding
     cp, kp = round_up(c, x_blk), round_up(k, y_blk)
-    _, oc, oh, ow = recipe["out_shape"]
+    _, oc, oh, ow = recipe.out_shape
     x, w, comp, mult, bias, res = placeholders(
         recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // word, y_blk, word))
     # output columns computed: padded when their count has no divisor a register tile can
@@ -115,14 +115,14 @@ def _dense_graph(recipe, blocks):
     """A dense layer over [rows, K] input and N[x/word]k[y]n[word]k weights."""
     x_blk, y_blk, word = blocks
     acc_t, pad = dtypes(recipe)[2], pad_value(recipe)
-    m, kk = recipe["in_shape"]
-    nn_ = recipe["out_channels"]
+    m, kk = recipe.in_shape
+    nn_ = recipe.out_channels
     kp, np_ = round_up(kk, x_blk), round_up(nn_, y_blk)
     # rows computed: padded like a conv's output columns when their count has no divisor a
     # register tile can use (197 tokens -> 198: a one-row tile ran at 35% of peak)
     mp = tiled_extent(m)
     x, w, comp, mult, bias, res = placeholders(
-        recipe, recipe["in_shape"], (np_ // y_blk, kp // x_blk, x_blk // word, y_blk, word))
+        recipe, recipe.in_shape, (np_ // y_blk, kp // x_blk, x_blk // word, y_blk, word))
     xq = te.compute((mp, kp), lambda i, j: tirx.if_then_else(
         tirx.all(j < kk, i < m),
         load_input(x, recipe, (tirx.min(i, m - 1), tirx.min(j, kk - 1))), pad), name="xq")
@@ -138,7 +138,7 @@ def _dense_graph(recipe, blocks):
 def _conv_epilogue(recipe, fn, y_blk):
     """epilogue fn of prepare for a conv whose accumulators are NCHW[y_blk]c: the output is
     NCHW, or NCHW[out_block]c read in place (out_block must then be y_blk)."""
-    ob = recipe.get("out_block")
+    ob = recipe.out_block
     if ob and ob != y_blk:
         # one output block would mix accumulator blocks; TVM's reverse_compute_at then
         # derives a wrong per-tile loop nest (a wrong result, seen with 8-lane accumulators
@@ -163,14 +163,14 @@ def _depthwise_graph(recipe, intrin):
     accumulators NCHW[lanes]c."""
     _, y_blk = intrin.channel_blocks
     width = intrin.reduction_width
-    n, c, h, w_ = recipe["in_shape"]
-    k, _, r, s = recipe["w_shape"]
-    (sh, sw), (dh, dw) = recipe["stride"], recipe["dilation"]
+    n, c, h, w_ = recipe.in_shape
+    k, _, r, s = recipe.w_shape
+    (sh, sw), (dh, dw) = recipe.stride, recipe.dilation
     if dw != 1:
         raise ValueError(f"dilated depthwise window (dilation {dw} along the width): the "
                          f"instruction reads {width} neighbouring pixels")
-    pt, pl, pb, pr = recipe["padding"]
-    _, _, oh, ow = recipe["out_shape"]
+    pt, pl, pb, pr = recipe.padding
+    _, _, oh, ow = recipe.out_shape
     taps = round_up(s, width)
     kp = round_up(k, y_blk)
     x, w, comp, mult, bias, res = placeholders(
@@ -181,7 +181,7 @@ def _depthwise_graph(recipe, intrin):
     def xq_body(b, co, i, j, ci):
         inside = [i >= pt, i < h + pt, j >= pl, j < w_ + pl] + ([co * y_blk + ci < c] if c % y_blk
                                                                else [])
-        if recipe.get("in_block") == y_blk:  # the producer's blocks: read in place, vectorises
+        if recipe.in_block == y_blk:  # the producer's blocks: read in place, vectorises
             value = quantized(x(b, co, i - pt, j - pl, ci), recipe)
         else:
             value = load_input(x, recipe, (b, co * y_blk + ci, i - pt, j - pl))

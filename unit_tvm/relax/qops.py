@@ -12,7 +12,6 @@ What a recipe says (dtypes, shapes, the instructions that may run it) is in reci
 weights in the kernels' layouts, in numpy, in weights.py.
 """
 
-import json
 
 from tvm import te, tirx
 
@@ -25,15 +24,15 @@ from .weights import plain_weight_shape
 
 def plain_func(recipe):
     """PrimFunc(x, w[K, C, R, S] or [N, K], comp, mult, bias[, residual], out), default schedule."""
-    if recipe["kind"] == "conv2d":
-        n, c, h, w_ = recipe["in_shape"]
-        k, _, r, s = recipe["w_shape"]
-        (sh, sw), (dh, dw) = recipe["stride"], recipe["dilation"]
-        pt, pl, pb, pr = recipe["padding"]
-        ob = recipe.get("out_block")
+    if recipe.kind == "conv2d":
+        n, c, h, w_ = recipe.in_shape
+        k, _, r, s = recipe.w_shape
+        (sh, sw), (dh, dw) = recipe.stride, recipe.dilation
+        pt, pl, pb, pr = recipe.padding
+        ob = recipe.out_block
         x, w, comp, mult, bias, res = placeholders(recipe, in_shape(recipe),
                                                     plain_weight_shape(recipe))
-        groups = recipe.get("groups", 1)
+        groups = recipe.groups
         cg, kg = c // groups, k // groups  # input / output channels per group
         # a depthwise conv has no channel reduction: an extent-1 one would put a reduction
         # variable in the channel index and keep the default schedule from vectorising channels
@@ -42,7 +41,7 @@ def plain_func(recipe):
         red = [rc, rr, rs] if cg > 1 else [rr, rs]
         # padded (with the zero point: real 0.0) and quantized, in the input's own layout; on a
         # packed edge the channel block stays innermost, so a depthwise conv vectorises over it
-        ib = recipe.get("in_block")
+        ib = recipe.in_block
         xq_shape = (in_shape(recipe)[:2] + [h + pt + pb, w_ + pl + pr] + ([ib] if ib else []))
 
         def xq_body(b, co, i, j, *ci):
@@ -74,27 +73,27 @@ def plain_func(recipe):
             out = te.compute(out_shape(recipe), packed_output(
                 recipe, fn, lambda b, ko, i, j, ki, _f: acc[b, ko, i, j, ki]), name="out")
         else:
-            acc = te.compute(recipe["out_shape"], lambda b, f, i, j: conv_at(
+            acc = te.compute(recipe.out_shape, lambda b, f, i, j: conv_at(
                 b, f, i, j, lambda *a: w[(f,) + a]), name="acc")
-            out = te.compute(recipe["out_shape"], lambda b, f, i, j: fn(
+            out = te.compute(recipe.out_shape, lambda b, f, i, j: fn(
                 acc[b, f, i, j], f, (b, f, i, j)), name="out")  # float32, or uint8 requantized
     else:
-        m, kk = recipe["in_shape"]
-        x, w, comp, mult, bias, res = placeholders(recipe, recipe["in_shape"], recipe["w_shape"])
+        m, kk = recipe.in_shape
+        x, w, comp, mult, bias, res = placeholders(recipe, recipe.in_shape, recipe.w_shape)
         xq = te.compute((m, kk), lambda i, j: load_input(x, recipe, (i, j)), name="xq")
         r = te.reduce_axis((0, kk), name="k")
         acc_t = dtypes(recipe)[2]
-        acc = te.compute(recipe["out_shape"], lambda i, j: te.sum(
+        acc = te.compute(recipe.out_shape, lambda i, j: te.sum(
             xq[i, r].astype(acc_t) * w[j, r].astype(acc_t), axis=r), name="acc")
         fn = epilogue_fn(recipe, comp, mult, bias, res)
-        out = te.compute(recipe["out_shape"], lambda i, j: fn(acc[i, j], j, (i, j)), name="out")
+        out = te.compute(recipe.out_shape, lambda i, j: fn(acc[i, j], j, (i, j)), name="out")
     args = arguments(x, w, comp, mult, bias, res, out)
-    return te.create_prim_func(args).with_attr(ATTR, json.dumps(recipe))
+    return te.create_prim_func(args).with_attr(ATTR, recipe.to_json())
 
 
 def tensorized_func(recipe, intrin, target, config=None):
     """(PrimFunc, Blocks, prepared) of the recipe tensorized with intrin, scheduled with config."""
     prepared, blocks = tensorized_graph(recipe, intrin)
     func = schedule(prepared, intrin, config, target).mod["main"]
-    func = func.with_attr(ATTR, json.dumps(recipe)).with_attr("tirx.is_scheduled", True)
+    func = func.with_attr(ATTR, recipe.to_json()).with_attr("tirx.is_scheduled", True)
     return func, blocks, prepared

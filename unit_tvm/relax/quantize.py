@@ -36,7 +36,7 @@ from . import u8_values
 from .chains import find_chains
 from .graph import dataflow_bindings, max_pool_on
 from .qops import plain_func
-from .recipe import ATTR, out_dtype
+from .recipe import ATTR, QuantizedOp, Recipe, out_dtype
 from .requantize import (
     requantize_edges,
     requantize_shared_edges,
@@ -103,25 +103,22 @@ def _recipe(chain, **quantization):
     dtype="bfloat16" for bf16)."""
     x_shape = [int(s) for s in chain.x.ty.shape]
     out_shape = [int(s) for s in chain.end_shape]
-    recipe = {"kind": chain.kind, "in_shape": x_shape, "w_shape": list(chain.wq.shape),
-              "out_shape": out_shape, "out_channels": int(chain.wq.shape[0]),
-              **quantization, "relu": bool(chain.relu),
-              "clip_max": chain.clip_max, "gelu": bool(chain.gelu),
-              "residual": chain.residual is not None}
+    fields = dict(kind=chain.kind, in_shape=x_shape, w_shape=list(chain.wq.shape),
+                  out_shape=out_shape, out_channels=int(chain.wq.shape[0]), **quantization,
+                  relu=bool(chain.relu), clip_max=chain.clip_max, gelu=bool(chain.gelu),
+                  residual=chain.residual is not None)
     if chain.kind == "dense":  # leading dims flattened into rows around the kernel
         rows = int(np.prod(x_shape[:-1]))
-        recipe.update(in_shape=[rows, x_shape[-1]], out_shape=[rows, out_shape[-1]])
+        fields.update(in_shape=[rows, x_shape[-1]], out_shape=[rows, out_shape[-1]])
         if len(x_shape) != 2:
-            recipe["nd_in_shape"] = x_shape
-        if out_shape != recipe["out_shape"]:
-            recipe["nd_out_shape"] = out_shape
+            fields["nd_in_shape"] = x_shape
+        if out_shape != fields["out_shape"]:
+            fields["nd_out_shape"] = out_shape
     if chain.kind == "conv2d":
         a = chain.attrs
-        recipe.update(stride=[int(v) for v in a.strides], dilation=[int(v) for v in a.dilation],
-                      padding=[int(v) for v in a.padding])
-        if int(a.groups) != 1:
-            recipe["groups"] = int(a.groups)
-    return recipe
+        fields.update(stride=[int(v) for v in a.strides], dilation=[int(v) for v in a.dilation],
+                      padding=[int(v) for v in a.padding], groups=int(a.groups))
+    return Recipe.from_dict(fields)
 
 
 def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="minmax",
@@ -168,7 +165,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
         wsum = chain.wq.reshape(chain.wq.shape[0], -1).astype(np.int64).sum(axis=1)
         consts = [chain.wq, (x_zp * wsum).astype(np.int32),
                   (x_scale * w_scale).astype(np.float32), chain.shift.astype(np.float32)]
-        by_end[chain.end] = (chain, recipe, consts)
+        by_end[chain.end] = QuantizedOp(chain, recipe, consts)
     requantize_edges(func, chains, by_end)
     requantize_shared_edges(func, chains, by_end)
     requantize_shortcuts(chains, by_end, shortcuts, values[len(chains):],
@@ -190,8 +187,8 @@ def _to_bfloat16(mod, chains):
         w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
         chain.wq = w.astype(np.float32).astype(ml_dtypes.bfloat16)
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
-        by_end[chain.end] = (chain, _recipe(chain, dtype="bfloat16"),
-                             [chain.wq, chain.shift.astype(np.float32)])
+        by_end[chain.end] = QuantizedOp(chain, _recipe(chain, dtype="bfloat16"),
+                                        [chain.wq, chain.shift.astype(np.float32)])
     return _rewrite(mod, chains, by_end)
 
 
@@ -231,8 +228,8 @@ class _Rewriter:
         chain's requantized result), or None."""
         if var in self.u8_of:
             return self.u8_of[var]
-        if var in self.by_end and self.by_end[var][1].get("out_q"):
-            return self.remap[var], u8_values.QParams(*self.by_end[var][1]["out_q"])
+        if var in self.by_end and self.by_end[var].recipe.out_q:
+            return self.remap[var], u8_values.QParams(*self.by_end[var].recipe.out_q)
         return None
 
     def u8_value(self, var, value, q):
@@ -288,7 +285,8 @@ class _Rewriter:
             return
         b = self.by_var[var]
         if var in self.by_end:
-            chain, recipe, consts = self.by_end[var]
+            op = self.by_end[var]
+            chain, recipe, consts = op.chain, op.recipe, op.consts
             deps = [chain.x] + ([chain.residual] if chain.residual is not None else [])
         else:
             deps = _free_vars(b.value)
@@ -331,25 +329,25 @@ def _rewrite(mod, chains, by_end, pools=None, plan=None):
 
 
 def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
-    name = f"q{recipe['kind']}_{counter[0]}"
+    name = f"q{recipe.kind}_{counter[0]}"
     counter[0] += 1
     gv = bb.add_func(plain_func(recipe).with_attr("global_symbol", name), name)
-    x_arg = u8_of[chain.x][0] if recipe.get("in_u8") and chain.x in u8_of else _sub(chain.x,
+    x_arg = u8_of[chain.x][0] if recipe.in_u8 and chain.x in u8_of else _sub(chain.x,
                                                                                        remap)
     residual = None
     if chain.residual is not None:
-        residual = (u8_of[chain.residual][0] if recipe.get("residual_q")
+        residual = (u8_of[chain.residual][0] if recipe.residual_q
                     and chain.residual in u8_of else _sub(chain.residual, remap))
-    if "nd_in_shape" in recipe:  # N-D dense: rows flattened around the kernel
-        x_arg = bb.emit(relax.op.reshape(x_arg, recipe["in_shape"]))
-    if residual is not None and "nd_out_shape" in recipe:
-        residual = bb.emit(relax.op.reshape(residual, recipe["out_shape"]))
+    if recipe.nd_in_shape is not None:  # N-D dense: rows flattened around the kernel
+        x_arg = bb.emit(relax.op.reshape(x_arg, recipe.in_shape))
+    if residual is not None and recipe.nd_out_shape is not None:
+        residual = bb.emit(relax.op.reshape(residual, recipe.out_shape))
     args = [x_arg] + [relax.const(c) for c in consts]
     if residual is not None:
         args.append(residual)
-    call = relax.call_tir(gv, args, relax.TensorType(recipe["out_shape"], out_dtype(recipe)))
-    if "nd_out_shape" in recipe:
-        call = relax.op.reshape(bb.emit(call), recipe["nd_out_shape"])
+    call = relax.call_tir(gv, args, relax.TensorType(recipe.out_shape, out_dtype(recipe)))
+    if recipe.nd_out_shape is not None:
+        call = relax.op.reshape(bb.emit(call), recipe.nd_out_shape)
     return bb.emit(call) if isinstance(var, relax.DataflowVar) else bb.emit_output(call)
 
 
@@ -368,7 +366,7 @@ def _sub(expr, remap):
 
 
 def recipes(mod):
-    """[(name, recipe)] of the quantized ops in a module."""
+    """[(name, recipe as a dict: Recipe.to_dict)] of the quantized ops in a module."""
     out = []
     for gv, f in mod.functions.items():
         if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and ATTR in f.attrs:

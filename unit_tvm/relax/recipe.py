@@ -1,6 +1,13 @@
-"""A recipe (the dict quantize() attaches to each quantized op): what it says about dtypes,
-shapes and layouts, the form it is tuned in, and which instructions may run it."""
+"""A recipe: what quantize() records about each quantized op (dtypes, shapes, quantization,
+fused epilogue, edge layouts), the form it is tuned in, and which instructions may run it.
 
+A Recipe is frozen: the passes that decide edges (requantize.py, u8_values.py, the layout
+choices in tensorize.py) replace it with an updated copy. It travels on its PrimFunc as JSON
+(ATTR), written with only the fields that are set, so tuning keys stay short and stable."""
+
+import dataclasses
+import json
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from .. import intrinsics, selection
@@ -9,9 +16,88 @@ from ..shift import rebased_dtype
 ATTR = "unit_tvm.recipe"
 
 
+def _tuple(v):
+    """Lists (as JSON gives them) as tuples, nested: a Recipe's shapes are hashable."""
+    return tuple(_tuple(x) for x in v) if isinstance(v, (list, tuple)) else v
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One quantized conv2d or dense op of a model."""
+
+    kind: str  # "conv2d" or "dense"
+    in_shape: tuple  # NCHW, or [rows, K] for dense (leading dims flattened)
+    w_shape: tuple  # KCRS (C per group), or [N, K]
+    out_shape: tuple  # NKHW, or [rows, N]
+    out_channels: int
+    relu: bool = False
+    clip_max: float | None = None  # relu6-style clip
+    gelu: bool = False
+    residual: bool = False  # adds a residual in its epilogue
+    dtype: str | None = None  # "bfloat16" for the bf16 form; None: int8
+    x_scale: float | None = None  # the activation's uint8 quantization (int8)
+    x_zp: int | None = None
+    stride: tuple | None = None  # conv2d only
+    dilation: tuple | None = None
+    padding: tuple | None = None  # top, left, bottom, right
+    groups: int = 1
+    nd_in_shape: tuple | None = None  # dense on more than 2 dims: the shapes around the kernel
+    nd_out_shape: tuple | None = None
+    out_q: tuple | None = None  # (scale, zp): writes uint8 for its readers (requantization)
+    in_u8: bool = False  # reads its input as uint8 already (in x_scale, x_zp)
+    residual_q: tuple | None = None  # (scale, zp) of a uint8 residual
+    x_signed: bool = False  # activation re-based to int8 for an s8 x s8 instruction
+    in_block: int | None = None  # NCHW[block]c edges: input, output, residual
+    out_block: int | None = None
+    residual_block: int | None = None
+
+    # always written to JSON, even when unset (the keys recipes have always had)
+    _ALWAYS = ("kind", "in_shape", "w_shape", "out_shape", "out_channels", "relu", "clip_max",
+               "gelu", "residual")
+
+    def replace(self, **changes) -> "Recipe":
+        """A copy with `changes` (lists become tuples)."""
+        return dataclasses.replace(self, **{k: _tuple(v) for k, v in changes.items()})
+
+    def to_dict(self) -> dict:
+        """The fields that are set (and the _ALWAYS ones), as plain JSON values."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in self._ALWAYS or v != f.default:
+                out[f.name] = json.loads(json.dumps(v))  # tuples -> lists
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @staticmethod
+    def from_dict(d: dict) -> "Recipe":
+        """The Recipe a dict of its fields (to_dict's output, or written by hand) describes."""
+        return Recipe(**{k: _tuple(v) for k, v in d.items()})
+
+    @staticmethod
+    def from_json(text: str) -> "Recipe":
+        return Recipe.from_dict(json.loads(text))
+
+
+@dataclass
+class QuantizedOp:
+    """What quantize() holds for one op while its passes decide the edges: the chain it
+    replaces, its recipe (replaced, never changed in place) and its constant arguments."""
+
+    chain: object  # chains.Chain
+    recipe: Recipe
+    consts: list
+
+    def update(self, **changes) -> None:
+        """Replace the recipe with a copy carrying `changes`."""
+        self.recipe = self.recipe.replace(**changes)
+
+
 def is_bf16(recipe):
     """Whether the recipe is the bfloat16 form of its op (else int8)."""
-    return recipe.get("dtype") == "bfloat16"
+    return recipe.dtype == "bfloat16"
 
 
 def dtypes(recipe):
@@ -19,7 +105,7 @@ def dtypes(recipe):
     int8 when it is re-based for an s8 x s8 instruction (see for_instruction)."""
     if is_bf16(recipe):
         return ("bfloat16", "bfloat16", "float32")
-    return ("int8" if recipe.get("x_signed") else "uint8", "int8", "int32")
+    return ("int8" if recipe.x_signed else "uint8", "int8", "int32")
 
 
 def for_instruction(recipe, intrin):
@@ -27,9 +113,9 @@ def for_instruction(recipe, intrin):
     uint8 activation re-based, x - 128, with the zero point x_zp - 128: the same real values,
     so the kernel's int32 sums differ from the u8 x s8 ones by exactly 128 * sum(w) per output
     channel, which the zero-point term absorbs (weights.rebased_comp)."""
-    if is_bf16(recipe) or intrin.input_dtypes[0] != "int8" or recipe.get("x_signed"):
+    if is_bf16(recipe) or intrin.input_dtypes[0] != "int8" or recipe.x_signed:
         return recipe
-    return dict(recipe, x_signed=True)
+    return recipe.replace(x_signed=True)
 
 
 class Blocks(NamedTuple):
@@ -49,14 +135,14 @@ def blocks_of(intrin):
 
 def is_depthwise(recipe):
     """Whether the recipe is a depthwise conv: one input and one output channel per group."""
-    groups = recipe.get("groups", 1)
-    return (recipe["kind"] == "conv2d" and groups > 1 and recipe["in_shape"][1] == groups
-            and recipe["out_channels"] == groups)
+    groups = recipe.groups
+    return (recipe.kind == "conv2d" and groups > 1 and recipe.in_shape[1] == groups
+            and recipe.out_channels == groups)
 
 
 def out_dtype(recipe):
     """uint8 when the op requantizes for its consumer, else float32."""
-    return "uint8" if recipe.get("out_q") else "float32"
+    return "uint8" if recipe.out_q else "float32"
 
 
 def packed_shape(shape, block):
@@ -67,14 +153,14 @@ def packed_shape(shape, block):
 
 def in_shape(recipe):
     """Shape of the op's activation argument: NCHW, or NCHW[in_block]c on a packed edge."""
-    blk = recipe.get("in_block")
-    return packed_shape(recipe["in_shape"], blk) if blk else recipe["in_shape"]
+    blk = recipe.in_block
+    return packed_shape(recipe.in_shape, blk) if blk else list(recipe.in_shape)
 
 
 def out_shape(recipe):
     """Shape of the op's result: NCHW (or [rows, n]), or NCHW[out_block]c on a packed edge."""
-    blk = recipe.get("out_block")
-    return packed_shape(recipe["out_shape"], blk) if blk else recipe["out_shape"]
+    blk = recipe.out_block
+    return packed_shape(recipe.out_shape, blk) if blk else list(recipe.out_shape)
 
 
 def tuning_form(recipe):
@@ -83,27 +169,22 @@ def tuning_form(recipe):
     of one shape (BERT's 12 encoder layers, ResNet's repeated blocks) tune once; the tuned
     config schedules each layer's own recipe, whose loop nest differs only in constants."""
     if is_bf16(recipe):
-        return dict(recipe)  # no quantization constants
-    form = dict(recipe, x_scale=0.5, x_zp=1)
-    if form.get("out_q"):
-        form["out_q"] = [0.25, 2]
-    if form.get("residual_q"):
-        form["residual_q"] = [0.125, 3]
-    if form.get("clip_max") is not None:
-        form["clip_max"] = 6.0
-    return form
+        return recipe  # no quantization constants
+    return recipe.replace(x_scale=0.5, x_zp=1, out_q=(0.25, 2) if recipe.out_q else None,
+                          residual_q=(0.125, 3) if recipe.residual_q else None,
+                          clip_max=6.0 if recipe.clip_max is not None else None)
 
 
 def candidates(recipe, target):
     """Instructions that can run the recipe on target, best first (unit_tvm.selection's rule
     on the padding of the packed channels)."""
-    c = recipe["in_shape"][1]
-    k = recipe["out_channels"]
+    c = recipe.in_shape[1]
+    k = recipe.out_channels
     a_t, w_t, acc_t = dtypes(recipe)
     depthwise = is_depthwise(recipe)
-    if recipe.get("groups", 1) != 1 and not depthwise:
+    if recipe.groups != 1 and not depthwise:
         return []
-    if depthwise and recipe["dilation"][1] != 1:
+    if depthwise and recipe.dilation[1] != 1:
         return []  # a lanewise instruction reads neighbouring pixels: not a dilated window
     usable, rebased = [], []
     for intrin in intrinsics.for_target(target):

@@ -1,7 +1,8 @@
 """Which edges between quantized ops carry uint8 instead of float32: the producer requantizes
 in the quantization its readers share (or, for a projection shortcut, its own observed one) and
 the readers read it as is, or dequantize it as their residual. Each pass sets `out_q` on the
-producer's recipe and `in_u8` / `residual_q` on its readers'."""
+producer's recipe and `in_u8` / `residual_q` on its readers' (by_end: var -> QuantizedOp, whose
+frozen recipe is replaced)."""
 
 from .graph import dataflow_bindings, is_nchw_max_pool, uses as count_uses
 
@@ -18,12 +19,12 @@ def requantize_edges(func, chains, by_end):
         consumers = by_x.get(chain.end, [])
         if uses.get(chain.end, 0) != 1 or len(consumers) != 1:
             continue
-        _, recipe, _ = by_end[chain.end]
-        _, next_recipe, _ = by_end[consumers[0].end]
-        if any(k in r for r in (recipe, next_recipe) for k in ("nd_in_shape", "nd_out_shape")):
+        recipe, next_recipe = by_end[chain.end].recipe, by_end[consumers[0].end].recipe
+        if any(r.nd_in_shape is not None or r.nd_out_shape is not None
+               for r in (recipe, next_recipe)):
             continue
-        recipe["out_q"] = [next_recipe["x_scale"], next_recipe["x_zp"]]
-        next_recipe["in_u8"] = True
+        by_end[chain.end].update(out_q=(next_recipe.x_scale, next_recipe.x_zp))
+        by_end[consumers[0].end].update(in_u8=True)
 
 
 def requantize_shared_edges(func, chains, by_end):
@@ -40,21 +41,21 @@ def requantize_shared_edges(func, chains, by_end):
         if c.residual is not None:
             adders.setdefault(c.residual, []).append(c)
     for chain in chains:
-        _, recipe, _ = by_end[chain.end]
+        recipe = by_end[chain.end].recipe
         ins, res = readers.get(chain.end, []), adders.get(chain.end, [])
-        if (recipe.get("out_q") or not ins or len(ins) + len(res) != uses.get(chain.end, 0)
-                or recipe["kind"] != "conv2d" or len(recipe["out_shape"]) != 4):
+        if (recipe.out_q or not ins or len(ins) + len(res) != uses.get(chain.end, 0)
+                or recipe.kind != "conv2d" or len(recipe.out_shape) != 4):
             continue
-        users = [by_end[c.end][1] for c in ins + res]
-        if any(r["kind"] != "conv2d" or "nd_in_shape" in r or "nd_out_shape" in r
+        users = [by_end[c.end].recipe for c in ins + res]
+        if any(r.kind != "conv2d" or r.nd_in_shape is not None or r.nd_out_shape is not None
                for r in users):
             continue
-        scale, zp = users[0]["x_scale"], users[0]["x_zp"]
-        recipe["out_q"] = [scale, zp]
+        scale, zp = users[0].x_scale, users[0].x_zp
+        by_end[chain.end].update(out_q=(scale, zp))
         for c in ins:
-            by_end[c.end][1].update(x_scale=scale, x_zp=zp, in_u8=True)
+            by_end[c.end].update(x_scale=scale, x_zp=zp, in_u8=True)
         for c in res:
-            by_end[c.end][1]["residual_q"] = [scale, zp]
+            by_end[c.end].update(residual_q=(scale, zp))
 
 
 def residual_only_ends(func, chains):
@@ -76,16 +77,17 @@ def requantize_shortcuts(chains, by_end, shortcuts, values, qparams):
     and its adders dequantize it in their epilogue (the residual travels as uint8 NCHW[y]c,
     as a block output does, instead of float32 there and back)."""
     for chain, vals in zip(shortcuts, values):
-        _, recipe, _ = by_end[chain.end]
-        adders = [by_end[c.end][1] for c in chains if c.residual is not None
+        recipe = by_end[chain.end].recipe
+        adders = [by_end[c.end] for c in chains if c.residual is not None
                   and c.residual.same_as(chain.end)]
-        if (recipe.get("out_q") or len(recipe["out_shape"]) != 4
-                or any("nd_in_shape" in r or "nd_out_shape" in r for r in adders)):
+        if (recipe.out_q or len(recipe.out_shape) != 4
+                or any(a.recipe.nd_in_shape is not None or a.recipe.nd_out_shape is not None
+                       for a in adders)):
             continue
         scale, zp = qparams(vals)
-        recipe["out_q"] = [float(scale), int(zp)]
-        for r in adders:
-            r["residual_q"] = [float(scale), int(zp)]
+        by_end[chain.end].update(out_q=(float(scale), int(zp)))
+        for adder in adders:
+            adder.update(residual_q=(float(scale), int(zp)))
 
 
 def requantize_through_pools(func, chains, by_end):
@@ -108,17 +110,17 @@ def requantize_through_pools(func, chains, by_end):
         src = v.args[0]
         if src not in by_end or uses.get(src, 0) != 1 or not readers.get(b.var):
             continue
-        _, recipe, _ = by_end[src]
-        consumers = [by_end[c.end][1] for c in readers[b.var]]
-        if (recipe.get("out_q") or "nd_out_shape" in recipe
-                or any(r["kind"] != "conv2d" for r in consumers)):
+        recipe = by_end[src].recipe
+        consumers = [by_end[c.end] for c in readers[b.var]]
+        if (recipe.out_q or recipe.nd_out_shape is not None
+                or any(op.recipe.kind != "conv2d" for op in consumers)):
             continue
-        scale, zp = consumers[0]["x_scale"], consumers[0]["x_zp"]
-        recipe["out_q"] = [scale, zp]
-        for r in consumers:
-            r.update(x_scale=scale, x_zp=zp, in_u8=True)
+        scale, zp = consumers[0].recipe.x_scale, consumers[0].recipe.x_zp
+        by_end[src].update(out_q=(scale, zp))
+        for op in consumers:
+            op.update(x_scale=scale, x_zp=zp, in_u8=True)
         for c in chains:
             if c.residual is not None and c.residual.same_as(b.var):
-                by_end[c.end][1]["residual_q"] = [scale, zp]
+                by_end[c.end].update(residual_q=(scale, zp))
         pools[b.var] = (scale, zp)
     return pools

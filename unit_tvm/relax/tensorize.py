@@ -28,9 +28,15 @@ from .edge_layouts import packed_concats, packed_consumers, pool_conv_readers, p
 from .graph import max_pool_on
 from .qgraphs import tensorized_graph
 from .qops import plain_func, tensorized_func
-from .recipe import ATTR, candidates, for_instruction, out_dtype, out_shape, tuning_form
+from .recipe import (ATTR, Recipe, candidates, for_instruction, out_dtype, out_shape,
+                     tuning_form)
 from .weights import pack_weight, plain_weight, rebased_comp
 from .u8_values import blocked_pool_func, pool_out_shape
+
+
+def _with_edge_block(recipe, role, block):
+    """The recipe reading its input (role "x") or its residual in NCHW[block]c."""
+    return recipe.replace(**{"in_block" if role == "x" else "residual_block": block})
 
 
 def _recipe_of(mod, call):
@@ -39,7 +45,7 @@ def _recipe_of(mod, call):
     gv = call.args[0]
     func = mod.functions.get(gv) if isinstance(gv, tvm.ir.GlobalVar) else None
     if isinstance(func, tvm.tirx.PrimFunc) and func.attrs is not None and ATTR in func.attrs:
-        return json.loads(str(func.attrs[ATTR]))
+        return Recipe.from_json(str(func.attrs[ATTR]))
     return None
 
 
@@ -73,14 +79,14 @@ class UnitTensorize:
                 calls.append(e)
 
         relax.analysis.post_order_visit(func.body, collect)
-        recipes = [json.loads(json.dumps(_recipe_of(mod, c))) for c in calls]
+        recipes = [_recipe_of(mod, c) for c in calls]
         consumer = packed_consumers(func, calls, recipes)
         pooled = pooled_producers(func, calls, recipes)
         pool_readers = pool_conv_readers(func, calls, recipes, pooled)
         blocked_pools = set()  # max-pools whose result stays in blocks for its conv readers
         concats = packed_concats(mod, func, calls, recipes, self.target)
         for j, block in concats.readers.items():
-            recipes[j]["in_block"] = block
+            recipes[j] = recipes[j].replace(in_block=block)
         bb = relax.BlockBuilder(mod)
         built, replace, pools = {}, [], dict(concats.max_pools)
         for pool, block in concats.pools.items():
@@ -94,7 +100,7 @@ class UnitTensorize:
         for i, (call, recipe) in enumerate(zip(calls, recipes)):
             block = concats.producers.get(i)  # a concat's blocks are fixed for all its parts
             packed_out = i in consumer or i in pooled or block is not None
-            key = json.dumps([recipe, packed_out, block], sort_keys=True)
+            key = json.dumps([recipe.to_dict(), packed_out, block], sort_keys=True)
             if key not in built:
                 built[key] = self._entry(bb, recipe, packed_out, _recipe_of(mod, call),
                                          len(built), block)
@@ -102,14 +108,14 @@ class UnitTensorize:
                 continue
             gv, arguments, final = built[key]
             for j, role in consumer.get(i, ()):
-                recipes[j]["in_block" if role == "x" else "residual_block"] = final["out_block"]
+                recipes[j] = _with_edge_block(recipes[j], role, final.out_block)
             if i in pooled:
-                pool, blk = pooled[i], final["out_block"]
+                pool, blk = pooled[i], final.out_block
                 pools[pool] = blk
-                if pool in pool_readers and final["out_channels"] % blk == 0:
+                if pool in pool_readers and final.out_channels % blk == 0:
                     blocked_pools.add(pool)
                     for j, role in pool_readers[pool]:
-                        recipes[j]["in_block" if role == "x" else "residual_block"] = blk
+                        recipes[j] = _with_edge_block(recipes[j], role, blk)
             args = arguments(list(call.args[1].fields))
             replace.append((call, gv, args, relax.TensorType(out_shape(final), out_dtype(final))))
         if not replace:
@@ -129,8 +135,8 @@ class UnitTensorize:
         keep the call as it is. packed_out: the result goes to a packed edge (NCHW[y]c); block:
         y when the edge fixes it (a concat's parts), else the instruction's."""
         entry = self._build(recipe, packed_out, block)
-        name = f"unit_{recipe['kind']}_{index}"
-        label = self.report[-1][0] if self.report else recipe["kind"]
+        name = f"unit_{recipe.kind}_{index}"
+        label = self.report[-1][0] if self.report else recipe.kind
         if entry is not None:
             func_t, blocks, final = entry
             self.kernels[name] = KernelInfo(name, label, self.report[-1][1], macs(recipe))
@@ -138,8 +144,8 @@ class UnitTensorize:
                     functools.partial(_kernel_arguments, recipe=final, blocks=blocks), final)
         if packed_out:
             found = candidates(recipe, self.target)
-            recipe = dict(recipe, out_block=block or (found[0].channel_blocks[1] if found
-                                                      else 16))
+            recipe = recipe.replace(out_block=block or (found[0].channel_blocks[1] if found
+                                                        else 16))
         if recipe != original:  # a packed edge: the plain loop nest reads / writes the blocks
             self.kernels[name] = KernelInfo(name, label, "", macs(recipe))
             func_p = plain_func(recipe).with_attr("global_symbol", name)
@@ -152,15 +158,15 @@ class UnitTensorize:
         candidate instruction is an alternative (packed_out: with its own output block, or only
         those whose block is `block`); the database or a race of the tuner picks one, the rest
         are fallbacks in preference order."""
-        label = f"{recipe['kind']} {recipe['in_shape']}->{recipe['out_shape']}"
+        label = f"{recipe.kind} {list(recipe.in_shape)}->{list(recipe.out_shape)}"
         reasons = []
         found = [i for i in candidates(recipe, self.target)
                  if block is None or i.channel_blocks[1] == block]
-        if recipe.get("groups", 1) != 1 and not found:
+        if recipe.groups != 1 and not found:
             # expected, not a warning: a grouped conv, or a depthwise one that is dilated or on
             # a host without a lanewise instruction; the int8 loop nest gets the default CPU
             # schedule
-            self.report.append((label, None, f"grouped conv ({recipe['groups']} groups): "
+            self.report.append((label, None, f"grouped conv ({recipe.groups} groups): "
                                              "int8 without a tensorized instruction"))
             return None
 
@@ -169,9 +175,9 @@ class UnitTensorize:
             reason kept. Layers of one shape share the tuning form (and its graph)."""
             final = for_instruction(recipe, intrin)
             if packed_out:
-                final = dict(final, out_block=intrin.channel_blocks[1])
+                final = final.replace(out_block=intrin.channel_blocks[1])
             form = tuning_form(final)
-            key = (json.dumps(form, sort_keys=True), intrin.name)
+            key = (json.dumps(form.to_dict(), sort_keys=True), intrin.name)
             if key not in self._graphs:
                 try:
                     self._graphs[key] = tensorized_graph(form, intrin)
@@ -227,7 +233,7 @@ def _kernel_arguments(args, recipe, blocks):
     zero-point term re-based too."""
     weight = args[1].value.numpy()
     args[1] = relax.const(pack_weight(recipe, weight, blocks))
-    if recipe.get("x_signed"):
+    if recipe.x_signed:
         args[2] = relax.const(rebased_comp(args[2].value.numpy(), weight))
     return args
 
@@ -250,9 +256,9 @@ class KernelInfo(NamedTuple):
 def macs(recipe) -> int:
     """Multiply-adds of a quantized op: every output element reduces over one weight row."""
     n = 1
-    for d in recipe["out_shape"]:
+    for d in recipe.out_shape:
         n *= int(d)
-    for d in recipe["w_shape"][1:]:
+    for d in recipe.w_shape[1:]:
         n *= int(d)
     return n
 
@@ -261,8 +267,8 @@ def _choice_key(recipe, edge):
     """Database workload key of the instruction choice for one quantized op (its shape); edge:
     (whether its result is packed, the block a concat fixes or None)."""
     packed_out, block = edge
-    text = json.dumps([tuning_form(recipe), bool(packed_out)] + ([block] if block else []),
-                      sort_keys=True)
+    text = json.dumps([tuning_form(recipe).to_dict(), bool(packed_out)]
+                      + ([block] if block else []), sort_keys=True)
     return "choice:" + hashlib.sha1(text.encode()).hexdigest()
 
 

@@ -85,23 +85,23 @@ def plan(bindings, func, chains, by_end, u8_pools) -> U8Plan:
     for b in reversed(bindings):  # a concat read only by a uint8 concat follows it
         if not is_channel_concat(b.value):
             continue
-        conv_readers = [c for c in readers.get(b.var, []) if by_end[c.end][1]["kind"] == "conv2d"]
+        conv_readers = [c for c in readers.get(b.var, []) if by_end[c.end].recipe.kind == "conv2d"]
         outer = users.get(b.var, [])
         if conv_readers:
-            first = by_end[conv_readers[0].end][1]
-            q = QParams(float(first["x_scale"]), int(first["x_zp"]))
+            first = by_end[conv_readers[0].end].recipe
+            q = QParams(float(first.x_scale), int(first.x_zp))
         elif len(outer) == 1 and uses.get(b.var) == 1 and outer[0].var in concats:
             q = concats[outer[0].var]
         else:
             continue
         concats[b.var] = q
         for c in conv_readers:
-            by_end[c.end][1].update(x_scale=q.scale, x_zp=q.zp, in_u8=True)
+            by_end[c.end].update(x_scale=q.scale, x_zp=q.zp, in_u8=True)
         for field in b.value.args[0].fields:
             entry = by_end.get(field)
-            if (entry is not None and uses.get(field) == 1 and not entry[1].get("out_q")
-                    and entry[1]["kind"] == "conv2d" and "nd_out_shape" not in entry[1]):
-                entry[1]["out_q"] = [q.scale, q.zp]
+            if (entry is not None and uses.get(field) == 1 and not entry.recipe.out_q
+                    and entry.recipe.kind == "conv2d" and entry.recipe.nd_out_shape is None):
+                entry.update(out_q=(q.scale, q.zp))
     sources = {**concats, **{v: QParams(*q) for v, q in u8_pools.items()}}
     avg_pools, max_pools = {}, {}
     for b in bindings:
@@ -116,10 +116,10 @@ def plan(bindings, func, chains, by_end, u8_pools) -> U8Plan:
         if (not is_nchw_avg_pool(b.value) or not pool_readers
                 or len(pool_readers) != uses.get(b.var, 0)):
             continue
-        first = by_end[pool_readers[0].end][1]
-        result = QParams(float(first["x_scale"]), int(first["x_zp"]))
+        first = by_end[pool_readers[0].end].recipe
+        result = QParams(float(first.x_scale), int(first.x_zp))
         for c in pool_readers:
-            by_end[c.end][1].update(x_scale=result.scale, x_zp=result.zp, in_u8=True)
+            by_end[c.end].update(x_scale=result.scale, x_zp=result.zp, in_u8=True)
         avg_pools[b.var] = AvgPoolPlan(sources[src], result)
     return U8Plan(concats, avg_pools, max_pools)
 

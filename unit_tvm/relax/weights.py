@@ -17,16 +17,16 @@ def rebased_comp(comp, w):
 def plain_weight_shape(recipe):
     """Weight layout of plain_func: [K, C/groups, R, S] (or [N, K]); KCRS[b]k with b = out_block
     on a packed edge, so that its lanes are output channels like the accumulators'."""
-    ob = recipe.get("out_block")
+    ob = recipe.out_block
     if not ob:
-        return recipe["w_shape"]
-    k, cg, r, s = recipe["w_shape"]
+        return recipe.w_shape
+    k, cg, r, s = recipe.w_shape
     return [-(-k // ob), cg, r, s, ob]
 
 
 def plain_weight(recipe, w):
     """int8 (bf16) weights [K, C/groups, R, S] -> plain_weight_shape(recipe), zero-padded."""
-    ob = recipe.get("out_block")
+    ob = recipe.out_block
     if not ob:
         return w
     k, cg, r, s = w.shape
@@ -53,7 +53,7 @@ def pack_weight(recipe, w, blocks: Blocks):
         wp[:k, :, :s] = w[:, 0]
         wp = wp.reshape(-1, y, r, taps // x, x)
         return np.ascontiguousarray(wp.transpose(0, 2, 3, 1, 4))
-    if recipe["kind"] == "conv2d":
+    if recipe.kind == "conv2d":
         k, c, r, s = w.shape
         kp, cp = _round_up(k, y), _round_up(c, x)
         wp = np.zeros((kp, cp, r, s), w.dtype)
