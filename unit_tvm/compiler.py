@@ -3,10 +3,17 @@
 import os
 
 import tvm
+from tvm import relax
 
 from . import checks
+from .relax import UnitTensorize
+from .relax import quantize as quantize_fn
+from .relax.cpu_default import DefaultCPUSchedule
+from .relax.frontend_fixes import frontend_fixes
+from .relax.gpu import UnitTensorizeGPU, default_gpu_schedule, to_fp16_nhwc
 from .runner import prepare_host, target_for
 from .target import is_cpu, is_gpu
+from .tuner import Database
 
 
 def compile(mod, target=None, *, quantize=None, tune=False, database=None, trials=None,  # noqa: A001
@@ -27,10 +34,6 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
     what was tensorized, and why the rest was not. runner: where tuning measures (default:
     this machine; a unit_tvm.fleet.RpcRunner, whose servers' target is the default target).
     """
-    from .relax import UnitTensorize
-    from .relax import quantize as quantize_fn
-    from .relax.frontend_fixes import frontend_fixes
-    from .tuner import Database
 
     checks.ir_module(mod, "unit_tvm.compile")
     prepare_host()
@@ -63,7 +66,6 @@ def compile(mod, target=None, *, quantize=None, tune=False, database=None, trial
 def _compile_cuda(mod, target, quantize, database, tune, trials, report):
     """The GPU path: fp16 NHWC, Tensor Core kernels for convs and dense layers, TVM's GPU
     pipeline for the rest (unit_tvm.relax.gpu)."""
-    from .relax.gpu import UnitTensorizeGPU, default_gpu_schedule, to_fp16_nhwc
 
     if quantize is not None:
         raise NotImplementedError("unit_tvm.compile: int8 quantization is implemented for CPU "
@@ -85,9 +87,7 @@ def compile_cuda_graph(mod, target):
 
 def build_relax(mod, target):
     """tvm.compile, with the leftover operators given a parallel CPU schedule first."""
-    from tvm import relax
 
-    from .relax.cpu_default import DefaultCPUSchedule
 
     if is_cpu(target):
         mod = relax.transform.LegalizeOps()(mod)

@@ -9,6 +9,8 @@ The library is TVM's own export of the Relax executable (host code, kernels and 
 import os
 
 import numpy as np
+import tvm
+from tvm.runtime.vm import VirtualMachine  # the runtime's VM: no compiler involved
 
 from .runner import prepare_host
 
@@ -22,11 +24,7 @@ def export(executable, path: str, cc: str | None = None) -> str:
 
 class CompiledModel:
     """A model loaded from an exported library: call it on numpy arrays, get numpy arrays."""
-
     def __init__(self, path: str, device: str = "cpu"):
-        import tvm
-        from tvm.runtime.vm import VirtualMachine  # the runtime's VM: no compiler involved
-
         if not os.path.exists(path):
             raise FileNotFoundError(f"no compiled model at {path}")
         prepare_host()
@@ -35,7 +33,6 @@ class CompiledModel:
 
     def __call__(self, *inputs):
         """The model's outputs for numpy `inputs`: one array, or a list for several outputs."""
-        import tvm
 
         args = [tvm.runtime.tensor(np.ascontiguousarray(x), self.device) for x in inputs]
         out = self._vm["main"](*args)

@@ -1,6 +1,7 @@
 """Compile CUDA C produced by TVM to PTX with the machine's nvcc, to inspect what it emits."""
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -54,8 +55,6 @@ def ptx(source, arch="sm_80"):
 
 def resources(source, arch="sm_80"):
     """{kernel name: {'registers': int, 'shared': bytes}} from ptxas -v for CUDA `source`."""
-    import re
-
     _, log = _nvcc(source, arch, ["-cubin", "--ptxas-options=-v"], "kernel.cubin")
     out, current = {}, None
     for line in log.splitlines():
@@ -78,7 +77,6 @@ def launch_shapes(lib):
         if mod.kind != "cuda":
             continue
         src = mod.inspect_source("")
-        import re
 
         for m in re.finditer(r"__launch_bounds__\((\d+)\)\s+(\w+)\(", src):
             out[m.group(2)] = int(m.group(1))
