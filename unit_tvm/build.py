@@ -204,7 +204,7 @@ def _check_build_args(intrinsic, tune, trials, database):
 
 
 def build(tensors, target=None, *, intrinsic=None, tune=False, trials=None, database=None,
-          runner=None):
+          runner=None) -> tvm.runtime.Module:
     """Compile the te.compute `tensors[-1]` (its input placeholders are `tensors[:-1]`).
 
     target: None (this host), a dict or a tvm.target.Target. Returns a module callable as

@@ -16,8 +16,9 @@ from .target import is_cpu, is_gpu
 from .tuner import Database
 
 
-def compile(mod, target=None, *, quantize=None, tune=False, database=None, trials=None,  # noqa: A001
-            report=None, runner=None):
+def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # noqa: A001
+            tune: bool = False, database=None, trials: int | None = None,
+            report: list | None = None, runner=None) -> relax.VMExecutable:
     """Compile a Relax IRModule for `target` (None: this host); returns a relax Executable.
 
     quantize: None keeps the model's precision; a dict of unit_tvm.relax.quantize keyword

@@ -345,7 +345,7 @@ def rank(mapping, n_loops):
     return (round(waste, 6), strided, depth)
 
 
-def inspect(op, intrinsic):
+def inspect(op, intrinsic) -> list[Mapping]:
     """Every feasible Mapping of `intrinsic` onto `op` (te.Tensor or ComputeOp), best first."""
     op = _as_op(op, "unit_tvm.inspect")
     intrin = checks.intrinsic(intrinsic, "unit_tvm.inspect")
@@ -358,7 +358,7 @@ def inspect(op, intrinsic):
     return sorted(found, key=lambda m: rank(m, n))
 
 
-def explain(op, intrinsic):
+def explain(op, intrinsic) -> str:
     """Plain-words account of whether `intrinsic` fits `op`, and why not when it does not."""
     op = _as_op(op, "unit_tvm.explain")
     intrin = checks.intrinsic(intrinsic, "unit_tvm.explain")

@@ -2,6 +2,8 @@
 innermost, tensorize (UNIT §III-C); the loops around the instruction follow the target's
 strategy (schedules/)."""
 
+from tvm import s_tir
+
 from . import checks, schedules
 from .mapping import Mapping
 from .prepare import prepare
@@ -9,14 +11,15 @@ from .schedules import cpu, gpu
 from .target import as_target
 
 
-def schedule(prepared, intrin, config=None, target=None):
+def schedule(prepared, intrin, config=None, target=None) -> s_tir.Schedule:
     """s_tir.Schedule of a Prepared graph: the target's strategy (schedules/cpu.py around the
     tensorized core on a CPU, schedules/gpu.py on CUDA) with `config` (None: its default)."""
     target = as_target(target)
     return schedules.for_target(target).schedule(prepared, intrin, config, target)
 
 
-def rewrite(op, intrinsic, mapping=None, config=None, target=None, params=None):
+def rewrite(op, intrinsic, mapping: Mapping | None = None, config=None, target=None,
+            params=None) -> s_tir.Schedule:
     """Schedule `op` (a te.Tensor from te.compute) so that its core is `intrinsic`.
 
     mapping: a Mapping of the instruction on `op` (default: the Inspector's best; s8 x s8 ops are

@@ -54,12 +54,24 @@ def pack_weight(recipe, w, blocks: Blocks):
         wp = wp.reshape(-1, y, r, taps // x, x)
         return np.ascontiguousarray(wp.transpose(0, 2, 3, 1, 4))
     if recipe.kind == "conv2d":
-        k, c, r, s = w.shape
-        kp, cp = _round_up(k, y), _round_up(c, x)
-        wp = np.zeros((kp, cp, r, s), w.dtype)
-        wp[:k, :c] = w
-        wp = wp.reshape(kp // y, y, cp // x, x // word, word, r, s)
-        return np.ascontiguousarray(wp.transpose(0, 2, 5, 6, 3, 1, 4))
+        return pack_conv_weight(w, blocks)
+    return pack_dense_weight(w, blocks)
+
+
+def pack_conv_weight(w, blocks: Blocks):
+    """KCRS -> KCRS[x/word]c[y]k[word]c, zero-padded to whole blocks (ops.conv2d_nchwc)."""
+    x, y, word = blocks
+    k, c, r, s = w.shape
+    kp, cp = _round_up(k, y), _round_up(c, x)
+    wp = np.zeros((kp, cp, r, s), w.dtype)
+    wp[:k, :c] = w
+    wp = wp.reshape(kp // y, y, cp // x, x // word, word, r, s)
+    return np.ascontiguousarray(wp.transpose(0, 2, 5, 6, 3, 1, 4))
+
+
+def pack_dense_weight(w, blocks: Blocks):
+    """[N, K] -> [N/y, K/x, x/word, y, word], zero-padded to whole blocks (ops.dense_packed)."""
+    x, y, word = blocks
     n, kk = w.shape
     np_, kp = _round_up(n, y), _round_up(kk, x)
     wp = np.zeros((np_, kp), w.dtype)

@@ -2,12 +2,14 @@
 
 import numpy as np
 
+from ..relax import weights
+from ..relax.recipe import Blocks
+
 
 def pack_dense_weight(b, lanes=16, width=4):
-    """[n, k] -> [n/lanes, k/width, width/4, lanes, 4] (the layout ops.dense_packed reads)."""
-    n, k = b.shape
-    w = b.reshape(n // lanes, lanes, k // width, width // 4, 4)
-    return np.ascontiguousarray(w.transpose(0, 2, 3, 1, 4))
+    """[n, k] -> [n/lanes, k/width, width/4, lanes, 4] (the layout ops.dense_packed reads; the
+    graph pass's own packing, relax.weights)."""
+    return weights.pack_dense_weight(b, Blocks(width, lanes, 4))
 
 
 def pack_nchwc(data, x=4):
@@ -23,10 +25,9 @@ def unpack_nchwc(out):
 
 
 def pack_kcrs(weight, y=16, x=4):
-    """[k, c, r, s] -> [k/y, c/x, r, s, x/4, y, 4] (the layout ops.conv2d_nchwc reads)."""
-    k, c, r, s = weight.shape
-    w = weight.reshape(k // y, y, c // x, x // 4, 4, r, s)
-    return np.ascontiguousarray(w.transpose(0, 2, 5, 6, 3, 1, 4))
+    """[k, c, r, s] -> [k/y, c/x, r, s, x/4, y, 4] (the layout ops.conv2d_nchwc reads; the
+    graph pass's own packing, relax.weights)."""
+    return weights.pack_conv_weight(weight, Blocks(x, y, 4))
 
 
 def pack_folded_kernel(weight, fold="s", x=64, y=16):

@@ -95,7 +95,7 @@ def device_for(target):
 
 
 def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=True,
-         progress=None, seed=0, top_k=6, patience=3, initial=10, runner=None):
+         progress=None, seed=0, top_k=6, patience=3, initial=10, runner=None) -> TuneResult:
     """Tune the strategy of a Prepared op for `target` (CPU or CUDA); returns a TuneResult.
 
     database: a Database or a path; a hit returns its config without measuring anything.
