@@ -377,6 +377,12 @@ def test_zoo_models_are_deterministic():
         zoo.get("vgg")
 
 
+def test_zoo_names_readable_without_torch_match_the_zoo():
+    from unit_tvm.testing import ZOO_MODELS
+
+    assert tuple(zoo.MODELS) == ZOO_MODELS
+
+
 def test_requantization_between_quantized_ops():
     """conv -> relu -> conv: the first writes uint8 in the second's quantization; the result stays
     equal to TVM's plain int8 build and close to fp32."""
@@ -754,3 +760,44 @@ def test_causal_decoder_with_bool_cumsum_compiles(int8):
         assert _cos(got, ref) > 0.99
     else:
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+class Grouped(nn.Module):
+    """RegNet/ResNeXt-style grouped convs: groups of 16 channels (blocks of the instruction tile
+    them), of 32 with stride 2 on a blocked uint8 edge, and groups of 8 output channels (a
+    16-lane block would span two groups: only an 8-lane instruction runs them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(8, 64, 1)
+        self.g16 = nn.Conv2d(64, 64, 3, padding=1, groups=4)
+        self.g32 = nn.Conv2d(64, 64, 3, stride=2, padding=1, groups=2)
+        self.g8 = nn.Conv2d(64, 64, 3, padding=1, groups=8)
+
+    def forward(self, x):
+        y = torch.relu(self.g16(torch.relu(self.a(x))))
+        return self.g8(torch.relu(self.g32(y)))
+
+
+def test_grouped_convs_tensorized_where_blocks_tile_the_groups():
+    """Grouped convs whose groups the instruction's channel blocks tile run on it, and the model
+    equals TVM's plain int8 build of the same quantized model exactly."""
+    require_host("x86.vpdpbusd")
+    from unit_tvm import intrinsics
+
+    model = Grouped()
+    cal, xs, refs = _prepare(model, (1, 8, 12, 12))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    assert [r.get("groups", 1) for _, r in recipes(qmod)] == [1, 4, 2, 8]
+    tpass = UnitTensorize()
+    tmod = tpass(qmod)
+    used = [instr for _, instr, _ in tpass.report]
+    assert used[0] and used[1] and used[2], tpass.report
+    # 8 output channels per group: an 8-lane instruction (vpdpbusd.256) or TVM's int8 loop nest
+    assert used[3] is None or intrinsics.get(used[3]).channel_blocks[1] == 8, tpass.report
+    assert [r.get("groups", 1) for _, r in recipes(tmod)][-1] == 8
+    ex = build_relax(tmod, unit_tvm.target.host())
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, ref in zip(_run(ex, xs), plain, refs):
+        np.testing.assert_array_equal(got, base)
+        assert _cos(got, ref) > 0.99

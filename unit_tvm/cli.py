@@ -13,6 +13,7 @@ from .inspector import explain, inspect
 from .peak import peak
 from .runner import LocalRunner, prepare_host
 from .target import ISA_LEVELS, as_target, host
+from .testing import ZOO_MODELS
 
 
 def _cmd_intrinsics(args):
@@ -246,7 +247,7 @@ def _add_model_commands(sub):
     """bench-model, compile, run, profile, reproduce: whole models and the paper's figures."""
     p = sub.add_parser("bench-model", help="batch-1 latency and int8 accuracy of zoo models")
     p.add_argument("models", nargs="+",
-                   help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
+                   help="zoo models: " + " ".join(ZOO_MODELS))
     p.add_argument("--inputs", type=int, default=8, help="random inputs for the accuracy check")
     _tuning_args(p, "per distinct op")
     p.add_argument("--no-tune", action="store_true", help="database or default configs only")
@@ -284,7 +285,7 @@ def _add_model_commands(sub):
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("profile", help="per-kernel time, GOPS and %% of peak of a compiled model")
-    p.add_argument("model", help="resnet18 resnet50 mobilenet_v2 inception_v3 bert_base")
+    p.add_argument("model", help="a zoo model: " + " ".join(ZOO_MODELS))
     _tuning_args(p, "per distinct op")
     p.add_argument("--tune", action="store_true", help="tune what the database lacks")
     p.add_argument("--repeats", type=int, default=5, help="timed runs of each kernel call")

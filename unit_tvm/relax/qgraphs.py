@@ -10,7 +10,8 @@ from ..prepare import prepare
 from ..schedules.cpu import tiled_extent
 from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
                      quantized, round_up)
-from .recipe import blocks_of, dtypes, in_shape, is_depthwise, out_dtype, out_shape
+from .recipe import (blocks_of, dtypes, fits_groups, group_channels, in_shape, is_depthwise,
+                     out_dtype, out_shape)
 
 
 class _Graph(NamedTuple):
@@ -28,9 +29,9 @@ class _Graph(NamedTuple):
 
 def tensorized_graph(recipe, intrin):
     """(prepared graph, Blocks) computing the recipe with `intrin`; weights arrive packed."""
-    if recipe.groups != 1 and not is_depthwise(recipe):
-        raise ValueError(f"grouped conv ({recipe.groups} groups): no packed layout for "
-                         "dot-product instructions here; it keeps TVM's int8 loop nest")
+    if not is_depthwise(recipe) and not fits_groups(recipe, intrin):
+        raise ValueError(f"grouped conv ({recipe.groups} groups of {group_channels(recipe)} "
+                         f"channels): {intrin.name}'s channel blocks do not tile its groups")
     if is_depthwise(recipe) != intrin.lanewise:
         raise ValueError(f"{intrin.name} {'runs only' if intrin.lanewise else 'cannot run'} "
                          "depthwise convs")
@@ -93,22 +94,44 @@ def _conv_graph(recipe, blocks):
     k, _, r, s = recipe.w_shape
     (sh, sw), (dh, dw) = recipe.stride, recipe.dilation
     _, pl, _, pr = recipe.padding
-    cp, kp = round_up(c, x_blk), round_up(k, y_blk)
+    cg, kg = group_channels(recipe)  # a grouped conv's blocks tile its groups (fits_groups)
+    cp, kp = round_up(cg, x_blk), round_up(k, y_blk)
     _, oc, oh, ow = recipe.out_shape
     x, w, comp, mult, bias, res = placeholders(
         recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // word, y_blk, word))
+    blocks_per_group = kg // y_blk  # output blocks per group (used when groups > 1)
     # output columns computed: padded when their count has no divisor a register tile can
     # use (17, 71, 73), the extra columns reading padding and cropped by the epilogue
     owp = tiled_extent(ow)
     xb, ib = _conv_input(recipe, x, x_blk, max(w_ + pl + pr, (owp - 1) * sw + (s - 1) * dw + 1))
     rc, rr, rs = (te.reduce_axis((0, e), name=nm)
                   for e, nm in ((cp, "rc"), (r, "rr"), (s, "rs")))
-    acc = te.compute((n, kp // y_blk, oh, owp, y_blk), lambda b, ko, i, j, ki: te.sum(
-        xb[b, rc // ib, i * sh + rr * dh, j * sw + rs * dw, rc % ib].astype(acc_t)
-        * w[ko, rc // x_blk, rr, rs, rc % x_blk // word, ki, rc % word].astype(acc_t),
-        axis=[rc, rr, rs]), name="acc")
+
+    def acc_body(b, ko, i, j, ki):
+        blk, lane = _input_channel(ko // blocks_per_group, rc, cg, ib, recipe.groups)
+        return te.sum(
+            xb[b, blk, i * sh + rr * dh, j * sw + rs * dw, lane].astype(acc_t)
+            * w[ko, rc // x_blk, rr, rs, rc % x_blk // word, ki, rc % word].astype(acc_t),
+            axis=[rc, rr, rs])
+
+    acc = te.compute((n, kp // y_blk, oh, owp, y_blk), acc_body, name="acc")
     epi = _conv_epilogue(recipe, epilogue_fn(recipe, comp, mult, bias, res), y_blk)
     return _Graph(x, w, comp, mult, bias, res, acc, epi)
+
+
+def _input_channel(group, rc, cg, ib, groups):
+    """(block, lane) in NCHW[ib]c of input channel group * cg + rc, written so that TVM's
+    tensorize sees a dense run of lanes: a group inside one block (ib a multiple of cg) or
+    whole blocks per group (cg a multiple of ib) have indices without a division of a sum."""
+    if groups == 1:
+        return rc // ib, rc % ib
+    if ib % cg == 0:
+        per_block = ib // cg
+        return group // per_block, group % per_block * cg + rc
+    if cg % ib == 0:
+        return group * (cg // ib) + rc // ib, rc % ib
+    ch = group * cg + rc
+    return ch // ib, ch % ib
 
 
 def _dense_graph(recipe, blocks):

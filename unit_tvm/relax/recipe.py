@@ -133,6 +133,23 @@ def blocks_of(intrin):
     return Blocks(x, y, intrin.weight_word)
 
 
+def group_channels(recipe):
+    """(input, output) channels per group of a conv (the whole op's for groups=1)."""
+    c, k = recipe.in_shape[1], recipe.out_channels
+    return c // recipe.groups, k // recipe.groups
+
+
+def fits_groups(recipe, intrin):
+    """Whether intrin's channel blocks tile every group of a grouped conv exactly (a group's
+    input channels by its reduction block, its output channels by its output block), so that
+    each output block reads one group; always true for groups=1."""
+    if recipe.groups == 1:
+        return True
+    x, y = intrin.channel_blocks
+    cg, kg = group_channels(recipe)
+    return cg % x == 0 and kg % y == 0
+
+
 def is_depthwise(recipe):
     """Whether the recipe is a depthwise conv: one input and one output channel per group."""
     groups = recipe.groups
@@ -183,7 +200,7 @@ def candidates(recipe, target):
     a_t, w_t, acc_t = dtypes(recipe)
     depthwise = is_depthwise(recipe)
     if recipe.groups != 1 and not depthwise:
-        return []
+        c, k = group_channels(recipe)  # a grouped conv: whole groups per block, no padding
     if depthwise and recipe.dilation[1] != 1:
         return []  # a lanewise instruction reads neighbouring pixels: not a dilated window
     usable, rebased = [], []
@@ -194,6 +211,8 @@ def candidates(recipe, target):
             continue  # a depthwise window has no channel reduction; a dense conv no lanewise one
         if intrin.operand_ranges:
             continue  # vpmaddubsw needs u7 activations; the quantizer produces u8
+        if not depthwise and not fits_groups(recipe, intrin):
+            continue
         cand = selection.Candidate(intrin, selection.channel_waste(intrin, c, k))
         if intrin.input_dtypes[0] == a_t:
             usable.append(cand)

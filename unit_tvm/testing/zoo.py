@@ -1,9 +1,9 @@
 """Model zoo: torch.nn modules with fixed-seed random weights (nothing is downloaded).
 
-resnet18, resnet50, mobilenet_v2, inception_v3 (the torchvision architectures, written here) and
-a BERT-base encoder (12 layers, hidden 768, 12 heads, FFN 3072, seq 128; its input is the
-embedding output [1, 128, 768]). Batch norms get random running statistics so that folding them
-is exercised, and weights are scaled to keep activations in a sane range.
+resnet18, resnet50, mobilenet_v2, inception_v3, regnet_x_400mf (the torchvision architectures,
+written here) and a BERT-base encoder (12 layers, hidden 768, 12 heads, FFN 3072, seq 128; its
+input is the embedding output [1, 128, 768]). Batch norms get random running statistics so that
+folding them is exercised, and weights are scaled to keep activations in a sane range.
 """
 
 import torch
@@ -239,11 +239,49 @@ class BertEncoder(nn.Module):
         return self.layers(x)
 
 
+class RegNetBlock(nn.Module):
+    """RegNetX's residual bottleneck (ratio 1): 1x1, a grouped 3x3 (groups of `group_width`
+    channels, the stride), 1x1, with a projection shortcut where the shape changes."""
+
+    def __init__(self, cin, out, stride, group_width):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(cin, out, 1, bias=False), _bn(out), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(out, out, 3, stride, 1, groups=out // group_width,
+                                         bias=False), _bn(out), nn.ReLU())
+        self.c = nn.Sequential(nn.Conv2d(out, out, 1, bias=False), _bn(out))
+        self.proj = _downsample(cin, out, stride)
+
+    def forward(self, x):
+        shortcut = x if self.proj is None else self.proj(x)
+        return torch.relu(shortcut + self.c(self.b(self.a(x))))
+
+
+class RegNetX(nn.Module):
+    """torchvision's regnet_x_400mf: stem 3 -> 32, four stages (depths 1, 2, 7, 12; widths 32,
+    64, 160, 400; group width 16), each starting with stride 2."""
+
+    def __init__(self, depths=(1, 2, 7, 12), widths=(32, 64, 160, 400), group_width=16):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 32, 3, 2, 1, bias=False), _bn(32), nn.ReLU())
+        blocks, cin = [], 32
+        for depth, width in zip(depths, widths):
+            for i in range(depth):
+                blocks.append(RegNetBlock(cin, width, 2 if i == 0 else 1, group_width))
+                cin = width
+        self.trunk = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, 1000)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool2d(self.trunk(
+            self.stem(x)), 1), 1))
+
+
 MODELS = {
     "resnet18": (lambda: ResNet(BasicBlock, [2, 2, 2, 2]), (1, 3, 224, 224)),
     "resnet50": (lambda: ResNet(Bottleneck, [3, 4, 6, 3]), (1, 3, 224, 224)),
     "mobilenet_v2": (MobileNetV2, (1, 3, 224, 224)),
     "inception_v3": (InceptionV3, (1, 3, 299, 299)),
+    "regnet_x_400mf": (RegNetX, (1, 3, 224, 224)),
     "bert_base": (BertEncoder, (1, 128, 768)),
     # one encoder layer of bert_base: a transformer where a whole model is too slow to run
     # (under qemu, in tests)
