@@ -99,7 +99,6 @@ def _conv_graph(recipe, blocks):
     _, oc, oh, ow = recipe.out_shape
     x, w, comp, mult, bias, res = placeholders(
         recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // word, y_blk, word))
-    blocks_per_group = kg // y_blk  # output blocks per group (used when groups > 1)
     # output columns computed: padded when their count has no divisor a register tile can
     # use (17, 71, 73), the extra columns reading padding and cropped by the epilogue
     owp = tiled_extent(ow)
@@ -108,7 +107,8 @@ def _conv_graph(recipe, blocks):
                   for e, nm in ((cp, "rc"), (r, "rr"), (s, "rs")))
 
     def acc_body(b, ko, i, j, ki):
-        blk, lane = _input_channel(ko // blocks_per_group, rc, cg, ib, recipe.groups)
+        group = ko // (kg // y_blk) if recipe.groups > 1 else 0  # output block ko's group
+        blk, lane = _input_channel(group, rc, cg, ib, recipe.groups)
         return te.sum(
             xb[b, blk, i * sh + rr * dh, j * sw + rs * dw, lane].astype(acc_t)
             * w[ko, rc // x_blk, rr, rs, rc % x_blk // word, ki, rc % word].astype(acc_t),
