@@ -2,6 +2,7 @@
 tracker (unit_tvm.fleet.RpcRunner). The tuner, `peak` and `bench-op` measure only through a
 Runner, so one code path serves a laptop and a fleet."""
 
+import functools
 import math
 import os
 from typing import NamedTuple, Protocol, Sequence
@@ -76,6 +77,7 @@ def run_checked(lib, dev, arrays, expected, number, repeat, func="main") -> floa
     return min(timer(*args).results)
 
 
+@functools.cache
 def prepare_host() -> None:
     """Make this process ready to run kernels on this machine. TVM's worker count: TVM's runtime
     halves hardware_concurrency() on x86 (it assumes SMT siblings), which leaves half the cores
@@ -83,7 +85,8 @@ def prepare_host() -> None:
     process may run on unless the user chose (TVM_NUM_THREADS / OMP_NUM_THREADS); it must be set
     before TVM's thread pool starts, and child processes inherit it. And what the OS must grant
     before an instruction runs (each Intrinsic's host check: AMX tile data). Called by compile,
-    build, load, LocalRunner, the CLI and RPC servers, not on import."""
+    build, load, LocalRunner, the CLI and RPC servers, not on import; it runs once per process
+    (3-4 ms: the host checks of every instruction), however often they call it."""
     if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
         os.environ["TVM_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
     intrinsics.for_target(None)  # runs the host checks, which ask for the permissions

@@ -86,13 +86,17 @@ def _vectorize_by_rfactor(sch, block, loops, lead, lanes):
     sch.decompose_reduction(rf, lps[-2])
 
 
+def _vector_width(extent, widths=X86):
+    """Lanes of a vector loop over `extent` (a multiple of widths.narrow): a whole vector when
+    the extent allows, else the narrow one."""
+    return widths.lanes if extent % widths.lanes == 0 else widths.narrow
+
+
 def _row_lanes(extent, widths=X86):
-    """Partial results per row of a row reduction: a whole vector when the extent allows, else
-    the narrow one (200 tokens), else a whole vector whose last step is predicated (197): every
-    extent vectorises (197 / 200 tokens ran scalar, 2.6x the time per element of 192)."""
-    if extent % widths.lanes and extent % widths.narrow == 0:
-        return widths.narrow
-    return widths.lanes
+    """Partial results per row of a row reduction: _vector_width where the extent allows, else
+    a whole vector whose last step is predicated (197): every extent vectorises (197 / 200
+    tokens ran scalar, 2.6x the time per element of 192)."""
+    return _vector_width(extent, widths) if extent % widths.narrow == 0 else widths.lanes
 
 
 def _vectorize(sch, loop, extent, widths=X86):
@@ -103,8 +107,7 @@ def _vectorize(sch, loop, extent, widths=X86):
         body = extent - extent % widths.lanes
         loop = sch.loop_partition(loop, [body, None])[0]
         extent = body
-    _, lanes = sch.split(loop, [None, widths.lanes if extent % widths.lanes == 0
-                                else widths.narrow])
+    _, lanes = sch.split(loop, [None, _vector_width(extent, widths)])
     sch.vectorize(lanes)
 
 
@@ -126,7 +129,7 @@ def _register_tile(sch, block, loops, extents, lead, vec, widths=X86):
     each loaded row vector serves f rows and each broadcast value v vectors. Returns (the loop
     over row tiles, the loop over column tiles, the tile's width in elements)."""
     ext = extents[vec]
-    lanes = widths.lanes if ext % widths.lanes == 0 else widths.narrow
+    lanes = _vector_width(ext, widths)
     v = next(d for d in (4, 3, 2, 1) if (ext // lanes) % d == 0)
     registers = v * max(1, lanes // widths.register)  # a tile row's accumulator registers
     f = _register_block(extents[vec - 1], math.prod(extents[:vec]),

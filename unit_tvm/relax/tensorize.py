@@ -100,7 +100,7 @@ class UnitTensorize:
         for i, (call, recipe) in enumerate(zip(calls, recipes)):
             block = concats.producers.get(i)  # a concat's blocks are fixed for all its parts
             packed_out = i in consumer or i in pooled or block is not None
-            key = json.dumps([recipe.to_dict(), packed_out, block], sort_keys=True)
+            key = (recipe, packed_out, block)  # a Recipe is frozen and hashable
             if key not in built:
                 built[key] = self._entry(bb, recipe, packed_out, _recipe_of(mod, call),
                                          len(built), block)
@@ -177,7 +177,7 @@ class UnitTensorize:
             if packed_out:
                 final = final.replace(out_block=intrin.channel_blocks[1])
             form = tuning_form(final)
-            key = (json.dumps(form.to_dict(), sort_keys=True), intrin.name)
+            key = (form, intrin.name)
             if key not in self._graphs:
                 try:
                     self._graphs[key] = tensorized_graph(form, intrin)
