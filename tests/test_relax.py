@@ -753,7 +753,12 @@ def test_causal_decoder_with_bool_cumsum_compiles(int8):
     quant = {"calibration_data": [ids.numpy()]} if int8 else None
     report = []
     ex = unit_tvm.compile(mod, quantize=quant, report=report)
-    assert all(instr for _, instr, _ in report) and (report or not int8)
+    quantized = [row for row in report if not row[0].startswith("relax.")]
+    assert all(instr for _, instr, _ in quantized) and (quantized or not int8)
+    # the attention matmuls are reported as left in float32, with the reason
+    left = [reason for op, _, reason in report if op.startswith("relax.matmul")]
+    assert len(left) == (4 if int8 else 0), report  # two in forward, two in the layer
+    assert all("activation x activation" in reason for reason in left)
     (got,) = _run(ex, [ids.numpy()])
     ref = model(ids).detach().numpy()
     if int8:
@@ -802,3 +807,71 @@ def test_grouped_convs_tensorized_where_blocks_tile_the_groups():
     for got, base, ref in zip(_run(ex, xs), plain, refs):
         np.testing.assert_array_equal(got, base)
         assert _cos(got, ref) > 0.99
+
+
+class Video(nn.Module):
+    """A video-ResNet-style block: a (3, 5, 5) stem with stride (1, 2, 2) over 3 channels, a
+    3x3x3 stride-2 conv, a 3x3x3 conv adding a 1x1x1 stride-2 projection shortcut, on odd
+    extents (5 frames of 15x15), then a classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv3d(3, 16, (3, 5, 5), stride=(1, 2, 2), padding=(1, 2, 2), bias=False)
+        self.bn = nn.BatchNorm3d(16)
+        self.a = nn.Conv3d(16, 32, 3, stride=2, padding=1)
+        self.b = nn.Conv3d(32, 32, 3, padding=1)
+        self.down = nn.Conv3d(16, 32, 1, stride=2)
+        self.fc = nn.Linear(32, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.stem(x)))
+        z = torch.relu(self.b(torch.relu(self.a(y))) + self.down(y))
+        return self.fc(z.mean((2, 3, 4)))
+
+
+def test_conv3d_quantized_and_tensorized_exactly():
+    """Every conv3d becomes an int8 op (bn, relu and the shortcut add fused; uint8 edges, the
+    stem's shared by two readers), each runs on the host's instruction (skipping padding-only
+    depth taps where that is exact), and the model equals TVM's plain build of the same
+    quantized model exactly, close to fp32."""
+    require_host("x86.vpdpbusd")
+    model = Video()
+    cal, xs, refs = _prepare(model, (1, 3, 5, 15, 15))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    rs = [r for _, r in recipes(qmod)]
+    assert [(r["kind"], r["relu"], r["residual"]) for r in rs] == [
+        ("conv3d", True, False), ("conv3d", True, False), ("conv3d", False, False),
+        ("conv3d", True, True), ("dense", False, False)]
+    assert rs[0]["out_q"] and rs[1]["in_u8"] and rs[2]["in_u8"]  # the stem's shared edge
+    assert rs[3]["in_u8"] and rs[3]["residual_q"] == rs[2]["out_q"]  # a uint8 shortcut
+    # after a relu the zero point is 0: those kernels skip the depth taps reading only padding
+    # (relax/padding_taps.py), the stem (zero point != 0) computes them
+    assert rs[0]["x_zp"] != 0 and rs[1]["x_zp"] == rs[3]["x_zp"] == 0
+    tpass = UnitTensorize()
+    tmod = tpass(qmod)
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    ex = build_relax(tmod, unit_tvm.target.host())
+    asm = _asm(ex)
+    assert "vpdpbusd" in asm or "tdpbusd" in asm
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, ref in zip(_run(ex, xs), plain, refs):
+        np.testing.assert_array_equal(got, base)
+        assert _cos(got, ref) > 0.99
+
+
+def test_ops_left_in_fp32_are_reported_with_the_reason():
+    """A grouped conv3d has no int8 form: compile() reports it (and warns) instead of leaving
+    it slow silently; the ungrouped one next to it is quantized."""
+    from unit_tvm.relax.leftovers import fp32_leftovers
+
+    model = nn.Sequential(nn.Conv3d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv3d(8, 8, 3, groups=2))
+    cal, xs, _ = _prepare(model, (1, 4, 4, 6, 6), n_cal=1)
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    assert [r["kind"] for _, r in recipes(qmod)] == ["conv3d"]
+    (left,) = fp32_leftovers(qmod)
+    assert left.op.startswith("relax.nn.conv3d") and "grouped (2 groups)" in left.reason
+    report = []
+    with pytest.warns(UserWarning, match="1 compute-heavy ops stay float32: 1 x relax.nn.conv3d"):
+        unit_tvm.compile(frontends.from_torch(model, [torch.tensor(xs[0])]),
+                         quantize={"calibration_data": cal}, report=report)
+    assert [reason for op, _, reason in report if op.startswith("relax.")] == [left.reason]

@@ -1,6 +1,7 @@
 """unit_tvm.compile: a Relax model -> a VM executable, quantized and tensorized on the way."""
 
 import os
+import warnings
 
 import tvm
 from tvm import relax
@@ -11,6 +12,7 @@ from .relax import quantize as quantize_fn
 from .relax.cpu_default import DefaultCPUSchedule
 from .relax.frontend_fixes import frontend_fixes
 from .relax.gpu import UnitTensorizeGPU, default_gpu_schedule, to_fp16_nhwc
+from .relax.leftovers import fp32_leftovers, summary
 from .runner import prepare_host, target_for
 from .target import is_cpu, is_gpu
 from .tuner import Database
@@ -31,9 +33,11 @@ def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # 
     weights on Tensor Cores (wmma, fp32 accumulation), the rest on TVM's GPU schedules; run with
     relax.VirtualMachine(ex, tvm.cuda()). quantize is CPU-only.
 
-    report: a list to which one (op, instruction or None, reason) per candidate op is appended:
-    what was tensorized, and why the rest was not. runner: where tuning measures (default:
-    this machine; a unit_tvm.fleet.RpcRunner, whose servers' target is the default target).
+    report: a list to which one (op, instruction or None, reason) per candidate op is
+    appended: what was tensorized, and why the rest was not; with quantize, also the
+    compute-heavy ops left in float32 and why (warned about once per compile as well).
+    runner: where tuning measures (default: this machine; a unit_tvm.fleet.RpcRunner, whose
+    servers' target is the default target).
     """
 
     checks.ir_module(mod, "unit_tvm.compile")
@@ -57,11 +61,22 @@ def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # 
         return _compile_cuda(mod, target, quantize, database, tune, trials, report)
     if quantize is not None:
         mod = quantize_fn(mod, target=target, **quantize)
+        _report_leftovers(mod, report)
     tensorize = UnitTensorize(target, database=database, tune=tune, trials=trials, runner=runner)
     mod = tensorize(mod)
     if report is not None:
         report.extend(tuple(row) for row in tensorize.report)
     return build_relax(mod, target)
+
+
+def _report_leftovers(mod, report):
+    """Report and warn about the convs and matmuls quantize() left in float32."""
+    left = fp32_leftovers(mod)
+    if report is not None:
+        report.extend((row.op, None, row.reason) for row in left)
+    if left:
+        warnings.warn(f"unit_tvm.compile: {len(left)} compute-heavy ops stay float32: "
+                      f"{summary(left)}", stacklevel=3)
 
 
 def _compile_cuda(mod, target, quantize, database, tune, trials, report):

@@ -1,6 +1,7 @@
-"""PyTorch engines: FX graph-mode int8 (x86 backend: oneDNN/fbgemm), PT2E int8 through
-torchao's X86InductorQuantizer compiled by inductor (freezing on, as its docs advise for int8),
-and the bf16 module (channels_last for images)."""
+"""PyTorch engines: the fp32 module as it is (eager: what a user starts from), FX graph-mode
+int8 (x86 backend: oneDNN/fbgemm), PT2E int8 through torchao's X86InductorQuantizer compiled
+by inductor (freezing on, as its docs advise for int8), and the bf16 module (channels_last for
+images)."""
 
 import copy
 
@@ -25,6 +26,15 @@ def _engine(name, precision, fn, case, watch, variant="", extra=None):
 
     return Engine(name, precision, call, infer, threads=str(torch.get_num_threads()),
                   compile_s=watch(), variant=variant, extra=extra or {})
+
+
+def torch_fp32(case: ModelCase) -> Engine:
+    """The fp32 module, eager (oneDNN / MKL kernels): what the model costs before any engine."""
+    import torch
+
+    watch = Stopwatch()
+    torch.set_num_threads(case.threads)
+    return _engine("PyTorch fp32", "fp32", case.model, case, watch, "eager")
 
 
 def torch_fx_int8(case: ModelCase) -> Engine:

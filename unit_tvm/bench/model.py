@@ -5,7 +5,8 @@ Engines (same weights, same calibration inputs, same thread count, read back fro
 unit-tvm int8 (and bf16), OpenVINO + NNCF int8, ONNX Runtime int8 (its fastest accurate
 variant), PyTorch PT2E int8 (X86InductorQuantizer + inductor), PyTorch FX int8, TVM int8 and
 fp32 (default schedules; minutes per model, timed with fewer calls). "Strongest" is the fastest
-int8 engine other than unit-tvm whose outputs keep cosine >= 0.99 to fp32.
+int8 engine other than unit-tvm whose outputs keep cosine >= 0.99 to fp32; the fp32 engines
+(PyTorch eager, TVM) are what int8 gains over.
 """
 
 from dataclasses import asdict
@@ -25,6 +26,7 @@ BUILDERS = {
     "ORT int8": (engine_ort.ort_int8, True),
     "PyTorch PT2E int8": (engine_torch.torch_pt2e_int8, True),
     "PyTorch int8": (engine_torch.torch_fx_int8, False),
+    "PyTorch fp32": (engine_torch.torch_fp32, False),
     "TVM int8": (engine_tvm.tvm_int8, False),
     "TVM fp32": (engine_tvm.tvm_fp32, False),
     "unit-tvm bf16": (engine_tvm.unit_tvm_bf16, False),
@@ -101,8 +103,8 @@ def _speedups(result, log):
             continue
         base = e[ours]["min_ms"]
         result[key] = {k: v["min_ms"] / base for k, v in e.items()
-                       if not k.startswith("unit-tvm") and (v["precision"] == e[ours][
-                           "precision"] or k in SLOW)}
+                       if not k.startswith("unit-tvm") and v["precision"] in (
+                           e[ours]["precision"], "fp32")}
         if key == "speedup" and result["strongest"]:
             result["vs_strongest"] = result[key][result["strongest"]]
         log(f"  {ours}: " + ", ".join(f"{v:.2f}x vs {k}" for k, v in result[key].items())

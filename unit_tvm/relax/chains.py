@@ -1,6 +1,7 @@
-"""The op chains a quantizer can fuse: a conv2d (grouped and depthwise included) or a dense /
-matmul with a constant weight, and the elementwise ops after it that fold into its epilogue
-(per-channel affine ops: bias add, inference batch norm; a residual add; relu, relu6, gelu)."""
+"""The op chains a quantizer can fuse: a conv2d (grouped and depthwise included), a conv3d
+(ungrouped) or a dense / matmul with a constant weight, and the elementwise ops after it that
+fold into its epilogue (per-channel affine ops: bias add, inference batch norm; a residual add;
+relu, relu6, gelu)."""
 
 import numpy as np
 import tvm
@@ -60,18 +61,26 @@ def _prim_value(expr):
     return None
 
 
+# the convolutions quantized: Relax op -> (recipe kind, data layout, kernel layout)
+CONVS = {"relax.nn.conv2d": ("conv2d", "NCHW", "OIHW"),
+          "relax.nn.conv3d": ("conv3d", "NCDHW", "OIDHW")}
+
+
 def _match_start(binding):
     value = binding.value
     if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
         return None
     name = value.op.name
-    if name == "relax.nn.conv2d" and _const(value.args[1]):
+    if name in CONVS and _const(value.args[1]):
+        kind, data_layout, kernel_layout = CONVS[name]
         a = value.attrs
-        if (str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW"
+        if (str(a.data_layout) != data_layout or str(a.kernel_layout) != kernel_layout
                 or str(value.args[0].ty.dtype) != "float32"):
             return None
+        if kind == "conv3d" and int(a.groups) != 1:
+            return None  # grouped conv3d: no quantized form (it stays fp32, reported as such)
         weight = _np(value.args[1]).astype(np.float64)
-        return _Chain(binding.var, "conv2d", value.args[0], weight, a)
+        return _Chain(binding.var, kind, value.args[0], weight, a)
     if name == "relax.matmul" and _const(value.args[1]) and len(value.args[1].ty.shape) == 2:
         x = value.args[0]
         if len(x.ty.shape) < 2 or str(x.ty.dtype) != "float32":
@@ -84,7 +93,8 @@ def _grow(chain, by_var, users, uses, taken=frozenset()):
     """Follow single-use consumers: per-channel affine ops, tuple packing, residual add, relu.
     Bindings already fused into another chain (`taken`) end the chain."""
     out_ch = chain.weight.shape[0]
-    axis, ndim = (1, 4) if chain.kind == "conv2d" else (-1, 2)
+    # a conv's channels are axis 1 of its NCHW / NCDHW result; a dense layer's the last
+    axis, ndim = (1, chain.weight.ndim) if chain.kind != "dense" else (-1, 2)
     scale, shift = np.ones(out_ch), np.zeros(out_ch)
     cur = chain.start
     while uses.get(cur, 0) == 1 and cur in users and users[cur].var not in taken:

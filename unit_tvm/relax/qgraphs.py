@@ -43,6 +43,8 @@ def tensorized_graph(recipe, intrin):
         blocks = blocks._replace(x=intrin.reduction_width)  # pack_weight's tap group
     elif recipe.kind == "conv2d":
         graph = _conv_graph(recipe, blocks)
+    elif recipe.kind == "conv3d":
+        graph = _conv3d_graph(recipe, blocks)
     else:
         graph = _dense_graph(recipe, blocks)
     params = arguments(graph.x, graph.w, graph.comp, graph.mult, graph.bias, graph.res)
@@ -116,6 +118,47 @@ def _conv_graph(recipe, blocks):
 
     acc = te.compute((n, kp // y_blk, oh, owp, y_blk), acc_body, name="acc")
     epi = _conv_epilogue(recipe, epilogue_fn(recipe, comp, mult, bias, res), y_blk)
+    return _Graph(x, w, comp, mult, bias, res, acc, epi)
+
+
+def _conv3d_graph(recipe, blocks):
+    """An (ungrouped) conv3d: its NCDHW input quantized, padded and packed to NCDHW[x]c in one
+    pass, KCTRS[x/word]c[y]k[word]c weights, NCDHW[y]c accumulators, an NCDHW result."""
+    x_blk, y_blk, word = blocks
+    acc_t = dtypes(recipe)[2]
+    n, c, d, h, w_ = recipe.in_shape
+    k, _, t, r, s = recipe.w_shape
+    (st, sh, sw), (dt, dh, dw) = recipe.stride, recipe.dilation
+    pf, pt, pl, pk, pb, pr = recipe.padding
+    cp, kp = round_up(c, x_blk), round_up(k, y_blk)
+    _, _, od, oh, ow = recipe.out_shape
+    x, w, comp, mult, bias, res = placeholders(
+        recipe, recipe.in_shape, (kp // y_blk, cp // x_blk, t, r, s, x_blk // word, y_blk, word))
+    owp = tiled_extent(ow)  # padded output columns, as for a conv2d
+    wp = max(w_ + pl + pr, (owp - 1) * sw + (s - 1) * dw + 1)
+
+    def xq_body(b, co, z, i, j, ci):
+        ch = co * x_blk + ci
+        inside = tirx.all(z >= pf, z < d + pf, i >= pt, i < h + pt, j >= pl, j < w_ + pl, ch < c)
+        # indices clamped as well as guarded: a vectorised select may load both sides
+        at = (b, tirx.min(ch, c - 1), tirx.max(tirx.min(z - pf, d - 1), 0),
+              tirx.max(tirx.min(i - pt, h - 1), 0), tirx.max(tirx.min(j - pl, w_ - 1), 0))
+        return tirx.if_then_else(inside, load_input(x, recipe, at), pad_value(recipe))
+
+    xq = te.compute((n, cp // x_blk, d + pf + pk, h + pt + pb, wp, x_blk), xq_body, name="xq")
+    rc, rt, rr, rs = (te.reduce_axis((0, e), name=nm)
+                      for e, nm in ((cp, "rc"), (t, "rt"), (r, "rr"), (s, "rs")))
+    acc = te.compute((n, kp // y_blk, od, oh, owp, y_blk), lambda b, ko, z, i, j, ki: te.sum(
+        xq[b, rc // x_blk, z * st + rt * dt, i * sh + rr * dh, j * sw + rs * dw, rc % x_blk]
+        .astype(acc_t)
+        * w[ko, rc // x_blk, rt, rr, rs, rc % x_blk // word, ki, rc % word].astype(acc_t),
+        axis=[rc, rt, rr, rs]), name="acc")
+    fn = epilogue_fn(recipe, comp, mult, bias, res)
+
+    def epi(value, idx):
+        b, f, z, i, j = idx
+        return fn(value((b, f // y_blk, z, i, j, f % y_blk)), f, idx)
+
     return _Graph(x, w, comp, mult, bias, res, acc, epi)
 
 

@@ -17,6 +17,7 @@ from tvm import te, tirx
 
 from ..rewriter import schedule
 from .qarith import arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders
+from .padding_taps import pads_with_zero, skip_padding_taps
 from .qgraphs import tensorized_graph
 from .recipe import ATTR, dtypes, in_shape, out_shape
 from .weights import plain_weight_shape
@@ -24,6 +25,8 @@ from .weights import plain_weight_shape
 
 def plain_func(recipe):
     """PrimFunc(x, w[K, C, R, S] or [N, K], comp, mult, bias[, residual], out), default schedule."""
+    if recipe.kind == "conv3d":
+        return _plain_conv3d(recipe)
     if recipe.kind == "conv2d":
         n, c, h, w_ = recipe.in_shape
         k, _, r, s = recipe.w_shape
@@ -91,9 +94,40 @@ def plain_func(recipe):
     return te.create_prim_func(args).with_attr(ATTR, recipe.to_json())
 
 
+def _plain_conv3d(recipe):
+    """plain_func of an (ungrouped) conv3d: NCDHW input and output, KCTRS weights."""
+    n, c, d, h, w_ = recipe.in_shape
+    k, _, t, r, s = recipe.w_shape
+    (st, sh, sw), (dt, dh, dw) = recipe.stride, recipe.dilation
+    pf, pt, pl, pk, pb, pr = recipe.padding
+    x, w, comp, mult, bias, res = placeholders(recipe, recipe.in_shape, recipe.w_shape)
+
+    def xq_body(b, ch, z, i, j):
+        inside = tirx.all(z >= pf, z < d + pf, i >= pt, i < h + pt, j >= pl, j < w_ + pl)
+        return tirx.if_then_else(inside, load_input(x, recipe, (b, ch, z - pf, i - pt, j - pl)),
+                                 pad_value(recipe))
+
+    xq = te.compute((n, c, d + pf + pk, h + pt + pb, w_ + pl + pr), xq_body, name="xq")
+    rc, rt, rr, rs = (te.reduce_axis((0, e), name=nm)
+                      for e, nm in ((c, "rc"), (t, "rt"), (r, "rr"), (s, "rs")))
+    acc_t = dtypes(recipe)[2]
+    acc = te.compute(recipe.out_shape, lambda b, f, z, i, j: te.sum(
+        xq[b, rc, z * st + rt * dt, i * sh + rr * dh, j * sw + rs * dw].astype(acc_t)
+        * w[f, rc, rt, rr, rs].astype(acc_t), axis=[rc, rt, rr, rs]), name="acc")
+    fn = epilogue_fn(recipe, comp, mult, bias, res)
+    out = te.compute(recipe.out_shape, lambda b, f, z, i, j: fn(
+        acc[b, f, z, i, j], f, (b, f, z, i, j)), name="out")
+    args = arguments(x, w, comp, mult, bias, res, out)
+    return te.create_prim_func(args).with_attr(ATTR, recipe.to_json())
+
+
 def tensorized_func(recipe, intrin, target, config=None):
     """(PrimFunc, Blocks, prepared) of the recipe tensorized with intrin, scheduled with config."""
     prepared, blocks = tensorized_graph(recipe, intrin)
     func = schedule(prepared, intrin, config, target).mod["main"]
+    if recipe.kind == "conv3d" and pads_with_zero(recipe):
+        # the depth taps that read only padding frames are skipped (see padding_taps)
+        front, depth = recipe.padding[0], recipe.in_shape[2]
+        func = skip_padding_taps(func, "xq", 2, front, front + depth)
     func = func.with_attr(ATTR, recipe.to_json()).with_attr("tirx.is_scheduled", True)
     return func, blocks, prepared

@@ -1,7 +1,7 @@
 """Post-training static quantization of a Relax model (fp32 -> int8 compute).
 
-Every conv2d (grouped and depthwise included) and dense/matmul whose weight is a constant becomes
-one int8 operator:
+Every conv2d (grouped and depthwise included), ungrouped conv3d and dense/matmul whose weight is
+a constant becomes one int8 operator:
 - weights: per-output-channel symmetric int8, after folding the per-channel affine ops that
   follow (bias add, inference batch norm: add/subtract/multiply/divide by constants);
 - activations: per-tensor asymmetric uint8 (u8 x s8 is what vpdpbusd and AMX take), range from
@@ -114,7 +114,7 @@ def _recipe(chain, **quantization):
             fields["nd_in_shape"] = x_shape
         if out_shape != fields["out_shape"]:
             fields["nd_out_shape"] = out_shape
-    if chain.kind == "conv2d":
+    if chain.kind in ("conv2d", "conv3d"):
         a = chain.attrs
         fields.update(stride=[int(v) for v in a.strides], dilation=[int(v) for v in a.dilation],
                       padding=[int(v) for v in a.padding], groups=int(a.groups))

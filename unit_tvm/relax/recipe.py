@@ -23,12 +23,12 @@ def _tuple(v):
 
 @dataclass(frozen=True)
 class Recipe:
-    """One quantized conv2d or dense op of a model."""
+    """One quantized conv2d, conv3d or dense op of a model."""
 
-    kind: str  # "conv2d" or "dense"
-    in_shape: tuple  # NCHW, or [rows, K] for dense (leading dims flattened)
-    w_shape: tuple  # KCRS (C per group), or [N, K]
-    out_shape: tuple  # NKHW, or [rows, N]
+    kind: str  # "conv2d", "conv3d" or "dense"
+    in_shape: tuple  # NCHW (NCDHW), or [rows, K] for dense (leading dims flattened)
+    w_shape: tuple  # KCRS (KCTRS; C per group), or [N, K]
+    out_shape: tuple  # NKHW (NKDHW), or [rows, N]
     out_channels: int
     relu: bool = False
     clip_max: float | None = None  # relu6-style clip
@@ -37,9 +37,9 @@ class Recipe:
     dtype: str | None = None  # "bfloat16" for the bf16 form; None: int8
     x_scale: float | None = None  # the activation's uint8 quantization (int8)
     x_zp: int | None = None
-    stride: tuple | None = None  # conv2d only
+    stride: tuple | None = None  # convs only: per spatial axis
     dilation: tuple | None = None
-    padding: tuple | None = None  # top, left, bottom, right
+    padding: tuple | None = None  # top, left, bottom, right (conv3d: front, top, left, back, ...)
     groups: int = 1
     nd_in_shape: tuple | None = None  # dense on more than 2 dims: the shapes around the kernel
     nd_out_shape: tuple | None = None

@@ -53,20 +53,22 @@ def pack_weight(recipe, w, blocks: Blocks):
         wp[:k, :, :s] = w[:, 0]
         wp = wp.reshape(-1, y, r, taps // x, x)
         return np.ascontiguousarray(wp.transpose(0, 2, 3, 1, 4))
-    if recipe.kind == "conv2d":
+    if recipe.kind in ("conv2d", "conv3d"):
         return pack_conv_weight(w, blocks)
     return pack_dense_weight(w, blocks)
 
 
 def pack_conv_weight(w, blocks: Blocks):
-    """KCRS -> KCRS[x/word]c[y]k[word]c, zero-padded to whole blocks (ops.conv2d_nchwc)."""
+    """KCRS -> KCRS[x/word]c[y]k[word]c, zero-padded to whole blocks (ops.conv2d_nchwc); a
+    conv3d's KCTRS the same way, with its window's three axes (ops.conv3d_ncdhwc)."""
     x, y, word = blocks
-    k, c, r, s = w.shape
+    k, c, *window = w.shape
     kp, cp = _round_up(k, y), _round_up(c, x)
-    wp = np.zeros((kp, cp, r, s), w.dtype)
+    wp = np.zeros((kp, cp, *window), w.dtype)
     wp[:k, :c] = w
-    wp = wp.reshape(kp // y, y, cp // x, x // word, word, r, s)
-    return np.ascontiguousarray(wp.transpose(0, 2, 5, 6, 3, 1, 4))
+    wp = wp.reshape(kp // y, y, cp // x, x // word, word, *window)
+    window_axes = tuple(range(5, 5 + len(window)))
+    return np.ascontiguousarray(wp.transpose((0, 2) + window_axes + (3, 1, 4)))
 
 
 def pack_dense_weight(w, blocks: Blocks):

@@ -1,8 +1,9 @@
 """Model zoo: torch.nn modules with fixed-seed random weights (nothing is downloaded).
 
-resnet18, resnet50, mobilenet_v2, inception_v3, regnet_x_400mf (the torchvision architectures,
-written here) and a BERT-base encoder (12 layers, hidden 768, 12 heads, FFN 3072, seq 128; its
-input is the embedding output [1, 128, 768]). Batch norms get random running statistics so that
+resnet18, resnet50, mobilenet_v2, inception_v3, regnet_x_400mf and the video ResNet-18 r3d_18
+(every conv 3D; a 16-frame 112x112 clip): the torchvision architectures, written here; and a
+BERT-base encoder (12 layers, hidden 768, 12 heads, FFN 3072, seq 128; its input is the
+embedding output [1, 128, 768]). Batch norms get random running statistics so that
 folding them is exercised, and weights are scaled to keep activations in a sane range.
 """
 
@@ -10,27 +11,33 @@ import torch
 from torch import nn
 
 
-def _bn(c):
-    return nn.BatchNorm2d(c)
+def _bn(c, dims=2):
+    return (nn.BatchNorm2d if dims == 2 else nn.BatchNorm3d)(c)
 
 
-def _downsample(cin, out, stride):
+def _conv(dims):
+    return nn.Conv2d if dims == 2 else nn.Conv3d
+
+
+def _downsample(cin, out, stride, dims=2):
     """The projection shortcut of a residual block (1x1 conv + bn), or None for identity."""
     if stride == 1 and cin == out:
         return None
-    return nn.Sequential(nn.Conv2d(cin, out, 1, stride, bias=False), _bn(out))
+    return nn.Sequential(_conv(dims)(cin, out, 1, stride, bias=False), _bn(out, dims))
 
 
 class BasicBlock(nn.Module):
+    """ResNet's basic block; dims=3: every conv 3D (torchvision's video ResNet block)."""
+
     expansion = 1
 
-    def __init__(self, cin, c, stride=1):
+    def __init__(self, cin, c, stride=1, dims=2):
         super().__init__()
-        self.conv1 = nn.Conv2d(cin, c, 3, stride, 1, bias=False)
-        self.bn1 = _bn(c)
-        self.conv2 = nn.Conv2d(c, c, 3, 1, 1, bias=False)
-        self.bn2 = _bn(c)
-        self.down = _downsample(cin, c, stride)
+        self.conv1 = _conv(dims)(cin, c, 3, stride, 1, bias=False)
+        self.bn1 = _bn(c, dims)
+        self.conv2 = _conv(dims)(c, c, 3, 1, 1, bias=False)
+        self.bn2 = _bn(c, dims)
+        self.down = _downsample(cin, c, stride, dims)
 
     def forward(self, x):
         identity = x if self.down is None else self.down(x)
@@ -276,12 +283,35 @@ class RegNetX(nn.Module):
             self.stem(x)), 1), 1))
 
 
+class VideoResNet18(nn.Module):
+    """torchvision's r3d_18: a (3, 7, 7) stem with stride (1, 2, 2), four stages of two 3D basic
+    blocks (64 to 512 channels, stride 2 in time and space from the second), 400 classes."""
+
+    def __init__(self, classes=400):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv3d(3, 64, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False),
+                                  _bn(64, 3), nn.ReLU())
+        blocks, cin = [], 64
+        for i in range(4):
+            c = 64 * 2 ** i
+            for j in range(2):
+                blocks.append(BasicBlock(cin, c, 2 if (j == 0 and i > 0) else 1, dims=3))
+                cin = c
+        self.blocks = nn.Sequential(*blocks)
+        self.fc = nn.Linear(cin, classes)
+
+    def forward(self, x):
+        y = self.blocks(self.stem(x))
+        return self.fc(torch.flatten(nn.functional.adaptive_avg_pool3d(y, 1), 1))
+
+
 MODELS = {
     "resnet18": (lambda: ResNet(BasicBlock, [2, 2, 2, 2]), (1, 3, 224, 224)),
     "resnet50": (lambda: ResNet(Bottleneck, [3, 4, 6, 3]), (1, 3, 224, 224)),
     "mobilenet_v2": (MobileNetV2, (1, 3, 224, 224)),
     "inception_v3": (InceptionV3, (1, 3, 299, 299)),
     "regnet_x_400mf": (RegNetX, (1, 3, 224, 224)),
+    "r3d_18": (VideoResNet18, (1, 3, 16, 112, 112)),
     "bert_base": (BertEncoder, (1, 128, 768)),
     # one encoder layer of bert_base: a transformer where a whole model is too slow to run
     # (under qemu, in tests)
@@ -293,12 +323,12 @@ def _randomize(model, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, (nn.Conv2d, nn.Linear)):
+            if isinstance(m, (nn.Conv2d, nn.Conv3d, nn.Linear)):
                 fan_in = m.weight[0].numel()
                 m.weight.copy_(torch.randn(m.weight.shape, generator=g) * (2.0 / fan_in) ** 0.5)
                 if m.bias is not None:
                     m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.01)
-            elif isinstance(m, nn.BatchNorm2d):
+            elif isinstance(m, (nn.BatchNorm2d, nn.BatchNorm3d)):
                 m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
                 m.running_var.copy_(torch.rand(m.num_features, generator=g) * 0.5 + 0.75)
                 m.weight.copy_(torch.rand(m.num_features, generator=g) * 0.5 + 0.75)

@@ -1,0 +1,66 @@
+"""The compute-heavy ops a quantized model still runs in float32, and why: what
+`unit_tvm.compile(..., quantize=...)` reports and warns about, so that no conv or matmul is left
+slow without the user being told."""
+
+from collections import Counter
+from typing import NamedTuple
+
+import tvm
+from tvm import relax
+
+from .chains import CONVS
+from .graph import dataflow_bindings
+
+# ops whose cost grows with a reduction (a conv window, a matmul's inner dimension)
+HEAVY = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.conv1d_transpose",
+         "relax.nn.conv2d_transpose", "relax.nn.conv3d_transpose", "relax.matmul")
+
+
+class Leftover(NamedTuple):
+    """One compute-heavy op left in float32."""
+
+    op: str  # the Relax op and its result shape, e.g. "relax.matmul [1, 12, 128, 128]"
+    reason: str
+
+
+def _reason(call: relax.Call) -> str:
+    """Why the quantizer did not take this op (chains.py decides what it takes)."""
+    name = call.op.name
+    weight = call.args[1]
+    if str(call.args[0].ty.dtype) != "float32":
+        return f"input dtype {call.args[0].ty.dtype} (only float32 models are quantized)"
+    if name == "relax.matmul" and not isinstance(weight, tvm.ir.expr.Constant):
+        return "activation x activation matmul (attention): float32 by design"
+    if not isinstance(weight, tvm.ir.expr.Constant):
+        return "its weight is not a constant (bind the parameters first)"
+    if name == "relax.matmul":
+        return f"a {len(weight.ty.shape)}-D constant operand (only 2-D weights are quantized)"
+    if name not in CONVS:
+        return f"no int8 form of {name.removeprefix('relax.nn.')}"
+    _, data_layout, kernel_layout = CONVS[name]
+    attrs = call.attrs
+    if str(attrs.data_layout) != data_layout or str(attrs.kernel_layout) != kernel_layout:
+        return (f"layout {attrs.data_layout}/{attrs.kernel_layout} (quantized: "
+                f"{data_layout}/{kernel_layout})")
+    if int(attrs.groups) != 1:
+        return f"grouped ({int(attrs.groups)} groups): no int8 form"
+    return "not matched by the quantizer"
+
+
+def fp32_leftovers(mod: tvm.IRModule) -> list[Leftover]:
+    """The compute-heavy ops of `mod`'s main that are still float32 Relax ops (after quantize()
+    they are the ones it left), each with the reason."""
+    out = []
+    for b in dataflow_bindings(mod["main"]):
+        call = b.value
+        if (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+                and call.op.name in HEAVY):
+            shape = [int(s) for s in call.ty.shape] if hasattr(call.ty, "shape") else "?"
+            out.append(Leftover(f"{call.op.name} {shape}", _reason(call)))
+    return out
+
+
+def summary(leftovers: list[Leftover]) -> str:
+    """One line per distinct (op kind, reason), with its count."""
+    counts = Counter((row.op.split(" ")[0], row.reason) for row in leftovers)
+    return "; ".join(f"{n} x {op}: {reason}" for (op, reason), n in counts.items())
