@@ -7,12 +7,15 @@ import sys
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 
 import unit_tvm
 from unit_tvm import intrinsics, measure, selection
 from unit_tvm.bench import model, op_level, report
 from unit_tvm.bench.engines import accuracy
 from unit_tvm.bench.timing import interleaved
+from unit_tvm.build import prepare_op
+from unit_tvm.rewriter import schedule
 from unit_tvm.prepare import placeholders_of
 from unit_tvm.target import host
 from unit_tvm.testing import workloads
@@ -68,7 +71,8 @@ def _conv3d_reference(data, weight, stride):
 @pytest.mark.parametrize("stride", [1, 2])
 def test_resnet18_3d_layer_is_tensorized_and_exact(stride):
     """A ResNet-18-3D layer (smaller channels) in bench-op's layout builds with the host's dot
-    instruction and equals the conv3d computed in numpy, padding included."""
+    instruction and equals the conv3d computed in numpy, padding included; so does the kernel
+    bench-op times, which skips the depth taps reading only (zero) padding frames."""
     p = (32, 4, 9, 32, 3, stride)
     intrin = next((i for i, _, _ in op_level.candidates("conv3d", p, host())), None)
     if intrin is None:
@@ -79,16 +83,25 @@ def test_resnet18_3d_layer_is_tensorized_and_exact(stride):
     x, y = intrin.channel_blocks
     rng = np.random.default_rng(3)
     data = rng.integers(0, 256, (1, 32, 6, 11, 11), dtype=np.uint8)  # pre-padded 4 x 9 x 9
+    data[:, :, [0, -1]] = 0  # the padding frames (rows and columns keep random values)
     weight = rng.integers(-128, 128, (32, 32, 3, 3, 3), dtype=np.int8)
     packed_data = data.reshape(1, 32 // x, x, 6, 11, 11).transpose(0, 1, 3, 4, 5, 2)
     packed_w = weight.reshape(32 // y, y, 32 // x, x // 4, 4, 3, 3, 3).transpose(
         0, 2, 5, 6, 7, 3, 1, 4)
     out_shape = [int(s) for s in op.shape]
-    args = measure.to_device([np.ascontiguousarray(packed_data), np.ascontiguousarray(packed_w),
-                              np.zeros(out_shape, np.int32)], tvm.cpu())
-    report.module(*args)
-    got = args[-1].numpy().transpose(0, 1, 5, 2, 3, 4).reshape(1, 32, *out_shape[2:5])
-    np.testing.assert_array_equal(got, _conv3d_reference(data, weight, stride))
+    want = _conv3d_reference(data, weight, stride)
+    prepared = prepare_op(op, intrin)
+    timed = op_level.build_kernel("conv3d", p, prepared, intrin, None, host())
+    # the timed kernel is not the plain schedule: the taps' predicate is there
+    assert not tvm_ffi.structural_equal(
+        op_level.kernel_func("conv3d", p, prepared, intrin, None, host()),
+        schedule(prepared, intrin, None, host()).mod["main"])
+    for module in (report.module, timed):
+        args = measure.to_device([np.ascontiguousarray(packed_data), np.ascontiguousarray(
+            packed_w), np.zeros(out_shape, np.int32)], tvm.cpu())
+        module(*args)
+        got = args[-1].numpy().transpose(0, 1, 5, 2, 3, 4).reshape(1, 32, *out_shape[2:5])
+        np.testing.assert_array_equal(got, want)
 
 
 def test_pytorch_conv3d_baseline_is_the_same_op():
@@ -159,3 +172,39 @@ def test_bench_model_resnet18_runs(tmp_path):
     out = json.loads(proc.stdout)
     eng = out["results"][0]["engines"]["unit-tvm int8"]
     assert eng["min_ms"] > 0 and eng["cosine"] > 0.99
+
+
+def test_bench_model_takes_an_onnx_file(tmp_path):
+    """An ONNX file (symbolic batch dimension, input not named input0) is benchmarked by the
+    engines that start from ONNX, against ONNX Runtime's fp32 outputs; the PyTorch engines are
+    skipped with the reason."""
+    import torch
+    from torch import nn
+
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3),
+                        nn.Flatten(), nn.Linear(16 * 6 * 6, 10)).eval()
+    path = str(tmp_path / "small.onnx")
+    with torch.no_grad():
+        torch.onnx.export(net, (torch.randn(1, 3, 8, 8),), path, input_names=["pixels"],
+                          dynamic_axes={"pixels": {0: "batch"}}, opset_version=17, dynamo=False)
+    logged = []
+    res = model.run_model(path, engines=("unit-tvm int8", "ORT int8", "PyTorch int8"),
+                          n_inputs=2, rounds=1, log=logged.append, tune=False)
+    assert res["model"] == "small.onnx"
+    assert set(res["engines"]) == {"unit-tvm int8", "ORT int8"}
+    assert any("PyTorch int8" in line and "skipped" in line for line in logged)
+    for engine in res["engines"].values():
+        assert engine["cosine"] > 0.99 and engine["min_ms"] > 0
+
+
+def test_bench_model_rejects_an_onnx_file_it_cannot_feed(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["ids"], ["out"])], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.INT64, [1, 4])])
+    path = str(tmp_path / "ids.onnx")
+    onnx.save(helper.make_model(graph), path)
+    with pytest.raises(ValueError, match="one float32 input"):
+        model.make_case(path)

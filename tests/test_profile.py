@@ -69,3 +69,22 @@ def test_isa_level_restricts_the_host_target(monkeypatch):
         monkeypatch.delenv("UNIT_TVM_ISA")
         target.host.cache_clear()
     assert "-avx512vnni" not in str(target.host())
+
+
+def test_macs_count_only_products_of_real_input():
+    """A 3x3 window with padding 1 over a 4x4 image: 10 of the 12 (position, tap) pairs per
+    axis read the image; a 3x3x3 conv3d over 2 frames: 4 of 6 along the depth too."""
+    from unit_tvm.relax.recipe import Recipe
+    from unit_tvm.relax.tensorize import macs
+
+    conv = Recipe(kind="conv2d", in_shape=(1, 8, 4, 4), w_shape=(16, 8, 3, 3),
+                  out_shape=(1, 16, 4, 4), out_channels=16, stride=(1, 1), dilation=(1, 1),
+                  padding=(1, 1, 1, 1))
+    assert macs(conv) == 16 * 8 * 10 * 10
+    conv3d = Recipe(kind="conv3d", in_shape=(1, 8, 2, 4, 4), w_shape=(16, 8, 3, 3, 3),
+                    out_shape=(1, 16, 2, 4, 4), out_channels=16, stride=(1, 1, 1),
+                    dilation=(1, 1, 1), padding=(1,) * 6)
+    assert macs(conv3d) == 16 * 8 * 4 * 10 * 10
+    dense = Recipe(kind="dense", in_shape=(3, 32), w_shape=(10, 32), out_shape=(3, 10),
+                   out_channels=10)
+    assert macs(dense) == 3 * 10 * 32

@@ -245,9 +245,11 @@ def _add_op_commands(sub):
 
 def _add_model_commands(sub):
     """bench-model, compile, run, profile, reproduce: whole models and the paper's figures."""
-    p = sub.add_parser("bench-model", help="batch-1 latency and int8 accuracy of zoo models")
+    p = sub.add_parser("bench-model", help="batch-1 latency and int8 accuracy of zoo models "
+                       "and ONNX files")
     p.add_argument("models", nargs="+",
-                   help="zoo models: " + " ".join(ZOO_MODELS))
+                   help="zoo models (" + " ".join(ZOO_MODELS) + ") or .onnx files (one float32 "
+                   "input; the PyTorch engines are skipped for them)")
     p.add_argument("--inputs", type=int, default=8, help="random inputs for the accuracy check")
     _tuning_args(p, "per distinct op")
     p.add_argument("--no-tune", action="store_true", help="database or default configs only")

@@ -17,12 +17,13 @@ class ModelCase:
     """One model and its data, shared by every engine of a run."""
 
     name: str
-    model: object  # torch.nn.Module with fixed-seed weights, eval mode
+    model: object  # torch.nn.Module with fixed-seed weights, eval mode; None for an ONNX file
     shape: tuple
     calibration: list  # numpy inputs for post-training quantization
     inputs: list  # numpy inputs for accuracy (inputs[0] is the timed one)
     threads: int
     options: dict = field(default_factory=dict)  # database, tune, trials, target
+    onnx_path: str | None = None  # the model as the user's ONNX file (engines start from it)
 
     @property
     def transformer(self) -> bool:

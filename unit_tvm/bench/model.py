@@ -1,5 +1,8 @@
 """Model benchmark (`unit-tvm bench-model`): batch-1 latency and accuracy of unit-tvm against
 the engines a user of this CPU would otherwise pick, all in one process, one timing protocol.
+A model is a zoo name or an ONNX file; from a file, the engines that start from ONNX (unit-tvm,
+TVM, OpenVINO, ONNX Runtime) run it and the PyTorch ones are skipped, and fp32 references come
+from ONNX Runtime.
 
 Engines (same weights, same calibration inputs, same thread count, read back from each):
 unit-tvm int8 (and bf16), OpenVINO + NNCF int8, ONNX Runtime int8 (its fastest accurate
@@ -35,17 +38,32 @@ BUILDERS = {
 ENGINES = tuple(k for k in BUILDERS if "bf16" not in k)
 BF16_ENGINES = ("unit-tvm bf16", "PyTorch bf16")
 SLOW = ("TVM int8", "TVM fp32")  # untensorized: seconds per call
+TORCH_ONLY = ("PyTorch PT2E int8", "PyTorch int8", "PyTorch fp32", "PyTorch bf16")
 MIN_COSINE = 0.99
 
 
 def make_case(name, n_inputs=8, n_calibration=4, threads=None, **options) -> ModelCase:
-    """The zoo model `name` with its calibration and accuracy inputs."""
+    """The zoo model `name` (or the ONNX file `name`) with its calibration and accuracy inputs:
+    fixed-seed normal samples of its input shape."""
+    threads = threads or host_threads()
+    if name.endswith(".onnx"):
+        from ..sources import model_source
+
+        engine_ort.check_single_float_input(name)
+        source = model_source(name)
+        shape = source.input_shape
+        return ModelCase(source.name, None, shape, zoo.inputs(shape, n_calibration, seed=1),
+                         zoo.inputs(shape, n_inputs, seed=2), threads,
+                         {**options, "relax": source.mod}, onnx_path=name)
     model, shape = zoo.get(name)
     return ModelCase(name, model, shape, zoo.inputs(shape, n_calibration, seed=1),
-                     zoo.inputs(shape, n_inputs, seed=2), threads or host_threads(), options)
+                     zoo.inputs(shape, n_inputs, seed=2), threads, options)
 
 
 def _references(case):
+    """fp32 outputs of case.inputs: the torch module's, or ONNX Runtime's for an ONNX file."""
+    if case.onnx_path:
+        return engine_ort.fp32_outputs(case)
     import torch
 
     torch.set_num_threads(case.threads)
@@ -71,17 +89,21 @@ def run_model(name, *, engines=ENGINES, n_inputs=8, rounds=10, log=print, **opti
         x.setflags(write=False)
     built: dict[str, Engine] = {}
     for engine in engines:
+        if case.model is None and engine in TORCH_ONLY:
+            log(f"  {case.name:<13} {engine:<18} skipped: it starts from a torch module, the "
+                f"model is an ONNX file")
+            continue
         builder, wants_refs = BUILDERS[engine]
         try:
             built[engine] = builder(case, refs) if wants_refs else builder(case)
         except Exception as e:  # noqa: BLE001 - one engine failing must not lose the others
-            log(f"  {name:<13} {engine:<18} failed: {type(e).__name__}: {str(e)[:200]}")
+            log(f"  {case.name:<13} {engine:<18} failed: {type(e).__name__}: {str(e)[:200]}")
     fast = {n: e.call for n, e in built.items() if n not in SLOW}
     times = interleaved(fast, rounds=rounds) if fast else {}
     for n in built:
         if n in SLOW:
             times.update(interleaved({n: built[n].call}, rounds=1, per_slot=1, warmup=1))
-    result = {"model": name, "threads": case.threads, "engines": {}}
+    result = {"model": case.name, "threads": case.threads, "engines": {}}
     for n, e in built.items():
         check = case.inputs if n not in SLOW else case.inputs[:2]
         cos, top1 = accuracy([e.infer(x) for x in check], refs[:len(check)])
@@ -89,7 +111,7 @@ def run_model(name, *, engines=ENGINES, n_inputs=8, rounds=10, log=print, **opti
                                 "precision": e.precision, "threads": e.threads,
                                 "compile_s": e.compile_s, "variant": e.variant,
                                 "extra": e.extra}
-        log(f"  {name:<13} {n:<18} {times[n]}  cos {cos:.5f} top1 {top1:.2f}  "
+        log(f"  {case.name:<13} {n:<18} {times[n]}  cos {cos:.5f} top1 {top1:.2f}  "
             f"threads {e.threads}  compile {e.compile_s:.0f}s  {e.variant}")
     _speedups(result, log)
     return result

@@ -16,6 +16,7 @@ legalization: this is one pass in TVM's pipeline, not a fork of tvm.compile.
 import functools
 import hashlib
 import json
+import math
 import warnings
 from typing import NamedTuple
 
@@ -250,17 +251,28 @@ class KernelInfo(NamedTuple):
     name: str
     label: str  # op kind and shapes
     instruction: str  # "" when the int8 loop nest is not tensorized
-    macs: int  # multiply-adds of the op
+    macs: int  # multiply-adds of the op that read real input
 
 
 def macs(recipe) -> int:
-    """Multiply-adds of a quantized op: every output element reduces over one weight row."""
-    n = 1
-    for d in recipe.out_shape:
-        n *= int(d)
-    for d in recipe.w_shape[1:]:
-        n *= int(d)
+    """Multiply-adds of a quantized op that read real input: every output element reduces over
+    one weight row, less the window taps that fall in the padding (the count oneDNN's and the
+    op benchmark's GOPS use; a kernel that computes those taps shows them as lost peak)."""
+    if recipe.kind == "dense":
+        return math.prod(recipe.out_shape) * recipe.w_shape[1]
+    batch, channels = recipe.out_shape[0], recipe.out_shape[1]
+    window = recipe.w_shape[2:]
+    n = batch * channels * recipe.w_shape[1]
+    for axis, taps in enumerate(window):
+        n *= _taps_inside(recipe.in_shape[2 + axis], recipe.out_shape[2 + axis], taps,
+                          recipe.stride[axis], recipe.dilation[axis], recipe.padding[axis])
     return n
+
+
+def _taps_inside(extent, out, taps, stride, dilation, pad):
+    """(output position, window tap) pairs along one axis whose input index is inside it."""
+    return sum(0 <= o * stride + t * dilation - pad < extent
+               for o in range(out) for t in range(taps))
 
 
 def _choice_key(recipe, edge):
