@@ -7,9 +7,9 @@ a 3x3 window, NHWC data read through an im2col buffer of the window's columns bu
 timed kernel; 1x1 stride-1 convs as one row of pixels, the same bytes; GOPS count the real
 channels), and the fastest is reported. Columns: unit-tvm tuned, unit-tvm default breakpoints,
 TVM without tensorize (default schedule), PyTorch int8 (torch.ao quantized Conv2d / Linear, x86
-backend = oneDNN, channels_last, same thread count). Every engine is warmed up; times are the
-minimum over repeats. unit-tvm's outputs are checked against TVM's default build by the tuner
-before they are timed.
+backend = oneDNN, channels_last, same thread count). Every engine is warmed up; unit-tvm and
+PyTorch are timed in interleaved rounds and each time is the minimum over them. unit-tvm's
+outputs are checked against TVM's default build by the tuner before they are timed.
 """
 
 import csv
@@ -31,6 +31,8 @@ from ..rewriter import schedule
 from ..runner import LocalRunner
 from ..testing.workloads import form, ops_count, workload_op, workloads
 from ..tuner import Database, default_path, tune
+
+ROUNDS = 3  # interleaved timing rounds per workload (unit-tvm tuned, default, PyTorch)
 
 
 def int8_instructions(target):
@@ -156,7 +158,7 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
     peaks = {i.name: peak(i, threads, target, runner)["gops"] for i in usable}
     meta = {"target": str(target), "threads": threads, "peaks_gops": peaks,
             "database": database.path, "device": runner.name,
-            "timing": "min over repeats, each engine warmed up"}
+            "timing": f"min over {ROUNDS} interleaved rounds of repeats, each engine warmed up"}
     for name, g in peaks.items():
         log(f"{name} peak on {threads} threads: {g:.1f} GOPS (measured now)")
     header = (f"{'workload':<22} {'instr':<13} {'tuned':>8} {'default':>8} {'tvm':>7} "
@@ -184,14 +186,15 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
             secs = time_kernel(lib, tensors, rng, number, 7, runner)
             if best is None or secs < best[0]:
                 best = (secs, intrin, prepared, tensors, res)
-        t_tuned, intrin, prepared, tensors, res = best
-        default_lib = build_kernel(kind, p, prepared, intrin, None, target)
-        t_default = time_kernel(default_lib, tensors, rng, number, 7, runner)
+        _, intrin, prepared, tensors, res = best
+        libs = [build_kernel(kind, p, prepared, intrin, config, target)
+                for config in (res.config, None)]
+        t_tuned, t_default, t_torch = _interleaved(kind, p, libs, tensors, rng, number,
+                                                   threads, runner, with_torch)
         t_tvm = None
         if with_tvm_default:
             plain = tvm.tirx.build(te.create_prim_func(tensors), target=target)
             t_tvm = time_kernel(plain, tensors, rng, 1, 1 if n_ops > 5e9 else 3, runner)
-        t_torch = torch_seconds(kind, p, threads, runner) if with_torch else None
         g = lambda t: None if t is None else n_ops / t / 1e9  # noqa: E731
         row = {"workload": label, "kind": kind, "shape": list(p), "intrinsic": intrin.name,
                "gops_tuned": g(t_tuned), "gops_default": g(t_default), "gops_tvm": g(t_tvm),
@@ -214,11 +217,26 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
     return rows, meta
 
 
-def torch_seconds(kind, p, threads, runner):
+def _interleaved(kind, p, libs, tensors, rng, number, threads, runner, with_torch):
+    """(tuned, default, PyTorch) seconds: unit-tvm's kernels and PyTorch's op timed in turn for
+    ROUNDS rounds, the minimum of each (a burst of noise on a shared machine hits all alike);
+    PyTorch's is None when it is not run or absent."""
+    best = [math.inf, math.inf]
+    torch_best = math.inf if with_torch else None
+    for _ in range(ROUNDS):
+        for i, lib in enumerate(libs):
+            best[i] = min(best[i], time_kernel(lib, tensors, rng, number, 3, runner))
+        if torch_best is not None:
+            t = torch_seconds(kind, p, threads, runner, repeat=3)
+            torch_best = None if t is None else min(torch_best, t)
+    return best[0], best[1], torch_best
+
+
+def torch_seconds(kind, p, threads, runner, repeat=7):
     """PyTorch's int8 op on the device the kernels run on (None where PyTorch is absent)."""
     if isinstance(runner, LocalRunner):
-        return time_torch(kind, p, threads, 7)
-    return runner.torch_int8_seconds(kind, p, threads, 7)
+        return time_torch(kind, p, threads, repeat)
+    return runner.torch_int8_seconds(kind, p, threads, repeat)
 
 
 def write_csv(path, rows):
