@@ -331,11 +331,13 @@ def test_bf16_dense_model_equals_bf16_arithmetic(rng):
 
 
 def test_bf16_models_tensorized_close_to_fp32():
-    """A conv net (residual, depthwise left fp32) and a transformer block in bf16: every
-    conv/dense on a bf16 instruction, equal to TVM's plain bf16 loop nest, close to fp32."""
+    """A conv net (residual, depthwise left fp32), a transformer block and a conv3d net (depth
+    taps on padding skipped: bf16 pads with 0.0) in bf16: every conv/dense on a bf16
+    instruction, equal to TVM's plain bf16 loop nest, close to fp32."""
     require_host("x86.vdpbf16ps")
     for model, shape, n_ops in ((SmallCNN(), (1, 3, 16, 16), 4),
-                                (TinyTransformer(), (1, 16, 64), 4)):
+                                (TinyTransformer(), (1, 16, 64), 4),
+                                (Video(), (1, 3, 5, 15, 15), 5)):
         _, xs, refs = _prepare(model, shape)
         mod = frontends.from_torch(model, [torch.tensor(xs[0])])
         qmod = quantize(mod, dtype="bfloat16")
