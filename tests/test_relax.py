@@ -805,6 +805,7 @@ def test_grouped_convs_tensorized_where_blocks_tile_the_groups():
     # 8 output channels per group: an 8-lane instruction (vpdpbusd.256) or TVM's int8 loop nest
     assert used[3] is None or intrinsics.get(used[3]).channel_blocks[1] == 8, tpass.report
     ex = build_relax(tmod, unit_tvm.target.host())
+    assert "vpdpbusd" in _asm(ex)  # the grouped kernels really run the host's instruction
     plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
     for got, base, ref in zip(_run(ex, xs), plain, refs):
         np.testing.assert_array_equal(got, base)
@@ -877,3 +878,35 @@ def test_ops_left_in_fp32_are_reported_with_the_reason():
         unit_tvm.compile(frontends.from_torch(model, [torch.tensor(xs[0])]),
                          quantize={"calibration_data": cal}, report=report)
     assert [reason for op, _, reason in report if op.startswith("relax.")] == [left.reason]
+
+
+class Conv3dZoo(nn.Module):
+    """conv3d shapes nobody tuned for: 5 input and 6 output channels (neither a whole block),
+    a (2+1)D factorised pair ((1, 3, 3) then (3, 1, 1)), a dilated window, unequal strides
+    and an even window."""
+
+    def __init__(self):
+        super().__init__()
+        self.spatial = nn.Conv3d(5, 24, (1, 3, 3), padding=(0, 1, 1))
+        self.temporal = nn.Conv3d(24, 20, (3, 1, 1), padding=(1, 0, 0))
+        self.dilated = nn.Conv3d(20, 16, 3, padding=2, dilation=2)
+        self.strided = nn.Conv3d(16, 6, (2, 3, 2), stride=(2, 1, 2), padding=(1, 1, 0))
+
+    def forward(self, x):
+        y = torch.relu(self.temporal(torch.relu(self.spatial(x))))
+        return self.strided(torch.relu(self.dilated(y)))
+
+
+def test_conv3d_shapes_nobody_tuned_for_are_exact():
+    require_host("x86.vpdpbusd")
+    model = Conv3dZoo()
+    cal, xs, refs = _prepare(model, (2, 5, 6, 9, 11))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    assert [r["kind"] for _, r in recipes(qmod)] == ["conv3d"] * 4
+    tpass = UnitTensorize()
+    ex = build_relax(tpass(qmod), unit_tvm.target.host())
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, ref in zip(_run(ex, xs), plain, refs):
+        np.testing.assert_array_equal(got, base)
+        assert _cos(got, ref) > 0.99
