@@ -178,6 +178,7 @@ def test_bench_model_takes_an_onnx_file(tmp_path):
     """An ONNX file (symbolic batch dimension, input not named input0) is benchmarked by the
     engines that start from ONNX, against ONNX Runtime's fp32 outputs; the PyTorch engines are
     skipped with the reason."""
+    pytest.importorskip("onnxruntime", reason="ONNX Runtime is a bench extra")
     import torch
     from torch import nn
 

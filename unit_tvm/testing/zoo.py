@@ -1,10 +1,11 @@
 """Model zoo: torch.nn modules with fixed-seed random weights (nothing is downloaded).
 
 resnet18, resnet50, mobilenet_v2, inception_v3, regnet_x_400mf and the video ResNet-18 r3d_18
-(every conv 3D; a 16-frame 112x112 clip): the torchvision architectures, written here; and a
+(every conv 3D; a 16-frame 112x112 clip): the torchvision architectures, written here; a
 BERT-base encoder (12 layers, hidden 768, 12 heads, FFN 3072, seq 128; its input is the
-embedding output [1, 128, 768]). Batch norms get random running statistics so that
-folding them is exercised, and weights are scaled to keep activations in a sane range.
+embedding output [1, 128, 768]) and ViT-B/16 (the same encoder over 197 tokens). Batch norms
+get random running statistics so that folding them is exercised, and weights are scaled to
+keep activations in a sane range.
 """
 
 import torch
@@ -246,6 +247,26 @@ class BertEncoder(nn.Module):
         return self.layers(x)
 
 
+class VisionTransformer(nn.Module):
+    """ViT-B/16 at 224x224: a 16x16 stride-16 patch conv to 196 tokens of 768, a class token
+    and learned positions (197 tokens), bert_base's 12 encoder layers (post-norm where
+    torchvision's ViT is pre-norm: the same ops and cost), a 1000-class head on the class token.
+    Next to bert_base it shows the cost of an odd token count."""
+
+    def __init__(self, layers=12, hidden=768, heads=12, ffn=3072, classes=1000):
+        super().__init__()
+        self.patch = nn.Conv2d(3, hidden, 16, 16)
+        self.cls = nn.Parameter(torch.randn(1, 1, hidden) * 0.02)
+        self.pos = nn.Parameter(torch.randn(1, 197, hidden) * 0.02)
+        self.encoder = BertEncoder(layers, hidden, heads, ffn)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        tokens = self.patch(x).flatten(2).transpose(1, 2)
+        tokens = torch.cat([self.cls.expand(x.shape[0], -1, -1), tokens], dim=1) + self.pos
+        return self.head(self.encoder(tokens)[:, 0])
+
+
 class RegNetBlock(nn.Module):
     """RegNetX's residual bottleneck (ratio 1): 1x1, a grouped 3x3 (groups of `group_width`
     channels, the stride), 1x1, with a projection shortcut where the shape changes."""
@@ -313,6 +334,7 @@ MODELS = {
     "regnet_x_400mf": (RegNetX, (1, 3, 224, 224)),
     "r3d_18": (VideoResNet18, (1, 3, 16, 112, 112)),
     "bert_base": (BertEncoder, (1, 128, 768)),
+    "vit_b_16": (VisionTransformer, (1, 3, 224, 224)),
     # one encoder layer of bert_base: a transformer where a whole model is too slow to run
     # (under qemu, in tests)
     "bert_layer": (lambda: BertEncoder(layers=1), (1, 128, 768)),
