@@ -42,4 +42,3 @@ def skip_padding_taps(func: tirx.PrimFunc, buffer: str, axis: int, lo: int,
 
     return func.with_body(tvm_ffi.structural_mutate(func.body,
                                                     [(s_tir.SBlockRealize, on_realize)]))
-
