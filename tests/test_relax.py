@@ -142,8 +142,12 @@ def test_transformer_block_and_percentile_calibration():
     model = TinyTransformer()
     cal, xs, refs = _prepare(model, (1, 16, 64))
     mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    report = []
     ex = unit_tvm.compile(mod, quantize={"calibration_data": cal, "method": "percentile",
-                                         "percentile": 99.9})
+                                         "percentile": 99.9}, report=report)
+    # by default the two attention matmuls stay fp32, reported with the reason
+    left = [reason for op, instr, reason in report if op.startswith("relax.matmul")]
+    assert len(left) == 2 and all("attention='int8'" in reason for reason in left)
     for got, ref in zip(_run(ex, xs), refs):
         assert got.shape == ref.shape and _cos(got, ref) > 0.99
 
@@ -151,12 +155,17 @@ def test_transformer_block_and_percentile_calibration():
 @pytest.mark.parametrize("tokens", [13, 197])
 def test_odd_token_counts_tensorized_and_padded_exactly(tokens):
     """ViT's 197 tokens (prime) and a short 13: the int8 dense rows are computed padded to a
-    register tile (197 -> 198) and cropped, the fp32 attention matmuls padded to the vector
-    width; the same results as TVM's plain build of the quantized model, close to fp32."""
+    register tile (197 -> 198) and cropped, and so are the int8 attention matmuls (Q x K^T and
+    P x V, 4 heads: their run-time operands quantized and packed in the kernel); the same
+    results as TVM's plain build of the quantized model, close to fp32."""
     require_host("x86.vpdpbusd")
     model = TinyTransformer()
     cal, xs, refs = _prepare(model, (1, tokens, 64))
-    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal,
+                    attention="int8")
+    bmm = [r for _, r in recipes(qmod) if r["kind"] == "bmm"]
+    assert [r["out_shape"] for r in bmm] == [[4, tokens, tokens], [4, tokens, 16]]
+    assert bmm[1]["x_zp"] == 0  # P x V: the softmax is >= 0, no zero-point term
     tpass = UnitTensorize()
     ex = build_relax(tpass(qmod), unit_tvm.target.host())
     assert tpass.report and all(instr for _, instr, _ in tpass.report)
@@ -752,15 +761,13 @@ def test_causal_decoder_with_bool_cumsum_compiles(int8):
     ids = torch.randint(0, 64, (1, 12))
     mod = frontends.from_torch(model, [ids])
     assert 'R.cumsum(lv, axis=-1, dtype=None' in mod["main"].script()  # the frontend's bool sum
-    quant = {"calibration_data": [ids.numpy()]} if int8 else None
+    quant = {"calibration_data": [ids.numpy()], "attention": "int8"} if int8 else None
     report = []
     ex = unit_tvm.compile(mod, quantize=quant, report=report)
-    quantized = [row for row in report if not row[0].startswith("relax.")]
-    assert all(instr for _, instr, _ in quantized) and (quantized or not int8)
-    # the attention matmuls are reported as left in float32, with the reason
-    left = [reason for op, _, reason in report if op.startswith("relax.matmul")]
-    assert len(left) == (4 if int8 else 0), report  # two in forward, two in the layer
-    assert all("activation x activation" in reason for reason in left)
+    assert all(instr for _, instr, _ in report) and (report or not int8)
+    # the attention matmuls (two in forward, two in the layer; the masked one included) are
+    # int8 and tensorized too: none is left in float32
+    assert len([op for op, _, _ in report if op.startswith("bmm")]) == (4 if int8 else 0)
     (got,) = _run(ex, [ids.numpy()])
     ref = model(ids).detach().numpy()
     if int8:
@@ -910,3 +917,41 @@ def test_conv3d_shapes_nobody_tuned_for_are_exact():
     for got, base, ref in zip(_run(ex, xs), plain, refs):
         np.testing.assert_array_equal(got, base)
         assert _cos(got, ref) > 0.99
+
+
+class OutlierProduct(nn.Module):
+    """(x * mask) @ (x^T * s): one entry of s is 10^4 times the others, in the row of the second
+    operand that the masked feature of the first multiplies by zero. Per-tensor int8 of the
+    second operand then rounds every entry that matters to zero."""
+
+    def __init__(self):
+        super().__init__()
+        scale, mask = torch.ones(8, 12), torch.ones(8)
+        scale[3, 5], mask[3] = 1e4, 0.0
+        self.register_buffer("scale", scale)
+        self.register_buffer("mask", mask)
+
+    def forward(self, x):
+        return (x * self.mask) @ (x.transpose(-1, -2) * self.scale)
+
+
+def test_attention_matmul_that_int8_would_spoil_stays_fp32():
+    """The accuracy guard: a matmul between activations whose int8 product strays from the
+    fp32 one on the calibration inputs stays fp32 (reported with the reason), exactly as
+    the fp32 model computes it."""
+    from unit_tvm.relax import qbmm
+    from unit_tvm.relax.leftovers import fp32_leftovers
+
+    model = OutlierProduct().eval()
+    cal, xs, refs = _prepare(model, (2, 12, 8), n_cal=2)
+    x = np.stack(cal)
+    y = np.swapaxes(x, -1, -2) * model.scale.numpy()
+    x = x * model.mask.numpy()
+    assert qbmm.fits_int8(x, y, 0.05, 128, qbmm.y_scale_of(y)) < qbmm.MIN_COSINE
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal,
+                    attention="int8")
+    assert not recipes(qmod)
+    (left,) = fp32_leftovers(qmod)
+    assert left.op.startswith("relax.matmul")
+    for got, ref in zip(_run(build_relax(qmod, unit_tvm.target.host()), xs), refs):
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)

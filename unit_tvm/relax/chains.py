@@ -1,7 +1,8 @@
 """The op chains a quantizer can fuse: a conv2d (grouped and depthwise included), a conv3d
-(ungrouped) or a dense / matmul with a constant weight, and the elementwise ops after it that
-fold into its epilogue (per-channel affine ops: bias add, inference batch norm; a residual add;
-relu, relu6, gelu)."""
+(ungrouped), a dense / matmul with a constant weight or a matmul between two activations
+("bmm": attention's), and the elementwise ops after it that fold into its epilogue (per-channel
+affine ops: bias add, inference batch norm, attention's 1 / sqrt(d); a residual add; relu, relu6,
+gelu)."""
 
 import numpy as np
 import tvm
@@ -37,8 +38,10 @@ def _channel_vector(c, channels, axis, ndim):
 class _Chain:
     """A quantizable op and the elementwise ops fused after it."""
 
-    def __init__(self, start, kind, x, weight, attrs):
+    def __init__(self, start, kind, x, weight, attrs, y=None, out_channels=None):
         self.start, self.kind, self.x, self.weight, self.attrs = start, kind, x, weight, attrs
+        self.y = y  # a bmm's second activation (its "weight", known only at run time)
+        self.out_channels = out_channels if weight is None else weight.shape[0]
         self.scale = None
         self.shift = None
         self.residual = None
@@ -81,6 +84,8 @@ def _match_start(binding):
             return None  # grouped conv3d: no quantized form (it stays fp32, reported as such)
         weight = _np(value.args[1]).astype(np.float64)
         return _Chain(binding.var, kind, value.args[0], weight, a)
+    if name == "relax.matmul" and not _const(value.args[1]):
+        return _match_bmm(binding)
     if name == "relax.matmul" and _const(value.args[1]) and len(value.args[1].ty.shape) == 2:
         x = value.args[0]
         if len(x.ty.shape) < 2 or str(x.ty.dtype) != "float32":
@@ -89,12 +94,34 @@ def _match_start(binding):
     return None
 
 
+def _static_shape(expr):
+    """The static shape of a tensor expression as ints, or None when a dimension is symbolic."""
+    dims = list(expr.ty.shape)
+    return [int(d) for d in dims] if all(hasattr(d, "value") for d in dims) else None
+
+
+def _match_bmm(binding):
+    """A matmul of two float32 activations [..., M, K] x [..., K, N] with the same static
+    leading dimensions (attention's Q x K^T and P x V), as a "bmm" chain."""
+    a, b = binding.value.args
+    sa, sb = _static_shape(a), _static_shape(b)
+    if (sa is None or sb is None or len(sa) < 3 or len(sa) != len(sb) or sa[:-2] != sb[:-2]
+            or sa[-1] != sb[-2] or any(str(t.ty.dtype) != "float32" for t in (a, b))):
+        return None
+    return _Chain(binding.var, "bmm", a, None, None, y=b, out_channels=sb[-1])
+
+
 def _grow(chain, by_var, users, uses, taken=frozenset()):
     """Follow single-use consumers: per-channel affine ops, tuple packing, residual add, relu.
     Bindings already fused into another chain (`taken`) end the chain."""
-    out_ch = chain.weight.shape[0]
-    # a conv's channels are axis 1 of its NCHW / NCDHW result; a dense layer's the last
-    axis, ndim = (1, chain.weight.ndim) if chain.kind != "dense" else (-1, 2)
+    out_ch = chain.out_channels
+    # a conv's channels are axis 1 of its NCHW / NCDHW result; a dense layer's or bmm's the last
+    if chain.kind == "dense":
+        axis, ndim = -1, 2
+    elif chain.kind == "bmm":
+        axis, ndim = -1, len(chain.start.ty.shape)
+    else:
+        axis, ndim = 1, chain.weight.ndim
     scale, shift = np.ones(out_ch), np.zeros(out_ch)
     cur = chain.start
     while uses.get(cur, 0) == 1 and cur in users and users[cur].var not in taken:
@@ -128,7 +155,7 @@ def _grow(chain, by_var, users, uses, taken=frozenset()):
                 cur = b.var
                 continue
             if (name == "relax.add" and not _const(other) and not chain.relu and not chain.gelu
-                    and list(other.ty.shape) == list(v.ty.shape)):
+                    and chain.kind != "bmm" and list(other.ty.shape) == list(v.ty.shape)):
                 chain.residual = other
                 chain.members.append(b.var)
                 cur = b.var

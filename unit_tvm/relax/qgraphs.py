@@ -9,7 +9,7 @@ from tvm import te, tirx
 from ..prepare import prepare
 from ..schedules.cpu import tiled_extent
 from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
-                     quantized, round_up)
+                     quantize_symmetric, quantized, round_up)
 from .recipe import (blocks_of, dtypes, fits_groups, group_channels, in_shape, is_depthwise,
                      out_dtype, out_shape)
 
@@ -45,6 +45,8 @@ def tensorized_graph(recipe, intrin):
         graph = _conv_graph(recipe, blocks)
     elif recipe.kind == "conv3d":
         graph = _conv3d_graph(recipe, blocks)
+    elif recipe.kind == "bmm":
+        graph = _bmm_graph(recipe, blocks)
     else:
         graph = _dense_graph(recipe, blocks)
     params = arguments(graph.x, graph.w, graph.comp, graph.mult, graph.bias, graph.res)
@@ -199,6 +201,37 @@ def _dense_graph(recipe, blocks):
         axis=r), name="acc")
     fn = epilogue_fn(recipe, comp, mult, bias, res)
     return _Graph(x, w, comp, mult, bias, res, acc, lambda value, idx: fn(value(idx), idx[-1], idx))
+
+
+def _bmm_graph(recipe, blocks):
+    """A matmul of two activations per batch row: x [B, M, K] quantized to uint8 and y [B, K, N]
+    quantized to int8 and packed to [B, N/y, K/x, x/word, y, word] inside the kernel (both
+    change every call), rows padded like a dense layer's."""
+    x_blk, y_blk, word = blocks
+    acc_t, pad = dtypes(recipe)[2], pad_value(recipe)
+    nb, m, kk = recipe.in_shape
+    nn_ = recipe.out_channels
+    kp, np_, mp = round_up(kk, x_blk), round_up(nn_, y_blk), tiled_extent(m)
+    x, y, comp, mult, bias, res = placeholders(recipe, recipe.in_shape, recipe.w_shape)
+    xq = te.compute((nb, mp, kp), lambda b, i, j: tirx.if_then_else(
+        tirx.all(j < kk, i < m),
+        load_input(x, recipe, (b, tirx.min(i, m - 1), tirx.min(j, kk - 1))), pad), name="xq")
+
+    def yq_body(b, jo, ro, rw, ji, rr):
+        r, j = ro * x_blk + rw * word + rr, jo * y_blk + ji
+        value = quantize_symmetric(y[b, tirx.min(r, kk - 1), tirx.min(j, nn_ - 1)],
+                                   recipe.y_scale)
+        return tirx.if_then_else(tirx.all(r < kk, j < nn_), value, tirx.const(0, "int8"))
+
+    yq = te.compute((nb, np_ // y_blk, kp // x_blk, x_blk // word, y_blk, word), yq_body,
+                    name="yq")
+    r = te.reduce_axis((0, kp), name="k")
+    acc = te.compute((nb, mp, np_), lambda b, i, j: te.sum(
+        xq[b, i, r].astype(acc_t)
+        * yq[b, j // y_blk, r // x_blk, r % x_blk // word, j % y_blk, r % word].astype(acc_t),
+        axis=r), name="acc")
+    fn = epilogue_fn(recipe, comp, mult, bias, res)
+    return _Graph(x, y, comp, mult, bias, res, acc, lambda value, idx: fn(value(idx), idx[-1], idx))
 
 
 def _conv_epilogue(recipe, fn, y_blk):

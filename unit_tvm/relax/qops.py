@@ -16,7 +16,8 @@ weights in the kernels' layouts, in numpy, in weights.py.
 from tvm import te, tirx
 
 from ..rewriter import schedule
-from .qarith import arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders
+from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
+                     quantize_symmetric)
 from .padding_taps import pads_with_zero, skip_padding_taps
 from .qgraphs import tensorized_graph
 from .recipe import ATTR, dtypes, in_shape, out_shape
@@ -27,6 +28,8 @@ def plain_func(recipe):
     """PrimFunc(x, w[K, C, R, S] or [N, K], comp, mult, bias[, residual], out), default schedule."""
     if recipe.kind == "conv3d":
         return _plain_conv3d(recipe)
+    if recipe.kind == "bmm":
+        return _plain_bmm(recipe)
     if recipe.kind == "conv2d":
         n, c, h, w_ = recipe.in_shape
         k, _, r, s = recipe.w_shape
@@ -119,6 +122,24 @@ def _plain_conv3d(recipe):
         acc[b, f, z, i, j], f, (b, f, z, i, j)), name="out")
     args = arguments(x, w, comp, mult, bias, res, out)
     return te.create_prim_func(args).with_attr(ATTR, recipe.to_json())
+
+
+def _plain_bmm(recipe):
+    """plain_func of a bmm: x [B, M, K] to uint8, y [B, K, N] to int8, int32 sums, epilogue."""
+    kk = recipe.in_shape[-1]
+    x, y, comp, mult, bias, res = placeholders(recipe, recipe.in_shape, recipe.w_shape)
+    xq = te.compute(recipe.in_shape, lambda b, i, j: load_input(x, recipe, (b, i, j)), name="xq")
+    yq = te.compute(recipe.w_shape, lambda b, i, j: quantize_symmetric(y[b, i, j],
+                                                                       recipe.y_scale), name="yq")
+    r = te.reduce_axis((0, kk), name="k")
+    acc_t = dtypes(recipe)[2]
+    acc = te.compute(recipe.out_shape, lambda b, i, j: te.sum(
+        xq[b, i, r].astype(acc_t) * yq[b, r, j].astype(acc_t), axis=r), name="acc")
+    fn = epilogue_fn(recipe, comp, mult, bias, res)
+    out = te.compute(recipe.out_shape, lambda b, i, j: fn(acc[b, i, j], j, (b, i, j)),
+                     name="out")
+    return te.create_prim_func(arguments(x, y, comp, mult, bias, res, out)).with_attr(
+        ATTR, recipe.to_json())
 
 
 def tensorized_func(recipe, intrin, target, config=None):

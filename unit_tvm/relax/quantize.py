@@ -15,7 +15,9 @@ a constant becomes one int8 operator:
   carry uint8: relax/requantize.py).
 Grouped and depthwise convs are int8 too (UnitTensorize runs depthwise ones on a lanewise
 instruction, other grouped ones on TVM's plain loop nest), so the activations around them stay
-uint8. Activation x activation matmuls, pooling and softmax stay fp32.
+uint8. Activation x activation matmuls (attention) stay fp32 unless attention="int8" asks for
+them: then they are int8 where their int8 product stays within qbmm.MIN_COSINE of the fp32 one
+on the calibration inputs (relax/qbmm.py). Pooling and softmax stay fp32.
 
 dtype="bfloat16" prepares the model for bf16 dot products (x86.vdpbf16ps): the same ops and
 fused epilogues, with weights rounded to bf16 after folding, activations rounded to bf16 inside
@@ -32,7 +34,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..target import as_target, host, is_host
-from . import u8_values
+from . import qbmm, u8_values
 from .chains import find_chains
 from .graph import dataflow_bindings, max_pool_on
 from .qops import plain_func
@@ -122,7 +124,7 @@ def _recipe(chain, **quantization):
 
 
 def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="minmax",
-             percentile=99.99, target=None):
+             percentile=99.99, target=None, attention="fp32"):
     """Quantize `mod` (Relax IRModule with fp32 main) to int8 compute; returns the new module.
 
     params: {name: array} bound into main as constants first (None when weights are already
@@ -130,10 +132,15 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     Each quantized op becomes a call_tir of an int8 PrimFunc carrying its recipe (attr
     "unit_tvm.recipe"), scheduled by TVM's defaults; UnitTensorize then tensorizes them.
     dtype="bfloat16": bf16 dot products with float32 accumulation instead (no calibration).
+    attention="int8": matmuls between two activations (attention's) become int8 too where
+    their int8 product stays close to the fp32 one on the calibration inputs (relax/qbmm.py);
+    the default keeps them fp32, which measured as fast at BERT's and ViT's sizes.
     """
 
     if dtype not in ("int8", "bfloat16"):
         raise ValueError(f"dtype must be 'int8' or 'bfloat16', got {dtype!r}")
+    if attention not in ("fp32", "int8"):
+        raise ValueError(f"attention must be 'fp32' or 'int8', got {attention!r}")
     target = as_target(target)
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
@@ -142,7 +149,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     # torch.export's (value, indices)[0] around pools and batch norms becomes the value itself
     mod = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
     func = mod["main"]
-    chains = find_chains(func)
+    chains = [c for c in find_chains(func)
+              if c.kind != "bmm" or (attention == "int8" and dtype == "int8")]
     if dtype == "bfloat16":
         return _to_bfloat16(mod, [c for c in chains if c.kind == "dense"
                                   or int(c.attrs.groups) == 1])
@@ -152,27 +160,66 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     if not samples:
         raise ValueError("calibration_data is empty: at least one input is needed")
     shortcuts = residual_only_ends(func, chains)
-    values = _observe(mod, [c.x for c in chains] + [c.end for c in shortcuts], samples, target)
+    bmms = [c for c in chains if c.kind == "bmm"]
+    values = _observe(mod, [c.x for c in chains] + [c.end for c in shortcuts]
+                      + [c.y for c in bmms], samples, target)
+    y_values = dict(zip(bmms, values[len(chains) + len(shortcuts):]))
     by_end = {}
     for chain, vals in zip(chains, values):
-        w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
-        w_scale = np.maximum(np.abs(w).reshape(w.shape[0], -1).max(axis=1), 1e-12) / 127.0
-        chain.wq = np.clip(np.round(w / w_scale.reshape((-1,) + (1,) * (w.ndim - 1))), -127,
-                           127).astype(np.int8)
         x_scale, x_zp = _activation_qparams(vals, method, percentile)
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
-        recipe = _recipe(chain, x_scale=float(x_scale), x_zp=int(x_zp))
-        wsum = chain.wq.reshape(chain.wq.shape[0], -1).astype(np.int64).sum(axis=1)
-        consts = [chain.wq, (x_zp * wsum).astype(np.int32),
-                  (x_scale * w_scale).astype(np.float32), chain.shift.astype(np.float32)]
-        by_end[chain.end] = QuantizedOp(chain, recipe, consts)
+        if chain.kind == "bmm":
+            op = _quantized_bmm(chain, vals, y_values[chain], float(x_scale), int(x_zp))
+        else:
+            op = _quantized_op(chain, float(x_scale), int(x_zp))
+        if op is not None:  # a bmm that fails its accuracy guard stays fp32
+            by_end[chain.end] = op
+    chains = [c for c in chains if c.end in by_end]
     requantize_edges(func, chains, by_end)
     requantize_shared_edges(func, chains, by_end)
-    requantize_shortcuts(chains, by_end, shortcuts, values[len(chains):],
+    requantize_shortcuts(chains, by_end, shortcuts,
+                         values[len(values) - len(bmms) - len(shortcuts):len(values) - len(bmms)],
                           lambda v: _activation_qparams(v, method, percentile))
     pools = requantize_through_pools(func, chains, by_end)
     return _rewrite(mod, chains, by_end, pools,
                     u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools))
+
+
+def _quantized_op(chain, x_scale, x_zp):
+    """The QuantizedOp of a chain with a constant weight: per-channel int8 weights (the chain's
+    scale folded in), the zero-point term, the dequantization multiplier and the bias."""
+    w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
+    w_scale = np.maximum(np.abs(w).reshape(w.shape[0], -1).max(axis=1), 1e-12) / 127.0
+    chain.wq = np.clip(np.round(w / w_scale.reshape((-1,) + (1,) * (w.ndim - 1))), -127,
+                       127).astype(np.int8)
+    recipe = _recipe(chain, x_scale=x_scale, x_zp=x_zp)
+    wsum = chain.wq.reshape(chain.wq.shape[0], -1).astype(np.int64).sum(axis=1)
+    consts = [chain.wq, (x_zp * wsum).astype(np.int32),
+              (x_scale * w_scale).astype(np.float32), chain.shift.astype(np.float32)]
+    return QuantizedOp(chain, recipe, consts)
+
+
+def _quantized_bmm(chain, x_values, y_values, x_scale, x_zp):
+    """The QuantizedOp of a matmul between two activations (relax/qbmm.py), or None when its
+    int8 product strays from the fp32 one on the calibration inputs."""
+    x_shape = [int(s) for s in chain.x.ty.shape]
+    y_shape = [int(s) for s in chain.y.ty.shape]
+    q = qbmm.calibrate(x_values, y_values, x_shape, y_shape, x_scale, x_zp)
+    if q.cosine < qbmm.MIN_COSINE:
+        return None
+    batch = int(np.prod(x_shape[:-2]))
+    m, k, n = x_shape[-2], x_shape[-1], y_shape[-1]
+    fields = dict(kind="bmm", in_shape=[batch, m, k], w_shape=[batch, k, n],
+                  out_shape=[batch, m, n], out_channels=n, x_scale=x_scale, x_zp=x_zp,
+                  y_scale=q.y_scale, relu=bool(chain.relu), clip_max=chain.clip_max,
+                  gelu=bool(chain.gelu))
+    if len(x_shape) != 3:
+        fields["nd_in_shape"] = x_shape
+    if chain.end_shape != [batch, m, n]:
+        fields["nd_out_shape"] = chain.end_shape
+    consts = [(x_scale * q.y_scale * chain.scale).astype(np.float32),
+              chain.shift.astype(np.float32)]
+    return QuantizedOp(chain, Recipe.from_dict(fields), consts)
 
 
 def _to_bfloat16(mod, chains):
@@ -287,7 +334,8 @@ class _Rewriter:
         if var in self.by_end:
             op = self.by_end[var]
             chain, recipe, consts = op.chain, op.recipe, op.consts
-            deps = [chain.x] + ([chain.residual] if chain.residual is not None else [])
+            deps = ([chain.x] + ([chain.y] if chain.y is not None else [])
+                    + ([chain.residual] if chain.residual is not None else []))
         else:
             deps = _free_vars(b.value)
         for d in deps:
@@ -342,7 +390,13 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
         x_arg = bb.emit(relax.op.reshape(x_arg, recipe.in_shape))
     if residual is not None and recipe.nd_out_shape is not None:
         residual = bb.emit(relax.op.reshape(residual, recipe.out_shape))
-    args = [x_arg] + [relax.const(c) for c in consts]
+    args = [x_arg]
+    if recipe.kind == "bmm":  # the run-time operand, and its zero-point term
+        y_arg = _sub(chain.y, remap)
+        if [int(v) for v in chain.y.ty.shape] != list(recipe.w_shape):
+            y_arg = bb.emit(relax.op.reshape(y_arg, recipe.w_shape))
+        args += [y_arg, bb.emit(qbmm.zero_point_term(y_arg, recipe.y_scale, recipe.x_zp))]
+    args += [relax.const(c) for c in consts]
     if residual is not None:
         args.append(residual)
     call = relax.call_tir(gv, args, relax.TensorType(recipe.out_shape, out_dtype(recipe)))

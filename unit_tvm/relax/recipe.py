@@ -23,12 +23,12 @@ def _tuple(v):
 
 @dataclass(frozen=True)
 class Recipe:
-    """One quantized conv2d, conv3d or dense op of a model."""
+    """One quantized conv2d, conv3d, dense or bmm (activation x activation matmul) op."""
 
-    kind: str  # "conv2d", "conv3d" or "dense"
-    in_shape: tuple  # NCHW (NCDHW), or [rows, K] for dense (leading dims flattened)
-    w_shape: tuple  # KCRS (KCTRS; C per group), or [N, K]
-    out_shape: tuple  # NKHW (NKDHW), or [rows, N]
+    kind: str  # "conv2d", "conv3d", "dense" or "bmm"
+    in_shape: tuple  # NCHW (NCDHW), [rows, K] for dense (leading dims flattened), [B, M, K]
+    w_shape: tuple  # KCRS (KCTRS; C per group), [N, K], or a bmm's second operand [B, K, N]
+    out_shape: tuple  # NKHW (NKDHW), [rows, N] or [B, M, N]
     out_channels: int
     relu: bool = False
     clip_max: float | None = None  # relu6-style clip
@@ -37,6 +37,7 @@ class Recipe:
     dtype: str | None = None  # "bfloat16" for the bf16 form; None: int8
     x_scale: float | None = None  # the activation's uint8 quantization (int8)
     x_zp: int | None = None
+    y_scale: float | None = None  # bmm: its second activation's symmetric int8 scale
     stride: tuple | None = None  # convs only: per spatial axis
     dilation: tuple | None = None
     padding: tuple | None = None  # top, left, bottom, right (conv3d: front, top, left, back, ...)
@@ -187,7 +188,8 @@ def tuning_form(recipe):
     config schedules each layer's own recipe, whose loop nest differs only in constants."""
     if is_bf16(recipe):
         return recipe  # no quantization constants
-    return recipe.replace(x_scale=0.5, x_zp=1, out_q=(0.25, 2) if recipe.out_q else None,
+    return recipe.replace(x_scale=0.5, x_zp=1, y_scale=0.75 if recipe.y_scale else None,
+                          out_q=(0.25, 2) if recipe.out_q else None,
                           residual_q=(0.125, 3) if recipe.residual_q else None,
                           clip_max=6.0 if recipe.clip_max is not None else None)
 
@@ -195,7 +197,7 @@ def tuning_form(recipe):
 def candidates(recipe, target):
     """Instructions that can run the recipe on target, best first (unit_tvm.selection's rule
     on the padding of the packed channels)."""
-    c = recipe.in_shape[1]
+    c = recipe.in_shape[1] if recipe.kind.startswith("conv") else recipe.in_shape[-1]
     k = recipe.out_channels
     a_t, w_t, acc_t = dtypes(recipe)
     depthwise = is_depthwise(recipe)
@@ -216,6 +218,7 @@ def candidates(recipe, target):
         cand = selection.Candidate(intrin, selection.channel_waste(intrin, c, k))
         if intrin.input_dtypes[0] == a_t:
             usable.append(cand)
-        elif rebased_dtype(a_t) == intrin.input_dtypes[0]:
+        elif rebased_dtype(a_t) == intrin.input_dtypes[0] and recipe.kind != "bmm":
+            # (a bmm's zero-point term is computed at run time for u8 x s8 sums only)
             rebased.append(cand)
     return [cand.intrinsic for cand in selection.with_rebased(usable, rebased)]

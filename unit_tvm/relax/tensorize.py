@@ -231,7 +231,9 @@ class UnitTensorize:
 def _kernel_arguments(args, recipe, blocks):
     """A quantized call's arguments as its tensorized kernel reads them: the weight packed for
     the instruction, and with an activation the kernel re-bases to int8 (x_signed) the
-    zero-point term re-based too."""
+    zero-point term re-based too. A bmm's operands are activations: its kernel packs them."""
+    if recipe.kind == "bmm":
+        return args
     weight = args[1].value.numpy()
     args[1] = relax.const(pack_weight(recipe, weight, blocks))
     if recipe.x_signed:
@@ -258,8 +260,8 @@ def macs(recipe) -> int:
     """Multiply-adds of a quantized op that read real input: every output element reduces over
     one weight row, less the window taps that fall in the padding (the count oneDNN's and the
     op benchmark's GOPS use; a kernel that computes those taps shows them as lost peak)."""
-    if recipe.kind == "dense":
-        return math.prod(recipe.out_shape) * recipe.w_shape[1]
+    if recipe.kind in ("dense", "bmm"):
+        return math.prod(recipe.out_shape) * recipe.in_shape[-1]
     batch, channels = recipe.out_shape[0], recipe.out_shape[1]
     window = recipe.w_shape[2:]
     n = batch * channels * recipe.w_shape[1]
