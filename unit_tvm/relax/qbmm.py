@@ -17,6 +17,8 @@ from typing import NamedTuple
 import numpy as np
 from tvm import relax
 
+from .recipe import QuantizedOp, Recipe
+
 # cosine between the int8 and the fp32 product on the calibration inputs below which a
 # matmul stays fp32. Measured on a 4-head encoder layer: Q x K^T 0.99990, P x V 0.99958 at 128
 # tokens and 0.99936 at 197 (the softmax's many small probabilities get few uint8 levels)
@@ -65,3 +67,27 @@ def zero_point_term(y: relax.Expr, y_scale: float, x_zp: int) -> relax.Expr:
         y, relax.const(np.float32(1.0 / y_scale)))), -127.0, 127.0)
     total = relax.op.multiply(relax.op.sum(yq, axis=1), relax.const(np.float32(x_zp)))
     return relax.op.astype(total, "int32")
+
+
+def quantized_bmm(chain, x_values, y_values, x_scale: float, x_zp: int) -> QuantizedOp | None:
+    """The QuantizedOp of a bmm chain (its recipe: batch dimensions flattened around the
+    kernel; constants: the dequantization multiplier and the bias per output column), or None
+    when its int8 product strays from the fp32 one on the calibration inputs."""
+    x_shape = [int(s) for s in chain.x.ty.shape]
+    y_shape = [int(s) for s in chain.y.ty.shape]
+    q = calibrate(x_values, y_values, x_shape, y_shape, x_scale, x_zp)
+    if q.cosine < MIN_COSINE:
+        return None
+    batch = int(np.prod(x_shape[:-2]))
+    m, k, n = x_shape[-2], x_shape[-1], y_shape[-1]
+    fields = dict(kind="bmm", in_shape=[batch, m, k], w_shape=[batch, k, n],
+                  out_shape=[batch, m, n], out_channels=n, x_scale=x_scale, x_zp=x_zp,
+                  y_scale=q.y_scale, relu=bool(chain.relu), clip_max=chain.clip_max,
+                  gelu=bool(chain.gelu))
+    if len(x_shape) != 3:
+        fields["nd_in_shape"] = x_shape
+    if chain.end_shape != [batch, m, n]:
+        fields["nd_out_shape"] = chain.end_shape
+    consts = [(x_scale * q.y_scale * chain.scale).astype(np.float32),
+              chain.shift.astype(np.float32)]
+    return QuantizedOp(chain, Recipe.from_dict(fields), consts)

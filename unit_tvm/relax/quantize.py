@@ -169,7 +169,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
         x_scale, x_zp = _activation_qparams(vals, method, percentile)
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
         if chain.kind == "bmm":
-            op = _quantized_bmm(chain, vals, y_values[chain], float(x_scale), int(x_zp))
+            op = qbmm.quantized_bmm(chain, vals, y_values[chain], float(x_scale), int(x_zp))
         else:
             op = _quantized_op(chain, float(x_scale), int(x_zp))
         if op is not None:  # a bmm that fails its accuracy guard stays fp32
@@ -177,9 +177,9 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     chains = [c for c in chains if c.end in by_end]
     requantize_edges(func, chains, by_end)
     requantize_shared_edges(func, chains, by_end)
-    requantize_shortcuts(chains, by_end, shortcuts,
-                         values[len(values) - len(bmms) - len(shortcuts):len(values) - len(bmms)],
-                          lambda v: _activation_qparams(v, method, percentile))
+    shortcut_values = values[len(values) - len(bmms) - len(shortcuts):len(values) - len(bmms)]
+    requantize_shortcuts(chains, by_end, shortcuts, shortcut_values,
+                         lambda v: _activation_qparams(v, method, percentile))
     pools = requantize_through_pools(func, chains, by_end)
     return _rewrite(mod, chains, by_end, pools,
                     u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools))
@@ -197,29 +197,6 @@ def _quantized_op(chain, x_scale, x_zp):
     consts = [chain.wq, (x_zp * wsum).astype(np.int32),
               (x_scale * w_scale).astype(np.float32), chain.shift.astype(np.float32)]
     return QuantizedOp(chain, recipe, consts)
-
-
-def _quantized_bmm(chain, x_values, y_values, x_scale, x_zp):
-    """The QuantizedOp of a matmul between two activations (relax/qbmm.py), or None when its
-    int8 product strays from the fp32 one on the calibration inputs."""
-    x_shape = [int(s) for s in chain.x.ty.shape]
-    y_shape = [int(s) for s in chain.y.ty.shape]
-    q = qbmm.calibrate(x_values, y_values, x_shape, y_shape, x_scale, x_zp)
-    if q.cosine < qbmm.MIN_COSINE:
-        return None
-    batch = int(np.prod(x_shape[:-2]))
-    m, k, n = x_shape[-2], x_shape[-1], y_shape[-1]
-    fields = dict(kind="bmm", in_shape=[batch, m, k], w_shape=[batch, k, n],
-                  out_shape=[batch, m, n], out_channels=n, x_scale=x_scale, x_zp=x_zp,
-                  y_scale=q.y_scale, relu=bool(chain.relu), clip_max=chain.clip_max,
-                  gelu=bool(chain.gelu))
-    if len(x_shape) != 3:
-        fields["nd_in_shape"] = x_shape
-    if chain.end_shape != [batch, m, n]:
-        fields["nd_out_shape"] = chain.end_shape
-    consts = [(x_scale * q.y_scale * chain.scale).astype(np.float32),
-              chain.shift.astype(np.float32)]
-    return QuantizedOp(chain, Recipe.from_dict(fields), consts)
 
 
 def _to_bfloat16(mod, chains):
