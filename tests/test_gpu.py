@@ -216,3 +216,18 @@ def test_gpu_ablation_steps_are_distinct_and_compile():
                        _cuda("sm_80"))
         assert "wmma" in nvcc.ptx(nvcc.cuda_source(tvm.tirx.build(sch.mod,
                                                                    target=_cuda("sm_80"))))
+
+
+@needs_nvcc
+def test_bench_gpu_tvm_baseline_builds_the_same_op():
+    """bench-gpu's TVM column: the Table I layer with TVM's own dlight schedules, built for
+    sm_90 with the same arguments as the tensorized kernel (the benchmark feeds both)."""
+    from unit_tvm.bench.gpu_ops import tvm_default_build
+    from unit_tvm.prepare import prepare
+
+    op = ops.conv2d_nhwc(64, 16, 64, 3, "float16", "float16", "float32")
+    prepared = prepare(op, intrinsics.get("cuda.wmma.f16f32"), separable=True)
+    shapes = [[int(x) for x in t.shape] for t in prepared.tensors]
+    assert shapes == [[int(x) for x in t.shape] for t in [*op.op.input_tensors, op]]
+    lib = tvm_default_build(op, _cuda("sm_90"))
+    assert lib is not None and "__global__" in nvcc.cuda_source(lib)

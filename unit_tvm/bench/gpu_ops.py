@@ -5,7 +5,8 @@ through the same Inspector, preparation and Rewriter as on CPU, with the GPU str
 (schedules/gpu.py) tuned on the GPU over p, warps, k_step, split-K and spatial fusion. Every
 candidate is checked against TVM's default CPU build before it is timed. Baseline: PyTorch's
 cuDNN conv2d in fp16, channels_last, when torch sees the GPU, launched from Python and replayed
-as a CUDA graph; the ratio is against the faster of the two. Every engine is timed the same way:
+as a CUDA graph; the ratio is against the faster of the two. TVM's own GPU build of the same op
+(its dlight default schedules, no tensorize) is timed too. Every engine is timed the same way:
 rounds of 20 back-to-back calls, per-call mean per round, min (reported) and median over rounds.
 Needs a CUDA GPU; without one it stops with an error that says so.
 """
@@ -19,6 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 import tvm
+from tvm import te
+from tvm.s_tir import dlight
 
 from .. import intrinsics, measure, ops
 from ..prepare import prepare
@@ -57,6 +60,20 @@ def _rounds(fn, sync, repeat, number=20):
         sync()
         out.append((time.perf_counter() - t0) / number)
     return out
+
+
+def tvm_default_build(op, target):
+    """TVM's own GPU kernel for a te op: its dlight default schedules (matmul-like ones, else
+    the fallback), built for target; None when none of them schedules it."""
+    mod = tvm.IRModule({"main": te.create_prim_func([*op.op.input_tensors, op])})
+    with target:
+        mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.GEMV(),
+                                          dlight.gpu.Reduction(), dlight.gpu.GeneralReduction(),
+                                          dlight.gpu.Fallback())(mod)
+    try:
+        return tvm.tirx.build(mod, target=target)
+    except Exception:  # noqa: BLE001 - a baseline TVM cannot build is reported as missing
+        return None
 
 
 def time_torch_cudnn(c, h, k, r, stride, repeat):
@@ -116,6 +133,9 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
         args = measure.to_device(arrays, dev)
         rounds = measure.round_seconds(lib, args, dev, number=20, repeat=repeat)
         secs, secs_median = min(rounds), statistics.median(rounds)
+        plain = tvm_default_build(op, target)
+        tvm_rounds = (measure.round_seconds(plain, args, dev, number=20, repeat=repeat)
+                      if plain is not None else None)
         o = (h - r) // s + 1
         gop = 2 * o * o * k * c * r * r / 1e9
         torch_t = time_torch_cudnn(c, h, k, r, s, repeat) if dtype == "float16" else None
@@ -126,6 +146,8 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
                "cudnn_eager_ms": torch_t.eager_min * 1e3 if torch_t else None,
                "cudnn_graph_ms": torch_t.graph_min * 1e3 if torch_t else None,
                "cudnn_graph_median_ms": torch_t.graph_median * 1e3 if torch_t else None,
+               "tvm_ms": min(tvm_rounds) * 1e3 if tvm_rounds else None,
+               "speedup_vs_tvm": min(tvm_rounds) / secs if tvm_rounds else None,
                "speedup_vs_cudnn": best / secs if best else None,
                "tuning_s": seconds, "from_database": result.from_database,
                "config": result.config.key()}
@@ -134,7 +156,8 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
             f"{row['ms']:.4f} ms (median {row['ms_median']:.4f})  cuDNN eager "
             f"{row['cudnn_eager_ms'] or float('nan'):.4f} graph "
             f"{row['cudnn_graph_ms'] or float('nan'):.4f} ms  "
-            f"x{row['speedup_vs_cudnn'] or float('nan'):.2f}  tuned {seconds:.0f}s")
+            f"x{row['speedup_vs_cudnn'] or float('nan'):.2f}  TVM "
+            f"{row['tvm_ms'] or float('nan'):.4f} ms  tuned {seconds:.0f}s")
     ratios = [r["speedup_vs_cudnn"] for r in rows if r["speedup_vs_cudnn"]]
     meta = {"device": str(dev.device_name), "arch": _arch(dev), "dtype": dtype,
             "intrinsic": intrin_name, "repeat": repeat, "statistic": "min of 20-call means",
