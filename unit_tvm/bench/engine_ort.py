@@ -27,13 +27,18 @@ def _session(path, threads):
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
 
 
-def input_name(path):
-    """The name of an ONNX model's (first) input that is not an initializer."""
+def _graph_inputs(path):
+    """An ONNX model's inputs that are not initializers (older exports list weights there)."""
     import onnx
 
     graph = onnx.load(path, load_external_data=False).graph
     weights = {t.name for t in graph.initializer}
-    return next(i.name for i in graph.input if i.name not in weights)
+    return [i for i in graph.input if i.name not in weights]
+
+
+def input_name(path):
+    """The name of an ONNX model's (first) input."""
+    return _graph_inputs(path)[0].name
 
 
 def check_single_float_input(path):
@@ -41,9 +46,7 @@ def check_single_float_input(path):
     random normal samples can feed)."""
     import onnx
 
-    graph = onnx.load(path, load_external_data=False).graph
-    weights = {t.name for t in graph.initializer}
-    inputs = [i for i in graph.input if i.name not in weights]
+    inputs = _graph_inputs(path)
     if len(inputs) != 1 or inputs[0].type.tensor_type.elem_type != onnx.TensorProto.FLOAT:
         raise ValueError(f"{path}: bench-model feeds one float32 input of random samples; this "
                          f"model takes {len(inputs)} input(s) "

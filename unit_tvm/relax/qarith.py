@@ -19,14 +19,6 @@ def quantize_value(x, scale, zp):
         "uint8")
 
 
-def quantize_symmetric(x, scale):
-    """fp32 -> int8 in [-127, 127], zero point 0 (a bmm's second activation), round half away
-    from zero like quantize_value."""
-    q = tirx.round(x * tirx.const(1.0 / scale, "float32"))
-    return tirx.max(tirx.min(q, tirx.const(127.0, "float32")),
-                    tirx.const(-127.0, "float32")).astype("int8")
-
-
 def round_to_bf16(v):
     """float32 v rounded to the nearest bfloat16 (ties to even), still float32. Spelled out
     because TVM's BF16 legalization keeps an internal bf16 stage in float32 unless an
@@ -126,10 +118,9 @@ def placeholders(recipe, x_shape, w_shape):
     """x, w, comp, mult, bias, residual: the op's arguments (comp and mult None for bf16, which
     has no quantization to undo; residual None without one)."""
     x = te.placeholder(x_shape, "uint8" if recipe.in_u8 else "float32", name="x")
-    bmm = recipe.kind == "bmm"  # its "weight" is an fp32 activation, quantized in the kernel
-    w = te.placeholder(w_shape, "float32" if bmm else dtypes(recipe)[1], name="w")
+    w = te.placeholder(w_shape, dtypes(recipe)[1], name="w")  # a bmm's: its int8 2nd operand
     k = recipe.out_channels
-    comp_shape = (recipe.in_shape[0], k) if bmm else (k,)
+    comp_shape = (recipe.in_shape[0], k) if recipe.kind == "bmm" else (k,)
     comp = None if is_bf16(recipe) else te.placeholder(comp_shape, "int32", name="comp")
     mult = None if is_bf16(recipe) else te.placeholder((k,), "float32", name="mult")
     bias = te.placeholder((k,), "float32", name="bias")

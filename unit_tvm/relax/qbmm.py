@@ -6,9 +6,10 @@ checked and fed.
   the instructions take u8 x s8, and a zero point on the second operand would need a per-row
   term as well. For P x V the first operand is a softmax, so its zero point is 0 and no term is
   needed at all.
-- The zero-point term x_zp * sum_k yq[b, k, n] depends on the run-time operand: it is computed
-  per call by a small Relax reduction (`zero_point_term`) and handed to the kernel, which
-  subtracts it in the epilogue like a constant op's.
+- The second operand is quantized once per call by Relax ops (`quantized_y`); its int8 values
+  feed both the kernel (which packs them) and the zero-point term x_zp * sum_k yq[b, k, n], a
+  small Relax reduction (`zero_point_term`) the kernel subtracts in its epilogue like a
+  constant op's.
 - Accuracy guard: on the calibration inputs the int8 product is compared with the fp32 one
   (`fits_int8`); below MIN_COSINE the matmul stays fp32 (reported as such by compile)."""
 
@@ -60,13 +61,18 @@ def calibrate(x_values, y_values, x_shape, y_shape, x_scale, x_zp) -> BmmQuantiz
     return BmmQuantization(y_scale, fits_int8(x, y, x_scale, x_zp, y_scale))
 
 
-def zero_point_term(y: relax.Expr, y_scale: float, x_zp: int) -> relax.Expr:
-    """[B, N] int32: x_zp * sum over k of y [B, K, N] quantized as the kernel quantizes it
-    (exact in float32: |sum| <= 127 * K)."""
+def quantized_y(y: relax.Expr, y_scale: float) -> relax.Expr:
+    """y [B, K, N] fp32 -> int8 in [-127, 127], zero point 0 (round half away from zero, like
+    the activations' quantization)."""
     yq = relax.op.clip(relax.op.round(relax.op.multiply(
         y, relax.const(np.float32(1.0 / y_scale)))), -127.0, 127.0)
-    total = relax.op.multiply(relax.op.sum(yq, axis=1), relax.const(np.float32(x_zp)))
-    return relax.op.astype(total, "int32")
+    return relax.op.astype(yq, "int8")
+
+
+def zero_point_term(yq: relax.Expr, x_zp: int) -> relax.Expr:
+    """[B, N] int32: x_zp * sum over k of the int8 yq [B, K, N]."""
+    total = relax.op.sum(relax.op.astype(yq, "int32"), axis=1)
+    return relax.op.multiply(total, relax.const(np.int32(x_zp)))
 
 
 def quantized_bmm(chain, x_values, y_values, x_scale: float, x_zp: int) -> QuantizedOp | None:

@@ -9,7 +9,7 @@ from tvm import te, tirx
 from ..prepare import prepare
 from ..schedules.cpu import tiled_extent
 from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
-                     quantize_symmetric, quantized, round_up)
+                     quantized, round_up)
 from .recipe import (blocks_of, dtypes, fits_groups, group_channels, in_shape, is_depthwise,
                      out_dtype, out_shape)
 
@@ -204,9 +204,9 @@ def _dense_graph(recipe, blocks):
 
 
 def _bmm_graph(recipe, blocks):
-    """A matmul of two activations per batch row: x [B, M, K] quantized to uint8 and y [B, K, N]
-    quantized to int8 and packed to [B, N/y, K/x, x/word, y, word] inside the kernel (both
-    change every call), rows padded like a dense layer's."""
+    """A matmul of two activations per batch row: x [B, M, K] quantized to uint8 and the int8
+    y [B, K, N] (qbmm.quantized_y) packed to [B, N/y, K/x, x/word, y, word] inside the kernel
+    (both change every call), rows padded like a dense layer's."""
     x_blk, y_blk, word = blocks
     acc_t, pad = dtypes(recipe)[2], pad_value(recipe)
     nb, m, kk = recipe.in_shape
@@ -219,8 +219,7 @@ def _bmm_graph(recipe, blocks):
 
     def yq_body(b, jo, ro, rw, ji, rr):
         r, j = ro * x_blk + rw * word + rr, jo * y_blk + ji
-        value = quantize_symmetric(y[b, tirx.min(r, kk - 1), tirx.min(j, nn_ - 1)],
-                                   recipe.y_scale)
+        value = y[b, tirx.min(r, kk - 1), tirx.min(j, nn_ - 1)]
         return tirx.if_then_else(tirx.all(r < kk, j < nn_), value, tirx.const(0, "int8"))
 
     yq = te.compute((nb, np_ // y_blk, kp // x_blk, x_blk // word, y_blk, word), yq_body,

@@ -16,8 +16,7 @@ weights in the kernels' layouts, in numpy, in weights.py.
 from tvm import te, tirx
 
 from ..rewriter import schedule
-from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
-                     quantize_symmetric)
+from .qarith import arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders
 from .padding_taps import pads_with_zero, skip_padding_taps
 from .qgraphs import tensorized_graph
 from .recipe import ATTR, dtypes, in_shape, out_shape
@@ -125,16 +124,14 @@ def _plain_conv3d(recipe):
 
 
 def _plain_bmm(recipe):
-    """plain_func of a bmm: x [B, M, K] to uint8, y [B, K, N] to int8, int32 sums, epilogue."""
+    """plain_func of a bmm: x [B, M, K] to uint8 times the int8 y [B, K, N], epilogue."""
     kk = recipe.in_shape[-1]
     x, y, comp, mult, bias, res = placeholders(recipe, recipe.in_shape, recipe.w_shape)
     xq = te.compute(recipe.in_shape, lambda b, i, j: load_input(x, recipe, (b, i, j)), name="xq")
-    yq = te.compute(recipe.w_shape, lambda b, i, j: quantize_symmetric(y[b, i, j],
-                                                                       recipe.y_scale), name="yq")
     r = te.reduce_axis((0, kk), name="k")
     acc_t = dtypes(recipe)[2]
     acc = te.compute(recipe.out_shape, lambda b, i, j: te.sum(
-        xq[b, i, r].astype(acc_t) * yq[b, r, j].astype(acc_t), axis=r), name="acc")
+        xq[b, i, r].astype(acc_t) * y[b, r, j].astype(acc_t), axis=r), name="acc")
     fn = epilogue_fn(recipe, comp, mult, bias, res)
     out = te.compute(recipe.out_shape, lambda b, i, j: fn(acc[b, i, j], j, (b, i, j)),
                      name="out")

@@ -38,7 +38,7 @@ from . import qbmm, u8_values
 from .chains import find_chains
 from .graph import dataflow_bindings, max_pool_on
 from .qops import plain_func
-from .recipe import ATTR, QuantizedOp, Recipe, out_dtype
+from .recipe import ATTR, CONV_KINDS, QuantizedOp, Recipe, out_dtype
 from .requantize import (
     requantize_edges,
     requantize_shared_edges,
@@ -116,7 +116,7 @@ def _recipe(chain, **quantization):
             fields["nd_in_shape"] = x_shape
         if out_shape != fields["out_shape"]:
             fields["nd_out_shape"] = out_shape
-    if chain.kind in ("conv2d", "conv3d"):
+    if chain.kind in CONV_KINDS:
         a = chain.attrs
         fields.update(stride=[int(v) for v in a.strides], dilation=[int(v) for v in a.dilation],
                       padding=[int(v) for v in a.padding], groups=int(a.groups))
@@ -368,11 +368,12 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
     if residual is not None and recipe.nd_out_shape is not None:
         residual = bb.emit(relax.op.reshape(residual, recipe.out_shape))
     args = [x_arg]
-    if recipe.kind == "bmm":  # the run-time operand, and its zero-point term
+    if recipe.kind == "bmm":  # the run-time operand in int8, and its zero-point term
         y_arg = _sub(chain.y, remap)
         if [int(v) for v in chain.y.ty.shape] != list(recipe.w_shape):
             y_arg = bb.emit(relax.op.reshape(y_arg, recipe.w_shape))
-        args += [y_arg, bb.emit(qbmm.zero_point_term(y_arg, recipe.y_scale, recipe.x_zp))]
+        yq = bb.emit(qbmm.quantized_y(y_arg, recipe.y_scale))
+        args += [yq, bb.emit(qbmm.zero_point_term(yq, recipe.x_zp))]
     args += [relax.const(c) for c in consts]
     if residual is not None:
         args.append(residual)

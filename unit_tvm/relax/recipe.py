@@ -14,6 +14,8 @@ from .. import intrinsics, selection
 from ..shift import rebased_dtype
 
 ATTR = "unit_tvm.recipe"
+# the recipe kinds that are convolutions (NC + spatial layouts, a window, stride and padding)
+CONV_KINDS = ("conv2d", "conv3d")
 
 
 def _tuple(v):
@@ -197,7 +199,7 @@ def tuning_form(recipe):
 def candidates(recipe, target):
     """Instructions that can run the recipe on target, best first (unit_tvm.selection's rule
     on the padding of the packed channels)."""
-    c = recipe.in_shape[1] if recipe.kind.startswith("conv") else recipe.in_shape[-1]
+    c = recipe.in_shape[1] if recipe.kind in CONV_KINDS else recipe.in_shape[-1]
     k = recipe.out_channels
     a_t, w_t, acc_t = dtypes(recipe)
     depthwise = is_depthwise(recipe)

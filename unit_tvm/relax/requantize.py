@@ -5,10 +5,10 @@ producer's recipe and `in_u8` / `residual_q` on its readers' (by_end: var -> Qua
 frozen recipe is replaced)."""
 
 from .graph import dataflow_bindings, is_nchw_max_pool, uses as count_uses
+from .recipe import CONV_KINDS
 
-# the kinds whose results can be shared as uint8 between convs of the same kind (a block output
-# read as input and as residual): conv2d edges are then laid out NCHW[y]c, conv3d ones stay NCDHW
-_CONVS = ("conv2d", "conv3d")
+# a conv's result can be shared as uint8 between convs of the same kind (a block output read as
+# input and as residual): conv2d edges are then laid out NCHW[y]c, conv3d ones stay NCDHW
 
 
 def requantize_edges(func, chains, by_end):
@@ -48,7 +48,7 @@ def requantize_shared_edges(func, chains, by_end):
         recipe = by_end[chain.end].recipe
         ins, res = readers.get(chain.end, []), adders.get(chain.end, [])
         if (recipe.out_q or not ins or len(ins) + len(res) != uses.get(chain.end, 0)
-                or recipe.kind not in _CONVS):
+                or recipe.kind not in CONV_KINDS):
             continue
         users = [by_end[c.end].recipe for c in ins + res]
         if any(r.kind != recipe.kind or r.nd_in_shape is not None or r.nd_out_shape is not None
@@ -71,7 +71,7 @@ def residual_only_ends(func, chains):
     for c in chains:
         if c.residual is not None:
             adders.setdefault(c.residual, []).append(c)
-    return [c for c in chains if c.kind in _CONVS and adders.get(c.end)
+    return [c for c in chains if c.kind in CONV_KINDS and adders.get(c.end)
             and len(adders[c.end]) == uses.get(c.end, 0)
             and all(a.kind == c.kind for a in adders[c.end])]
 
@@ -84,7 +84,7 @@ def requantize_shortcuts(chains, by_end, shortcuts, values, qparams):
         recipe = by_end[chain.end].recipe
         adders = [by_end[c.end] for c in chains if c.residual is not None
                   and c.residual.same_as(chain.end)]
-        if (recipe.out_q or recipe.kind not in _CONVS
+        if (recipe.out_q or recipe.kind not in CONV_KINDS
                 or any(a.recipe.nd_in_shape is not None or a.recipe.nd_out_shape is not None
                        for a in adders)):
             continue

@@ -266,12 +266,12 @@ def macs(recipe) -> int:
     window = recipe.w_shape[2:]
     n = batch * channels * recipe.w_shape[1]
     for axis, taps in enumerate(window):
-        n *= _taps_inside(recipe.in_shape[2 + axis], recipe.out_shape[2 + axis], taps,
+        n *= taps_inside(recipe.in_shape[2 + axis], recipe.out_shape[2 + axis], taps,
                           recipe.stride[axis], recipe.dilation[axis], recipe.padding[axis])
     return n
 
 
-def _taps_inside(extent, out, taps, stride, dilation, pad):
+def taps_inside(extent, out, taps, stride, dilation=1, pad=0):
     """(output position, window tap) pairs along one axis whose input index is inside it."""
     return sum(0 <= o * stride + t * dilation - pad < extent
                for o in range(out) for t in range(taps))

@@ -4,7 +4,7 @@ layout, and the packed layouts of the tensorized kernels."""
 import numpy as np
 
 from ..shift import SHIFT
-from .recipe import Blocks, is_depthwise
+from .recipe import CONV_KINDS, Blocks, is_depthwise
 
 def rebased_comp(comp, w):
     """The zero-point term of an op whose activation is re-based to int8 (x - 128): the
@@ -53,7 +53,7 @@ def pack_weight(recipe, w, blocks: Blocks):
         wp[:k, :, :s] = w[:, 0]
         wp = wp.reshape(-1, y, r, taps // x, x)
         return np.ascontiguousarray(wp.transpose(0, 2, 3, 1, 4))
-    if recipe.kind in ("conv2d", "conv3d"):
+    if recipe.kind in CONV_KINDS:
         return pack_conv_weight(w, blocks)
     return pack_dense_weight(w, blocks)
 

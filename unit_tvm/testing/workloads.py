@@ -3,6 +3,7 @@ layout an instruction reads, with their operation counts. Shared by the op bench
 reproduction figures and the tests."""
 
 from .. import ops
+from ..relax.tensorize import taps_inside
 
 # UNIT Table I: C, input H=W, K, R=S, stride (batch 1, no padding)
 TABLE_I = [(288, 35, 384, 3, 2), (160, 9, 224, 3, 1), (1056, 7, 192, 1, 1), (80, 73, 192, 3, 1),
@@ -92,6 +93,6 @@ def ops_count(kind, p):
 
 def _taps_inside(n, r, stride):
     """(output position, window tap) pairs along one axis of extent n, window r, padding r // 2,
-    whose input index lies inside the axis."""
-    pad, out = r // 2, (n + 2 * (r // 2) - r) // stride + 1
-    return sum(0 <= o * stride + t - pad < n for o in range(out) for t in range(r))
+    whose input index lies inside the axis (the compiler's count, relax.tensorize.taps_inside)."""
+    pad = r // 2
+    return taps_inside(n, (n + 2 * pad - r) // stride + 1, r, stride, pad=pad)
