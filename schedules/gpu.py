@@ -8,7 +8,10 @@ The Rewriter's prepared core has the instruction's m x n fragment loops innermos
   threads and reused by every warp of the block;
 - options: `fuse_spatial` folds every data-parallel loop outside M/N (a conv's output rows) into
   one block index with the M/N tiles (off: they go to blockIdx.y); `k_step` reduction fragments
-  staged per shared tile. Fragments do not span output rows: M is the output width (padded to 16);
+  staged per shared tile; `implicit` inlines each operand's preparation (an im2col gather, a
+  pack) into its shared-memory stage, so the stage reads the function's inputs and no gathered
+  copy goes through global memory (implicit GEMM). Fragments span output rows when the graph
+  pass writes a conv as a GEMM over fused pixels (relax/gpu_conv.py);
 - split-K: `split_k` groups of warps each accumulate one slice of the reduction (rfactor), store
   their partial fragments to shared memory, and the block's threads sum the slices from there.
 """
@@ -49,7 +52,8 @@ def _fragment(prepared) -> Fragment:
 class GpuConfig:
     """p: fragments per warp along M and N; warps_m x warps_n warps per block (times split_k);
     k_step: 16-wide reduction fragments per shared-memory stage; split_k: reduction slices, each
-    accumulated by its own warps and summed through shared memory."""
+    accumulated by its own warps and summed through shared memory; implicit: operand preparation
+    (gathers, packs) done by the shared-memory stages instead of separate passes."""
 
     p: int = 2
     warps_m: int = 2
@@ -57,15 +61,17 @@ class GpuConfig:
     k_step: int = 2
     fuse_spatial: bool = True
     split_k: int = 1
+    implicit: bool = False
 
     def key(self):
         return {"p": self.p, "warps_m": self.warps_m, "warps_n": self.warps_n,
                 "k_step": self.k_step, "fuse_spatial": self.fuse_spatial,
-                "split_k": self.split_k}
+                "split_k": self.split_k, "implicit": self.implicit}
 
     @staticmethod
     def from_key(d):
-        """The config a database record's key describes."""
+        """The config a database record's key describes (records from before `implicit`
+        existed describe explicit preparation)."""
         return GpuConfig(**d)
 
     def threads(self):
@@ -95,7 +101,7 @@ def fit(config, m_tiles, n_tiles, k_tiles):
     wn = _largest_divisor(n_tiles // p, config.warps_n)
     sk = _largest_divisor(k_tiles, config.split_k)
     ks = _largest_divisor(k_tiles // sk, config.k_step)
-    return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk)
+    return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk, config.implicit)
 
 
 def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
@@ -106,10 +112,12 @@ def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
 
 def config_space(m_tiles, n_tiles, k_tiles, fragment, a_bytes=2, b_bytes=2, acc_bytes=4):
     """Distinct fitted configs within the thread and shared-memory limits: p in 1, 2, 4; warps
-    1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4; spatial fusion on and off."""
+    1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4; spatial fusion on and off; explicit and
+    implicit operand preparation."""
     out = []
-    for p, wm, wn, ks, sk, fuse in itertools.product(*[(1, 2, 4)] * 5, (True, False)):
-        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk), m_tiles, n_tiles, k_tiles)
+    for p, wm, wn, ks, sk, fuse, implicit in itertools.product(*[(1, 2, 4)] * 5, (True, False),
+                                                               (False, True)):
+        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit), m_tiles, n_tiles, k_tiles)
         if c not in out and fits_device(c, fragment, a_bytes, b_bytes, acc_bytes):
             out.append(c)
     return out
@@ -148,7 +156,7 @@ def default(prepared, target=None):
 
 def space(prepared, target=None):
     """Every config the tuner may try for a Prepared op (p, warps, k_step, split-K, spatial
-    fusion), the default first."""
+    fusion, implicit preparation), the default first."""
     first = default(prepared, target)
     rest = config_space(*tiles(prepared), _fragment(prepared), *_operand_bytes(prepared))
     return [first] + [c for c in rest if c != first]
@@ -168,7 +176,7 @@ def features(config, prepared, target=None):
     steps = k_tiles // (c.k_step * c.split_k)
     shared = c.shared_bytes(_fragment(prepared), *_operand_bytes(prepared))
     return np.array([c.p, c.warps_m, c.warps_n, c.k_step, c.split_k, float(c.fuse_spatial),
-                     c.threads(), shared / 1024.0,
+                     float(c.implicit), c.threads(), shared / 1024.0,
                      math.log2(max(blocks, 1)), math.log2(max(steps, 1)),
                      c.p * c.p / (2 * c.p)], np.float32)
 
@@ -204,6 +212,19 @@ def _tensorize_tile_copy(sch, block, helper, rows, cols):
     c_o, c_i = sch.split(loops[-1], [None, cols])
     sch.reorder(r_o, c_o, r_i, c_i)
     sch.tensorize(r_i, helper)
+
+
+def _inline_preparation(sch, stage):
+    """Implicit preparation: every data-parallel producer of a shared-memory stage (the im2col
+    gather, an operand pack, and theirs in turn) is inlined into it, so the stage reads the
+    function's inputs directly and the gathered operand never exists in global memory."""
+    todo = list(sch.get_producers(stage))
+    while todo:
+        producer = todo.pop()
+        if any(iv.iter_type != 0 for iv in sch.get(producer).iter_vars):
+            continue  # a reduction is computed once, not per stage
+        todo += list(sch.get_producers(producer))
+        sch.compute_inline(producer)
 
 
 def _sum_slices(sch, write_back, block_loop, threads_y):
@@ -301,6 +322,8 @@ def apply(sch, prepared, intrin, config):
         name, frag_scope = op_tensor[operand], intrin.scopes[operand]
         shared = sch.cache_read(block, _read_index(sch, block, name), "shared")
         sch.compute_at(shared, ko)
+        if config.implicit:
+            _inline_preparation(sch, shared)
         _bind_copy(sch, shared, warps)
         copy = sch.cache_read(block, _read_index(sch, block, shared_name(sch, shared)), frag_scope)
         sch.compute_at(copy, kk)

@@ -9,12 +9,24 @@ import tvm
 
 import unit_tvm
 from unit_tvm import intrinsics, nvcc, ops
+from unit_tvm.relax import gpu_conv
 from unit_tvm.schedules import gpu
+from unit_tvm.te_expr import placeholders_of
 
 from .conftest import has_gpu
 
 needs_nvcc = pytest.mark.skipif(nvcc.find_nvcc() is None, reason="nvcc not found")
 ARCHS = ["sm_80", "sm_90"]
+WMMA = gpu.Fragment(16, 16, 16)
+# a conv nobody tuned for, in the GEMM form (pixels of 2 images fused into M): unequal strides,
+# a dilated window, 5 channels (K 45 -> 48), 7 x 9 outputs per image (126 rows -> 128)
+ODD_CONV = gpu_conv.ConvGeometry(2, 9, 13, 5, 24, 3, 3, (1, 1), (1, 2))
+STRIDED_CONV = gpu_conv.ConvGeometry(1, 17, 17, 32, 48, 3, 3, (2, 2))
+
+
+def _gemm(g, dtype, acc):
+    return lambda: gpu_conv.gemm_te(g, dtype, acc, WMMA)[-1]
+
 WORKLOADS = [
     ("dense_f16", "cuda.wmma.f16f32", lambda: ops.matmul_bn(256, 256, 256, "float16", "float16",
                                                             "float32")),
@@ -25,10 +37,15 @@ WORKLOADS = [
     ("conv3x3_nhwc_s8", "cuda.wmma.s8s32", lambda: ops.conv2d_nhwc(64, 18, 64, 3, "int8", "int8")),
     ("conv3x3_nhwc_f16", "cuda.wmma.f16f32", lambda: ops.conv2d_nhwc(32, 10, 48, 3, "float16",
                                                                      "float16", "float32")),
+    ("conv_gemm_odd_f16", "cuda.wmma.f16f32", _gemm(ODD_CONV, "float16", "float32")),
+    ("conv_gemm_s2_s8", "cuda.wmma.s8s32", _gemm(STRIDED_CONV, "int8", "int32")),
 ]
-# configs beyond the default: split-K through shared memory, unfused block index, wide windows
+# configs beyond the default: split-K through shared memory, unfused block index, wide windows,
+# implicit preparation (the gather or pack done by the shared-memory stage)
 CONFIGS = [gpu.GpuConfig(split_k=2), gpu.GpuConfig(p=1, split_k=4, fuse_spatial=False),
-           gpu.GpuConfig(p=4, warps_m=1, warps_n=1, k_step=4)]
+           gpu.GpuConfig(p=4, warps_m=1, warps_n=1, k_step=4),
+           gpu.GpuConfig(implicit=True, split_k=2)]
+CONFIG_IDS = ["split2", "split4_unfused", "p4", "implicit_split2"]
 
 
 def _cuda(arch):
@@ -74,9 +91,9 @@ def test_gpu_config_space_fits_limits():
 
 
 @needs_nvcc
-@pytest.mark.parametrize("config", CONFIGS, ids=["split2", "split4_unfused", "p4"])
-@pytest.mark.parametrize("label,intrin,build", [WORKLOADS[0], WORKLOADS[5]],
-                         ids=["dense_f16", "conv3x3_s8"])
+@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
+@pytest.mark.parametrize("label,intrin,build", [WORKLOADS[0], WORKLOADS[5], WORKLOADS[6]],
+                         ids=["dense_f16", "conv3x3_f16", "conv_gemm_f16"])
 def test_gpu_split_k_and_window_configs_compile(config, label, intrin, build):
     op = build()
     sch = unit_tvm.rewrite(op, intrin, config=config, target=_cuda("sm_80"))
@@ -155,11 +172,11 @@ def test_gpu_build_falls_back_to_a_valid_kernel():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not has_gpu(), reason="no CUDA GPU on this machine")
-@pytest.mark.parametrize("config", [None] + CONFIGS, ids=["default", "split2", "split4", "p4"])
+@pytest.mark.parametrize("config", [None] + CONFIGS, ids=["default"] + CONFIG_IDS)
 @pytest.mark.parametrize("label,intrin,build", WORKLOADS, ids=[w[0] for w in WORKLOADS])
 def test_gpu_numerics(label, intrin, build, config, rng):
     op = build()
-    tensors = [*op.op.input_tensors, op]
+    tensors = [*placeholders_of(op), op]
     arch = "sm_" + tvm.cuda(0).compute_version.replace(".", "")
     sch = unit_tvm.rewrite(op, intrin, config=config, target=_cuda(arch))
     mod = tvm.tirx.build(sch.mod, target=_cuda(arch))
@@ -219,15 +236,108 @@ def test_gpu_ablation_steps_are_distinct_and_compile():
 
 
 @needs_nvcc
-def test_bench_gpu_tvm_baseline_builds_the_same_op():
-    """bench-gpu's TVM column: the Table I layer with TVM's own dlight schedules, built for
-    sm_90 with the same arguments as the tensorized kernel (the benchmark feeds both)."""
-    from unit_tvm.bench.gpu_ops import tvm_default_build
+def test_bench_gpu_layer_case_and_tvm_baseline():
+    """bench-gpu's layers: one whose rows are 8 pixels (as L1's are 17) is written as one GEMM,
+    its arguments fit the prepared kernel, and TVM's own dlight build of the conv as written (the
+    TVM column) builds for sm_90 with the same input and weight values in HWIO."""
+    from unit_tvm.bench.gpu_ops import layer_case, tvm_default_build
+
+    intrin = intrinsics.get("cuda.wmma.f16f32")
+    layer = (32, 17, 48, 3, 2)  # C, H, K, R, stride as in Table I
+    case = layer_case(*layer, "float16", intrin, tvm.cpu(), np.random.default_rng(0))
+    assert case.form == "gemm"
+
+    def shapes(ts):
+        return [[int(x) for x in t.shape] for t in ts]
+
+    assert shapes(case.prepared.tensors) == [list(a.shape) for a in case.args]
+    assert shapes(case.direct) == [list(a.shape) for a in case.direct_args]
+    np.testing.assert_array_equal(case.args[0].numpy(), case.direct_args[0].numpy())
+    c, _, k, r, _ = layer
+    np.testing.assert_array_equal(case.args[1].numpy()[:r * r * c],
+                                  case.direct_args[1].numpy().reshape(r * r * c, k))
+    lib = tvm_default_build(case.direct[-1], _cuda("sm_90"))
+    assert lib is not None and "__global__" in nvcc.cuda_source(lib)
+
+
+def _numpy_conv(data, hwio, g):
+    """NHWC x HWIO conv2d with strides and dilation, in int64 (the reference)."""
+    (sy, sx), (dy, dx) = g.stride, g.dilation
+    out = np.zeros((g.n, g.out_h, g.out_w, g.k), np.int64)
+    for ry in range(g.kh):
+        for rx in range(g.kw):
+            win = data[:, ry * dy:ry * dy + (g.out_h - 1) * sy + 1:sy,
+                       rx * dx:rx * dx + (g.out_w - 1) * sx + 1:sx]
+            out += win.astype(np.int64) @ hwio[ry, rx].astype(np.int64)
+    return out
+
+
+@pytest.mark.parametrize("g", [ODD_CONV, STRIDED_CONV], ids=["odd_dilated", "strided"])
+def test_gpu_gemm_form_is_exact_on_cpu(g, rng):
+    """The GEMM form (every image's output rows fused into M, window x channels into K, gathered
+    in the kernel and padded to whole fragments) prepared for wmma computes the conv exactly:
+    the prepared graph run on CPU against numpy."""
     from unit_tvm.prepare import prepare
 
-    op = ops.conv2d_nhwc(64, 16, 64, 3, "float16", "float16", "float32")
-    prepared = prepare(op, intrinsics.get("cuda.wmma.f16f32"), separable=True)
-    shapes = [[int(x) for x in t.shape] for t in prepared.tensors]
-    assert shapes == [[int(x) for x in t.shape] for t in [*op.op.input_tensors, op]]
-    lib = tvm_default_build(op, _cuda("sm_90"))
-    assert lib is not None and "__global__" in nvcc.cuda_source(lib)
+    tensors = gpu_conv.gemm_te(g, "int8", "int32", WMMA)
+    prepared = prepare(tensors[-1], "cuda.wmma.s8s32", params=tensors[:-1], separable=True)
+    m_tiles, _, k_tiles = gpu.tiles(prepared)
+    assert m_tiles == -(-g.pixels // 16) and k_tiles == -(-g.window // 16)
+    lib = tvm.tirx.build(tvm.te.create_prim_func(prepared.tensors), target="llvm")
+    data = rng.integers(-128, 128, (g.n, g.h, g.w, g.c)).astype("int8")
+    hwio = rng.integers(-128, 128, (g.kh, g.kw, g.c, g.k)).astype("int8")
+    out = tvm.runtime.tensor(np.zeros((g.pixels, g.k), "int32"))
+    lib(tvm.runtime.tensor(data), tvm.runtime.tensor(gpu_conv.gemm_weight(hwio, WMMA)), out)
+    np.testing.assert_array_equal(out.numpy().reshape(g.n, g.out_h, g.out_w, g.k),
+                                  _numpy_conv(data, hwio, g))
+
+
+def test_gpu_conv_form_policy():
+    """The form that computes less padding: 7-pixel rows fuse (64 rows, not 7 x 16), 56-pixel
+    rows too (3136, not 56 x 64); a 3-channel stem folds its window into K (160, not 49 x 16);
+    a 1x1 conv over 16-pixel rows stays direct (a tie: its input is read in place); a dilated
+    window has the GEMM form only."""
+    small = gpu_conv.ConvGeometry(1, 9, 9, 512, 512, 3, 3)
+    assert gpu_conv.padded_work(small, "direct", WMMA) == 7 * 16 * 9 * 512
+    assert gpu_conv.padded_work(small, "gemm", WMMA) == 64 * 9 * 512
+    assert gpu_conv.choose_form(small, WMMA) == "gemm"
+    assert gpu_conv.choose_form(gpu_conv.ConvGeometry(1, 58, 58, 64, 64, 3, 3), WMMA) == "gemm"
+    stem = gpu_conv.ConvGeometry(1, 230, 230, 3, 64, 7, 7, (2, 2))
+    assert gpu_conv.padded_work(stem, "gemm", WMMA) == 112 * 112 * 160
+    assert gpu_conv.choose_form(stem, WMMA) == "gemm"
+    pointwise = gpu_conv.ConvGeometry(1, 16, 16, 64, 64, 1, 1)
+    assert gpu_conv.forms_in_order(pointwise, WMMA) == ("direct", "gemm")
+    assert gpu_conv.forms_in_order(ODD_CONV, WMMA) == ("gemm",)
+    with pytest.raises(ValueError, match="dilation"):
+        gpu_conv.direct_te(ODD_CONV, "float16", "float32")
+    with pytest.raises(ValueError, match="form must be"):
+        gpu_conv.padded_work(small, "winograd", WMMA)
+
+
+def _kernel_params(src):
+    """kernel name -> the buffers it takes (TVM passes each as NAME_ptr)."""
+    return {name: set(re.findall(r"(\w+)_ptr\b", params)) for name, params in
+            re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^)]*)\)", src)}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("label,build,gathered", [
+    ("gemm", _gemm(STRIDED_CONV, "float16", "float32"), "cols"),
+    ("direct", lambda: ops.conv2d_nhwc(32, 10, 48, 3, "float16", "float16", "float32"),
+     "data_packed")])
+def test_gpu_implicit_preparation_gathers_in_shared_memory(label, build, gathered):
+    """implicit: the gather (or pack) of the data operand is done by the shared-memory stage, so
+    the kernel reads the function's input and no gathered copy is written to global memory: one
+    kernel fewer, and the gathered buffer exists only in shared memory."""
+    op = build()
+    srcs = {}
+    for implicit in (False, True):
+        sch = unit_tvm.rewrite(op, "cuda.wmma.f16f32", config=gpu.GpuConfig(implicit=implicit),
+                               target=_cuda("sm_90"))
+        srcs[implicit] = _compile_checked(sch, "sm_90")
+    explicit, implicit = _kernel_params(srcs[False]), _kernel_params(srcs[True])
+    assert any(gathered in params for params in explicit.values())
+    assert not any(gathered in params for params in implicit.values())
+    assert len(implicit) == len(explicit) - 1
+    # the kernel with the Tensor Core loop reads the input and the weight themselves
+    assert any({"data", "kernel"} <= params for params in implicit.values())

@@ -40,6 +40,9 @@ def test_gpu_pass_tensorizes_every_conv_and_dense(resnet18):
     out = tensorize(to_fp16_nhwc(mod))
     assert len(tensorize.report) == 21  # 20 convs and the classifier
     assert all(k.intrinsic == "cuda.wmma.f16f32" for k in tensorize.report)
+    # every output row of these layers is a partial fragment (7, 14, 28, 56: 112 with a
+    # 3-channel window): their pixels fuse into one GEMM
+    assert [k.form for k in tensorize.report] == ["gemm"] * 20 + ["dense"]
     text = out["main"].script()
     assert "R.nn.conv2d" not in text and "R.matmul" not in text
     assert text.count("unit_gpu_conv2d") >= 20
@@ -83,3 +86,92 @@ def test_gpu_model_matches_pytorch_fp32(name):
     got = (out if hasattr(out, "numpy") else out[0]).numpy().astype(np.float64)
     cos = got.ravel() @ ref.ravel() / (np.linalg.norm(got) * np.linalg.norm(ref))
     assert cos > 0.995, cos
+
+
+class _OddConvs(torch.nn.Module):
+    """Convs nobody tuned for: a dilated window with unequal strides over 5 channels, then a
+    pointwise conv over 16-pixel rows (which stays direct), on a batch of 2."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(5, 24, 3, stride=(1, 2), padding=2, dilation=2)
+        self.b = torch.nn.Conv2d(24, 32, 1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _odd_model():
+    from unit_tvm import frontends
+
+    torch.manual_seed(0)
+    module = _OddConvs().eval()
+    x = torch.randn(2, 5, 11, 31)
+    return module, x, frontends.from_torch(module, [x])
+
+
+@needs_nvcc
+def test_gpu_pass_writes_dilated_and_odd_convs_as_one_gemm():
+    _, _, mod = _odd_model()
+    tensorize = UnitTensorizeGPU(_cuda("sm_90"))
+    tensorize(to_fp16_nhwc(mod))
+    assert [(k.intrinsic, k.form) for k in tensorize.report] == [
+        ("cuda.wmma.f16f32", "gemm"), ("cuda.wmma.f16f32", "direct")]
+    src = nvcc.cuda_source(unit_tvm.compile(mod, _cuda("sm_90")).mod)
+    assert nvcc.ptx(src, "sm_90").count("wmma.mma.sync") >= 2
+
+
+def test_gpu_database_record_decides_the_form(tmp_path):
+    """A tuning record for the form the policy did not prefer (the direct form of a 7x7 layer,
+    measured faster on some GPU) makes the pass write the conv that way."""
+    from tvm import relax
+    from tvm.script import relax as R
+
+    from unit_tvm.prepare import prepare
+    from unit_tvm.relax import gpu_conv
+    from unit_tvm.schedules import gpu
+    from unit_tvm.tuner import Database
+    from unit_tvm.tuner.database import workload_key
+
+    weight = np.random.default_rng(0).standard_normal((64, 3, 3, 64)).astype("float16")
+
+    @tvm.script.ir_module
+    class Mod:
+        @R.function
+        def main(x: R.Tensor((1, 9, 9, 64), "float16")):
+            with R.dataflow():
+                y = R.nn.conv2d(x, R.const(weight), data_layout="NHWC", kernel_layout="OHWI",
+                                out_dtype="float16")
+                R.output(y)
+            return y
+
+    target = _cuda("sm_90")
+    g = gpu_conv.ConvGeometry(1, 9, 9, 64, 64, 3, 3)
+    assert gpu_conv.choose_form(g, gpu.Fragment(16, 16, 16)) == "gemm"
+    plain = UnitTensorizeGPU(target)
+    plain(Mod)
+    assert plain.report[0].form == "gemm"
+    tensors = gpu_conv.direct_te(g, "float16", "float32")
+    prepared = prepare(tensors[-1], "cuda.wmma.f16f32", params=tensors[:-1], separable=True)
+    db = Database(tmp_path / "db.jsonl")
+    key = workload_key(tvm.te.create_prim_func(list(prepared.params) + [prepared.reference]))
+    db.append(key, target, "cuda.wmma.f16f32", gpu.default(prepared).key(), 1000.0)
+    recorded = UnitTensorizeGPU(target, database=db)
+    out = recorded(Mod)
+    assert recorded.report[0].form == "direct"
+    assert isinstance(out["main"], relax.Function)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_gpu(), reason="no CUDA GPU on this machine")
+def test_gpu_odd_convs_match_pytorch_fp32():
+    from tvm import relax
+
+    module, x, mod = _odd_model()
+    with torch.no_grad():
+        ref = module(x).numpy()
+    arch = "sm_" + tvm.cuda(0).compute_version.replace(".", "")
+    vm = relax.VirtualMachine(unit_tvm.compile(mod, _cuda(arch)), tvm.cuda(0))
+    out = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cuda(0)))
+    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype(np.float64)
+    np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2)

@@ -1,13 +1,16 @@
 """GPU op benchmark (`unit-tvm bench-gpu`): UNIT Table I on Tensor Cores.
 
-Each Table I layer (batch 1, NHWC, fp16 x fp16 -> fp32 by default, or int8 x int8 -> int32) goes
-through the same Inspector, preparation and Rewriter as on CPU, with the GPU strategy
-(schedules/gpu.py) tuned on the GPU over p, warps, k_step, split-K and spatial fusion. Every
-candidate is checked against TVM's default CPU build before it is timed. Baseline: PyTorch's
+Each Table I layer (batch 1, NHWC, fp16 x fp16 -> fp32 by default, or int8 x int8 -> int32),
+written in the form the model path would choose (relax/gpu_conv.py: direct, or one GEMM over the
+fused output rows), goes through the same Inspector, preparation and Rewriter as on CPU, with the
+GPU strategy (schedules/gpu.py) tuned on the GPU over p, warps, k_step, split-K, spatial fusion
+and implicit preparation. Every candidate is checked against TVM's default CPU build before it is
+timed. Baseline: PyTorch's
 cuDNN conv2d in fp16, channels_last, when torch sees the GPU, launched from Python and replayed
 as a CUDA graph; the ratio is against the faster of the two. TVM's own GPU build of the same op
-(its dlight default schedules, no tensorize) is timed too. Every engine is timed the same way:
-rounds of 20 back-to-back calls, per-call mean per round, min (reported) and median over rounds.
+(its dlight default schedules, no tensorize, on the conv as written) is timed too. Every engine
+is timed the same way: rounds of 20 back-to-back calls, per-call mean per round, min (reported)
+and median over rounds.
 Needs a CUDA GPU; without one it stops with an error that says so.
 """
 
@@ -25,6 +28,7 @@ from tvm.s_tir import dlight
 
 from .. import intrinsics, measure, ops
 from ..prepare import prepare
+from ..relax import gpu_conv
 from ..rewriter import schedule
 from ..schedules import gpu
 from ..testing.workloads import TABLE_I
@@ -107,6 +111,54 @@ def time_torch_cudnn(c, h, k, r, stride, repeat):
                       statistics.median(replayed))
 
 
+class LayerCase(NamedTuple):
+    """One Table I layer as bench-gpu runs it: the form chosen, its Prepared graph and arguments,
+    and the conv as written (te tensors and arguments: TVM's baseline)."""
+
+    form: str
+    prepared: object
+    args: list
+    direct: list
+    direct_args: list
+
+
+def layer_case(c, h, k, r, s, dtype, intrin, dev, rng) -> LayerCase:
+    """A Table I layer (C, H, K, R, stride) in its chosen form, with random arguments on dev (the
+    same input and weight values in both forms)."""
+    acc, frag = DTYPES[dtype][1], gpu.fragment_of(intrin)
+    g = gpu_conv.ConvGeometry(1, h, h, c, k, r, r, (s, s))
+    form = gpu_conv.choose_form(g, frag)
+    tensors = gpu_conv.te_for_form(g, form, dtype, acc, frag)
+    prepared = prepare(tensors[-1], intrin, params=tensors[:-1], separable=True)
+    direct = gpu_conv.direct_te(g, dtype, acc)
+    data, hwio = (measure.random_array(t.shape, t.dtype, rng) for t in direct[:2])
+    weight = hwio if form == "direct" else gpu_conv.gemm_weight(hwio, frag)
+
+    def out(t):
+        return np.zeros([int(x) for x in t.shape], acc)
+
+    return LayerCase(form, prepared, measure.to_device([data, weight, out(tensors[-1])], dev),
+                     direct, measure.to_device([data, hwio, out(direct[-1])], dev))
+
+
+def _row(i, layer, case, secs_rounds, tvm_rounds, torch_t, config, seconds, from_database):
+    c, h, k, r, s = layer
+    secs, secs_median = min(secs_rounds), statistics.median(secs_rounds)
+    o = (h - r) // s + 1
+    gop = 2 * o * o * k * c * r * r / 1e9
+    # the baseline is PyTorch's faster way to run the same conv (usually the CUDA graph)
+    best = min(torch_t.eager_min, torch_t.graph_min) if torch_t else None
+    return {"workload": f"L{i}", "shape": [c, h, k, r, s], "form": case.form,
+            "gops": gop / secs, "ms": secs * 1e3, "ms_median": secs_median * 1e3,
+            "cudnn_eager_ms": torch_t.eager_min * 1e3 if torch_t else None,
+            "cudnn_graph_ms": torch_t.graph_min * 1e3 if torch_t else None,
+            "cudnn_graph_median_ms": torch_t.graph_median * 1e3 if torch_t else None,
+            "tvm_ms": min(tvm_rounds) * 1e3 if tvm_rounds else None,
+            "speedup_vs_tvm": min(tvm_rounds) / secs if tvm_rounds else None,
+            "speedup_vs_cudnn": best / secs if best else None,
+            "tuning_s": seconds, "from_database": from_database, "config": config.key()}
+
+
 def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=print,
         progress=None):
     """Rows of the benchmark (one per Table I layer) and a meta dict."""
@@ -118,43 +170,26 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
     target = tvm.target.Target({"kind": "cuda", "arch": _arch(dev)})
     db = Database(database or default_path())
     rng = np.random.default_rng(0)
-    layers = TABLE_I[:4] if quick else TABLE_I
     rows = []
-    for i, (c, h, k, r, s) in enumerate(layers, 1):
-        op = ops.conv2d_nhwc(c, h, k, r, dtype, dtype, acc, stride=s)
-        prepared = prepare(op, intrin, separable=True)
+    for i, (c, h, k, r, s) in enumerate(TABLE_I[:4] if quick else TABLE_I, 1):
+        case = layer_case(c, h, k, r, s, dtype, intrin, dev, rng)
         t0 = time.time()
-        result = tune(prepared, intrin, target, trials=trials, database=db, progress=progress)
+        result = tune(case.prepared, intrin, target, trials=trials, database=db,
+                      progress=progress)
         seconds = time.time() - t0
-        lib = tvm.tirx.build(schedule(prepared, intrin, result.config, target).mod, target=target)
-        tensors = prepared.tensors
-        arrays = [measure.random_array(t.shape, t.dtype, rng) for t in tensors[:-1]]
-        arrays.append(np.zeros([int(x) for x in op.shape], acc))
-        args = measure.to_device(arrays, dev)
-        rounds = measure.round_seconds(lib, args, dev, number=20, repeat=repeat)
-        secs, secs_median = min(rounds), statistics.median(rounds)
-        plain = tvm_default_build(op, target)
-        tvm_rounds = (measure.round_seconds(plain, args, dev, number=20, repeat=repeat)
-                      if plain is not None else None)
-        o = (h - r) // s + 1
-        gop = 2 * o * o * k * c * r * r / 1e9
+        lib = tvm.tirx.build(schedule(case.prepared, intrin, result.config, target).mod,
+                             target=target)
+        rounds = measure.round_seconds(lib, case.args, dev, number=20, repeat=repeat)
+        plain = tvm_default_build(case.direct[-1], target)
+        tvm_rounds = (measure.round_seconds(plain, case.direct_args, dev, number=20,
+                                            repeat=repeat) if plain is not None else None)
         torch_t = time_torch_cudnn(c, h, k, r, s, repeat) if dtype == "float16" else None
-        # the baseline is PyTorch's faster way to run the same conv (usually the CUDA graph)
-        best = min(torch_t.eager_min, torch_t.graph_min) if torch_t else None
-        row = {"workload": f"L{i}", "shape": [c, h, k, r, s], "gops": gop / secs,
-               "ms": secs * 1e3, "ms_median": secs_median * 1e3,
-               "cudnn_eager_ms": torch_t.eager_min * 1e3 if torch_t else None,
-               "cudnn_graph_ms": torch_t.graph_min * 1e3 if torch_t else None,
-               "cudnn_graph_median_ms": torch_t.graph_median * 1e3 if torch_t else None,
-               "tvm_ms": min(tvm_rounds) * 1e3 if tvm_rounds else None,
-               "speedup_vs_tvm": min(tvm_rounds) / secs if tvm_rounds else None,
-               "speedup_vs_cudnn": best / secs if best else None,
-               "tuning_s": seconds, "from_database": result.from_database,
-               "config": result.config.key()}
+        row = _row(i, (c, h, k, r, s), case, rounds, tvm_rounds, torch_t, result.config,
+                   seconds, result.from_database)
         rows.append(row)
-        log(f"L{i:<3} C={c:<5} H={h:<3} K={k:<4} R={r} s={s}: {row['gops']:8.0f} GOPS "
-            f"{row['ms']:.4f} ms (median {row['ms_median']:.4f})  cuDNN eager "
-            f"{row['cudnn_eager_ms'] or float('nan'):.4f} graph "
+        log(f"L{i:<3} C={c:<5} H={h:<3} K={k:<4} R={r} s={s} {case.form:<6}: "
+            f"{row['gops']:8.0f} GOPS {row['ms']:.4f} ms (median {row['ms_median']:.4f})  "
+            f"cuDNN eager {row['cudnn_eager_ms'] or float('nan'):.4f} graph "
             f"{row['cudnn_graph_ms'] or float('nan'):.4f} ms  "
             f"x{row['speedup_vs_cudnn'] or float('nan'):.2f}  TVM "
             f"{row['tvm_ms'] or float('nan'):.4f} ms  tuned {seconds:.0f}s")

@@ -3,29 +3,42 @@
 `to_fp16_nhwc` lays a float32 model out for the GPU (batch norms folded into elementwise ops,
 convs NHWC x OHWI, fp16 values by TVM's ToMixedPrecision). `UnitTensorizeGPU` then replaces every
 conv2d (groups 1) and every matmul by a constant weight with the Rewriter's wmma kernel for the
-same te op (fp16 x fp16 accumulated in fp32): the Inspector maps it, prepare gathers the window
-im2col-style and pads to fragment multiples, the GPU strategy schedules it with a database or
-tuned config, and its fp32 result is cast back to fp16 by an elementwise op that TVM fuses with
-what follows (bias, batch norm, relu). Everything else — pads, pools, depthwise convs, attention
-matmuls, softmax, layer norms — goes through TVM's own GPU pipeline (legalization, operator
-fusion, dlight schedules). This is one pass before tvm.compile, as UnitTensorize is on CPU.
+same te op (fp16 x fp16 accumulated in fp32), written in the form gpu_conv chooses (a conv's
+output rows fused into one GEMM where that computes less padding; dilated windows too): the
+Inspector maps it, prepare gathers the window im2col-style and pads to fragment multiples, the GPU
+strategy schedules it with a database or tuned config (tuning races both forms), and its fp32
+result is cast back to fp16 by an elementwise op that TVM fuses with what follows (bias, batch
+norm, relu). Everything else — pads, pools, depthwise convs, attention matmuls, softmax, layer
+norms — goes through TVM's own GPU pipeline (legalization, operator fusion, dlight schedules).
+This is one pass before tvm.compile, as UnitTensorize is on CPU.
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import tvm
 from tvm import relax, te
 from tvm.s_tir import dlight
 
+from .. import intrinsics
 from ..build import alternatives, choose
 from ..rewriter import schedule
+from ..schedules.gpu import fragment_of
 from ..target import as_target, is_gpu
 from ..tuner import tune_instruction
+from . import gpu_conv
+from .gpu_conv import ConvGeometry
 from .graph import rewrite_functions
 
 # the accumulator dtype of the Tensor Core kernels, per activation dtype they take
 ACCUMULATE = {"float16": "float32"}
+# the instruction whose fragment shapes the op's forms (gpu_conv), per activation dtype
+_INSTRUCTION = {"float16": "cuda.wmma.f16f32"}
+
+
+def _fragment(dtype):
+    return fragment_of(intrinsics.get(_INSTRUCTION[dtype]))
 
 
 def _scalar(prim_value):
@@ -71,20 +84,7 @@ class GpuKernel:
     op: str  # e.g. "conv2d 1x56x56x64 -> 64 k3x3 s1"
     intrinsic: str  # "" when TVM's own schedule computes it
     reason: str = ""
-
-
-def conv2d_nhwc_te(n, h, w, c, k, kh, kw, stride, dtype, acc):
-    """te conv2d over an already padded NHWC input and an HWIO kernel, accumulated in `acc`."""
-    data = te.placeholder((n, h, w, c), dtype, name="data")
-    kern = te.placeholder((kh, kw, c, k), dtype, name="kernel")
-    rc = te.reduce_axis((0, c), name="rc")
-    ry = te.reduce_axis((0, kh), name="ry")
-    rx = te.reduce_axis((0, kw), name="rx")
-    oh, ow = (h - kh) // stride[0] + 1, (w - kw) // stride[1] + 1
-    out = te.compute((n, oh, ow, k), lambda b, y, x, f: te.sum(
-        data[b, y * stride[0] + ry, x * stride[1] + rx, rc].astype(acc)
-        * kern[ry, rx, rc, f].astype(acc), axis=[rc, ry, rx]), name="conv2d_nhwc")
-    return [data, kern, out]
+    form: str = ""  # how the op was written for it: "direct" / "gemm" (gpu_conv), "dense"
 
 
 def dense_te(m, n, k, dtype, acc):
@@ -105,6 +105,14 @@ def _const_weight(expr):
     return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
 
 
+class _Made(NamedTuple):
+    """A tensorized kernel of the model: its PrimFunc, instruction and the op's form."""
+
+    func: tvm.tirx.PrimFunc
+    intrinsic: str
+    form: str
+
+
 @dataclass
 class _Kernels:
     """Tensorized PrimFuncs built so far, one per distinct te op (layers of equal shape share)."""
@@ -112,31 +120,42 @@ class _Kernels:
     database: object
     tune: bool
     trials: object
-    funcs: dict = field(default_factory=dict)  # te signature -> (PrimFunc, instruction) or None
+    funcs: dict = field(default_factory=dict)  # te signature -> _Made or None
     report: list = field(default_factory=list)
 
-    def get(self, signature, tensors, label):
-        """(PrimFunc, instruction name) computing tensors[-1], or None when nothing fits."""
+    def get(self, signature, forms, label):
+        """_Made computing the op, or None when no instruction fits any form. forms: form name
+        -> te tensors ([inputs..., out]) of the same op, the preferred form first."""
         if signature not in self.funcs:
-            self.funcs[signature] = self._make(tensors, label)
+            self.funcs[signature] = self._make(forms)
         made = self.funcs[signature]
-        self.report.append(GpuKernel(label, made[1] if made else "",
-                                     "" if made else "no Tensor Core instruction fits"))
+        self.report.append(GpuKernel(label, made.intrinsic if made else "",
+                                     "" if made else "no Tensor Core instruction fits",
+                                     made.form if made else ""))
         return made
 
-    def _make(self, tensors, label):
-        inputs, out = tensors[:-1], tensors[-1]
-        intrin, prepared, sch = choose(out, self.target, params=inputs)
-        if intrin is None:
-            return None
-        if self.tune or self.database is not None:
-            alts = alternatives(out, self.target, params=inputs, first=intrin) or [
+    def _make(self, forms):
+        """Without tuning or a database: the preferred form that tensorizes, default config.
+        Otherwise every form's alternatives are raced (or the database's fastest is taken)."""
+        alts, form_of = [], []
+        for form, tensors in forms.items():
+            inputs, out = tensors[:-1], tensors[-1]
+            intrin, prepared, sch = choose(out, self.target, params=inputs)
+            if intrin is None:
+                continue
+            if not (self.tune or self.database is not None):
+                return _Made(sch.mod["main"], intrin.name, form)
+            found = alternatives(out, self.target, params=inputs, first=intrin) or [
                 (intrin, prepared)]
-            index, result = tune_instruction(alts, self.target, trials=self.trials,
-                                             database=self.database, measure=self.tune)
-            intrin, prepared = alts[index]
-            sch = schedule(prepared, intrin, result.config, self.target)
-        return sch.mod["main"], intrin.name
+            alts += found
+            form_of += [form] * len(found)
+        if not alts:
+            return None
+        index, result = tune_instruction(alts, self.target, trials=self.trials,
+                                         database=self.database, measure=self.tune)
+        intrin, prepared = alts[index]
+        sch = schedule(prepared, intrin, result.config, self.target)
+        return _Made(sch.mod["main"], intrin.name, form_of[index])
 
 
 @relax.expr_functor.mutator
@@ -157,7 +176,7 @@ class _Rewrite(relax.PyExprMutator):
 
     def _emit_kernel(self, made, sig, args, shape, acc, dtype):
         if sig not in self.added:
-            func, _ = made
+            func = made.func
             name = f"unit_gpu_{sig[0]}_{len(self.added)}"
             # scheduled already (dlight leaves it), and opaque: operator fusion must not merge
             # the tensorized loop nest with its neighbours (they fuse among themselves)
@@ -175,26 +194,33 @@ class _Rewrite(relax.PyExprMutator):
         dtype = str(x.ty.dtype)
         if (weight is None or dtype not in ACCUMULATE or str(w.ty.dtype) != dtype
                 or attrs.data_layout != "NHWC" or attrs.kernel_layout != "OHWI"
-                or attrs.out_layout != "NHWC" or int(attrs.groups) != 1
-                or any(int(d) != 1 for d in attrs.dilation)):
+                or attrs.out_layout != "NHWC" or int(attrs.groups) != 1):
             return None
         n, h, wd, c = _shape(x)
         k, kh, kw, _ = weight.shape
         top, left, bottom, right = (int(p) for p in attrs.padding)
-        stride = tuple(int(s) for s in attrs.strides)
-        acc = ACCUMULATE[dtype]
-        ph, pw = h + top + bottom, wd + left + right
-        sig = ("conv2d", n, ph, pw, c, k, kh, kw, stride, dtype)
-        label = f"conv2d {n}x{h}x{wd}x{c} -> {k} k{kh}x{kw} s{stride[0]}"
-        made = self.kernels.get(sig, conv2d_nhwc_te(n, ph, pw, c, k, kh, kw, stride, dtype, acc),
-                                label)
+        acc, frag = ACCUMULATE[dtype], _fragment(dtype)
+        g = ConvGeometry(n, h + top + bottom, wd + left + right, c, k, kh, kw,
+                         tuple(int(s) for s in attrs.strides),
+                         tuple(int(d) for d in attrs.dilation))
+        sig = ("conv2d", g, dtype)
+        label = (f"conv2d {n}x{h}x{wd}x{c} -> {k} k{kh}x{kw} s{g.stride[0]}"
+                 + (f" d{g.dilation[0]}" if g.dilation != (1, 1) else ""))
+        forms = {f: gpu_conv.te_for_form(g, f, dtype, acc, frag)
+                 for f in gpu_conv.forms_in_order(g, frag)}
+        made = self.kernels.get(sig, forms, label)
         if made is None:
             return None
         if top or left or bottom or right:
             x = self.builder_.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0]))
-        hwio = relax.const(np.ascontiguousarray(weight.transpose(1, 2, 3, 0)))
-        shape = [n, (ph - kh) // stride[0] + 1, (pw - kw) // stride[1] + 1, k]
-        return self._emit_kernel(made, sig, [x, hwio], shape, acc, str(call.ty.dtype))
+        hwio = np.ascontiguousarray(weight.transpose(1, 2, 3, 0))
+        out_dtype = str(call.ty.dtype)
+        if made.form == "direct":
+            shape = [n, g.out_h, g.out_w, k]
+            return self._emit_kernel(made, sig, [x, relax.const(hwio)], shape, acc, out_dtype)
+        out = self._emit_kernel(made, sig, [x, relax.const(gpu_conv.gemm_weight(hwio, frag))],
+                                [g.pixels, k], acc, out_dtype)
+        return relax.op.reshape(self.builder_.emit(out), [n, g.out_h, g.out_w, k])
 
     def _matmul(self, call):
         x, w = call.args
@@ -207,7 +233,8 @@ class _Rewrite(relax.PyExprMutator):
         m, (k, n) = int(np.prod(lead)) if lead else 1, weight.shape
         acc = ACCUMULATE[dtype]
         sig = ("dense", m, n, k, dtype)
-        made = self.kernels.get(sig, dense_te(m, n, k, dtype, acc), f"dense {m}x{k} -> {n}")
+        made = self.kernels.get(sig, {"dense": dense_te(m, n, k, dtype, acc)},
+                                f"dense {m}x{k} -> {n}")
         if made is None:
             return None
         flat = self.builder_.emit(relax.op.reshape(x, [m, k]))
