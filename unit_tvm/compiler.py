@@ -11,7 +11,8 @@ from .relax import UnitTensorize
 from .relax import quantize as quantize_fn
 from .relax.cpu_default import DefaultCPUSchedule
 from .relax.frontend_fixes import frontend_fixes
-from .relax.gpu import UnitTensorizeGPU, default_gpu_schedule, to_fp16_nhwc
+from .relax.gpu import UnitTensorizeGPU, default_gpu_schedule, to_fp16, to_fp16_nhwc, to_nhwc
+from .relax.gpu_int8 import calibration_from
 from .relax.leftovers import fp32_leftovers, summary
 from .runner import prepare_host, target_for
 from .target import is_cpu, is_gpu
@@ -31,7 +32,9 @@ def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # 
 
     On a CUDA target the model runs in fp16 (convs NHWC): convs and dense layers with constant
     weights on Tensor Cores (wmma, fp32 accumulation), the rest on TVM's GPU schedules; run with
-    relax.VirtualMachine(ex, tvm.cuda()). quantize is CPU-only.
+    relax.VirtualMachine(ex, tvm.cuda()). With quantize (calibration_data, method, percentile)
+    those convs and dense layers run int8 instead (s8 x s8 wmma, symmetric scales:
+    unit_tvm.relax.gpu_int8).
 
     report: a list to which one (op, instruction or None, reason) per candidate op is
     appended: what was tensorized, and why the rest was not; with quantize, also the
@@ -80,15 +83,18 @@ def _report_leftovers(mod, report):
 
 
 def _compile_cuda(mod, target, quantize, database, tune, trials, report):
-    """The GPU path: fp16 NHWC, Tensor Core kernels for convs and dense layers, TVM's GPU
-    pipeline for the rest (unit_tvm.relax.gpu)."""
+    """The GPU path: fp16 NHWC, Tensor Core kernels (fp16, or int8 with quantize) for convs and
+    dense layers, TVM's GPU pipeline for the rest (unit_tvm.relax.gpu)."""
 
-    if quantize is not None:
-        raise NotImplementedError("unit_tvm.compile: int8 quantization is implemented for CPU "
-                                  "targets only; on CUDA the model is compiled in fp16 "
-                                  "(leave quantize=None)")
-    tensorize = UnitTensorizeGPU(target, database=database, tune=tune, trials=trials)
-    mod = tensorize(to_fp16_nhwc(mod))
+    if quantize is None:
+        tensorize = UnitTensorizeGPU(target, database=database, tune=tune, trials=trials)
+        mod = tensorize(to_fp16_nhwc(mod))
+    else:
+        # quantized while the model is still fp32, so calibration sees its own values; the
+        # rest of the model (and the dequantized results) then runs in fp16
+        tensorize = UnitTensorizeGPU(target, database=database, tune=tune, trials=trials,
+                                     int8=calibration_from(quantize))
+        mod = to_fp16(tensorize(to_nhwc(mod)))
     if report is not None:
         report.extend((k.op, k.intrinsic or None, k.reason) for k in tensorize.report)
     return compile_cuda_graph(default_gpu_schedule(mod, target), target)

@@ -1,7 +1,8 @@
 """`unit-tvm bench-model --target cuda`: whole zoo models in fp16 on one NVIDIA GPU.
 
 Engines, all on the same GPU and inputs, batch 1: unit-tvm (unit_tvm.compile for CUDA: the
-tensorized fp16 convs and dense layers, the rest TVM's own GPU pipeline), TVM's own GPU build of
+tensorized fp16 convs and dense layers, the rest TVM's own GPU pipeline), unit-tvm int8 (the same
+with quantize: s8 wmma, calibrated on 4 inputs), TVM's own GPU build of
 the same fp16 NHWC model (no unit-tvm pass: legalization, fusion, dlight; both TVM builds with
 their static regions as CUDA graphs), PyTorch fp16 eager
 (cuDNN, channels_last for convnets) and the same PyTorch model replayed as a CUDA graph (no Python
@@ -66,9 +67,9 @@ def _torch_engines(module, x):
     return {"pytorch_fp16": eager, "pytorch_fp16_cudagraph": replay}
 
 
-def _tvm_engine(mod, target, x_np, unit, database, tune, trials):
-    """(callable() -> tvm tensor, compile seconds): the fp16 model built by unit-tvm or by TVM's
-    own GPU pipeline alone."""
+def _tvm_engine(mod, target, x_np, unit, database, tune, trials, quantize=None):
+    """(callable() -> tvm tensor, compile seconds): the fp16 model built by unit-tvm (int8 with
+    `quantize`) or by TVM's own GPU pipeline alone."""
     from tvm import relax
 
     from ..compiler import compile as unit_compile
@@ -77,7 +78,8 @@ def _tvm_engine(mod, target, x_np, unit, database, tune, trials):
 
     t0 = time.time()
     if unit:
-        ex = unit_compile(mod, target, database=database, tune=tune, trials=trials)
+        ex = unit_compile(mod, target, database=database, tune=tune, trials=trials,
+                          quantize=quantize)
     else:
         ex = compile_cuda_graph(default_gpu_schedule(to_fp16_nhwc(mod), target), target)
     seconds = time.time() - t0
@@ -126,9 +128,12 @@ def run_model(name, *, rounds=10, database=None, tune=False, trials=None, log=pr
     target = tvm.target.Target({"kind": "cuda", "arch": "sm_" + dev.compute_version.replace(
         ".", "")})
     calls, results = {}, {}
-    for engine, unit in (("unit_tvm_fp16", True), ("tvm_fp16", False)):
+    int8 = {"calibration_data": zoo.inputs(shape, 4)}
+    for engine, unit, quantize in (("unit_tvm_fp16", True, None), ("unit_tvm_int8", True, int8),
+                                   ("tvm_fp16", False, None)):
         try:
-            calls[engine], secs = _tvm_engine(mod, target, x.numpy(), unit, database, tune, trials)
+            calls[engine], secs = _tvm_engine(mod, target, x.numpy(), unit, database, tune,
+                                              trials, quantize)
             results[engine] = EngineResult(engine, compile_s=secs)
         except Exception as e:  # noqa: BLE001 - a failing engine is reported, not fatal
             results[engine] = EngineResult(engine, error=f"{type(e).__name__}: {e}"[:400])

@@ -29,12 +29,15 @@ from ..target import as_target, is_gpu
 from ..tuner import tune_instruction
 from . import gpu_conv
 from .gpu_conv import ConvGeometry
-from .graph import rewrite_functions
+from . import gpu_int8
+from .graph import dataflow_bindings, rewrite_functions
 
-# the accumulator dtype of the Tensor Core kernels, per activation dtype they take
-ACCUMULATE = {"float16": "float32"}
-# the instruction whose fragment shapes the op's forms (gpu_conv), per activation dtype
-_INSTRUCTION = {"float16": "cuda.wmma.f16f32"}
+# the accumulator dtype of the Tensor Core kernels, per operand dtype they take
+ACCUMULATE = {"float16": "float32", "int8": "int32"}
+# the instruction whose fragment shapes the op's forms (gpu_conv), per operand dtype
+_INSTRUCTION = {"float16": "cuda.wmma.f16f32", "int8": "cuda.wmma.s8s32"}
+# the float dtypes a model's own ops run on Tensor Cores in (int8 comes from quantization)
+_FLOAT = ("float16",)
 
 
 def _fragment(dtype):
@@ -66,16 +69,29 @@ def _clip_as_min_max(mod, ctx):
     return rewrite_functions(mod, _ClipAsMinMax(mod))
 
 
-def to_fp16_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
-    """A float32 Relax model as the GPU path computes it: NHWC x OHWI convs, fp16 values."""
+def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
+    """A float32 Relax model laid out as the GPU path computes it: batch norms folded into
+    elementwise ops, NHWC x OHWI convs (values still fp32)."""
     return tvm.transform.Sequential([
         _clip_as_min_max,
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
         relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
+        relax.transform.FoldConstant(),  # the weights' layout transforms
+    ])(mod)
+
+
+def to_fp16(mod: tvm.IRModule) -> tvm.IRModule:
+    """The module's float32 values in fp16 (TVM's ToMixedPrecision; int8 kernels stay)."""
+    return tvm.transform.Sequential([
         relax.transform.ToMixedPrecision(out_dtype="float16"),
         relax.transform.FoldConstant(),
     ])(mod)
+
+
+def to_fp16_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
+    """A float32 Relax model as the GPU path computes it: NHWC x OHWI convs, fp16 values."""
+    return to_fp16(to_nhwc(mod))
 
 
 @dataclass(frozen=True)
@@ -158,105 +174,170 @@ class _Kernels:
         return _Made(sch.mod["main"], intrin.name, form_of[index])
 
 
+def _conv_weight(call):
+    """The constant OHWI weight of a conv2d the pass replaces (NHWC x OHWI, groups 1), else
+    None."""
+    attrs = call.attrs
+    weight = _const_weight(call.args[1])
+    if (weight is None or attrs.data_layout != "NHWC" or attrs.kernel_layout != "OHWI"
+            or attrs.out_layout != "NHWC" or int(attrs.groups) != 1):
+        return None
+    return weight
+
+
+def _matmul_weight(call):
+    """The constant 2-D (K, N) weight of a matmul the pass replaces, else None."""
+    x, w = call.args
+    weight = _const_weight(w)
+    if weight is None or weight.ndim != 2 or x.ty.shape is None:
+        return None
+    return weight
+
+
+# op -> (its replaceable weight or None, the weight's output-channel axis)
+_REPLACED = {"relax.nn.conv2d": (_conv_weight, 0), "relax.matmul": (_matmul_weight, 1)}
+
+
+def tensor_core_calls(func: relax.Function) -> list:
+    """The calls of `func` the pass replaces where their precision allows (conv2d NHWC x OHWI
+    with groups 1, matmul by a constant 2-D weight), in program order."""
+    out = []
+    for binding in dataflow_bindings(func):
+        call = binding.value
+        if (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+                and call.op.name in _REPLACED and isinstance(call.args[0], relax.Var)
+                and _REPLACED[call.op.name][0](call) is not None):
+            out.append(call)
+    return out
+
+
+class _Operands(NamedTuple):
+    """How an op's operands enter its kernel: dtype, accumulator, the weight in that dtype (the
+    op's own layout) and, for int8, the input's scale and the weight's per-channel scales."""
+
+    dtype: str
+    acc: str
+    weight: np.ndarray
+    x_scale: float | None = None
+    w_scale: np.ndarray | None = None
+
+
 @relax.expr_functor.mutator
 class _Rewrite(relax.PyExprMutator):
-    """Replaces conv2d / constant-weight matmul calls by call_tir of tensorized kernels."""
-    def __init__(self, mod, kernels):
+    """Replaces conv2d / constant-weight matmul calls by call_tir of tensorized kernels: fp16
+    ones as they are, and those `scales` names (call -> input scale) quantized to int8."""
+    def __init__(self, mod, kernels, scales=None):
         super().__init__(mod)
         self.kernels = kernels
+        self.scales = scales or {}
         self.added = {}  # te signature -> GlobalVar of its kernel in the module
 
     def visit_call_(self, call):  # noqa: D401 - mutator hook
+        original = call
         call = self.visit_expr_post_order(call)
-        if not isinstance(call.op, tvm.ir.Op):
+        if not isinstance(call.op, tvm.ir.Op) or call.op.name not in _REPLACED:
             return call
-        rewrite = {"relax.nn.conv2d": self._conv2d, "relax.matmul": self._matmul}.get(call.op.name)
-        new = rewrite(call) if rewrite is not None else None
+        weight_of, axis = _REPLACED[call.op.name]
+        weight = weight_of(call)
+        operands = None if weight is None else self._operands(original, call, weight, axis)
+        if operands is None:
+            return call
+        rewrite = self._conv2d if call.op.name == "relax.nn.conv2d" else self._matmul
+        new = rewrite(call, operands)
         return call if new is None else new
 
-    def _emit_kernel(self, made, sig, args, shape, acc, dtype):
+    def _operands(self, original, call, weight, axis):
+        """_Operands of a replaceable call, or None when its precision has no kernel here."""
+        dtype = str(call.args[0].ty.dtype)
+        if original in self.scales and dtype in ("float32", "float16"):
+            q, w_scale = gpu_int8.weight_s8(weight, axis)
+            return _Operands("int8", ACCUMULATE["int8"], q, self.scales[original], w_scale)
+        if dtype in _FLOAT and str(weight.dtype) == dtype:
+            return _Operands(dtype, ACCUMULATE[dtype], weight)
+        return None
+
+    def _input(self, x, operands):
+        if operands.x_scale is None:
+            return x
+        return self.builder_.emit(gpu_int8.quantized_input(x, operands.x_scale))
+
+    def _emit_kernel(self, made, sig, args, shape, operands, dtype):
         if sig not in self.added:
-            func = made.func
             name = f"unit_gpu_{sig[0]}_{len(self.added)}"
             # scheduled already (dlight leaves it), and opaque: operator fusion must not merge
             # the tensorized loop nest with its neighbours (they fuse among themselves)
-            func = func.with_attrs({"global_symbol": name, "tir.is_scheduled": True,
-                                    "op_pattern": 8})
+            func = made.func.with_attrs({"global_symbol": name, "tir.is_scheduled": True,
+                                         "op_pattern": 8})
             self.added[sig] = self.builder_.add_func(func, name)
-        gv = self.added[sig]
-        out = self.builder_.emit(relax.call_tir(gv, args, relax.TensorType(shape, acc)))
-        return relax.op.astype(out, dtype)
+        out = self.builder_.emit(relax.call_tir(self.added[sig], args,
+                                                relax.TensorType(shape, operands.acc)))
+        if operands.x_scale is None:
+            return relax.op.astype(out, dtype)
+        return gpu_int8.dequantized(out, operands.x_scale, operands.w_scale, dtype)
 
-    def _conv2d(self, call):
-        attrs = call.attrs
-        x, w = call.args
-        weight = _const_weight(w)
-        dtype = str(x.ty.dtype)
-        if (weight is None or dtype not in ACCUMULATE or str(w.ty.dtype) != dtype
-                or attrs.data_layout != "NHWC" or attrs.kernel_layout != "OHWI"
-                or attrs.out_layout != "NHWC" or int(attrs.groups) != 1):
-            return None
+    def _conv2d(self, call, operands):
+        attrs, x = call.attrs, call.args[0]
         n, h, wd, c = _shape(x)
-        k, kh, kw, _ = weight.shape
+        k, kh, kw, _ = operands.weight.shape
         top, left, bottom, right = (int(p) for p in attrs.padding)
-        acc, frag = ACCUMULATE[dtype], _fragment(dtype)
+        dtype, frag = operands.dtype, _fragment(operands.dtype)
         g = ConvGeometry(n, h + top + bottom, wd + left + right, c, k, kh, kw,
                          tuple(int(s) for s in attrs.strides),
                          tuple(int(d) for d in attrs.dilation))
         sig = ("conv2d", g, dtype)
         label = (f"conv2d {n}x{h}x{wd}x{c} -> {k} k{kh}x{kw} s{g.stride[0]}"
-                 + (f" d{g.dilation[0]}" if g.dilation != (1, 1) else ""))
-        forms = {f: gpu_conv.te_for_form(g, f, dtype, acc, frag)
+                 + (f" d{g.dilation[0]}" if g.dilation != (1, 1) else "") + f" {dtype}")
+        forms = {f: gpu_conv.te_for_form(g, f, dtype, operands.acc, frag)
                  for f in gpu_conv.forms_in_order(g, frag)}
         made = self.kernels.get(sig, forms, label)
         if made is None:
             return None
+        x = self._input(x, operands)
         if top or left or bottom or right:
             x = self.builder_.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0]))
-        hwio = np.ascontiguousarray(weight.transpose(1, 2, 3, 0))
+        hwio = np.ascontiguousarray(operands.weight.transpose(1, 2, 3, 0))
         out_dtype = str(call.ty.dtype)
         if made.form == "direct":
-            shape = [n, g.out_h, g.out_w, k]
-            return self._emit_kernel(made, sig, [x, relax.const(hwio)], shape, acc, out_dtype)
+            return self._emit_kernel(made, sig, [x, relax.const(hwio)], [n, g.out_h, g.out_w, k],
+                                     operands, out_dtype)
         out = self._emit_kernel(made, sig, [x, relax.const(gpu_conv.gemm_weight(hwio, frag))],
-                                [g.pixels, k], acc, out_dtype)
+                                [g.pixels, k], operands, out_dtype)
         return relax.op.reshape(self.builder_.emit(out), [n, g.out_h, g.out_w, k])
 
-    def _matmul(self, call):
-        x, w = call.args
-        weight = _const_weight(w)
-        dtype = str(x.ty.dtype)
-        if weight is None or weight.ndim != 2 or dtype not in ACCUMULATE \
-                or str(w.ty.dtype) != dtype or x.ty.shape is None:
-            return None
+    def _matmul(self, call, operands):
+        x = call.args[0]
         lead = _shape(x)[:-1]
-        m, (k, n) = int(np.prod(lead)) if lead else 1, weight.shape
-        acc = ACCUMULATE[dtype]
-        sig = ("dense", m, n, k, dtype)
-        made = self.kernels.get(sig, {"dense": dense_te(m, n, k, dtype, acc)},
-                                f"dense {m}x{k} -> {n}")
+        m, (k, n) = int(np.prod(lead)) if lead else 1, operands.weight.shape
+        sig = ("dense", m, n, k, operands.dtype)
+        made = self.kernels.get(
+            sig, {"dense": dense_te(m, n, k, operands.dtype, operands.acc)},
+            f"dense {m}x{k} -> {n} {operands.dtype}")
         if made is None:
             return None
-        flat = self.builder_.emit(relax.op.reshape(x, [m, k]))
-        out = self._emit_kernel(made, sig, [flat, relax.const(weight)], [m, n], acc,
-                                str(call.ty.dtype))
+        flat = self.builder_.emit(relax.op.reshape(self._input(x, operands), [m, k]))
+        out = self._emit_kernel(made, sig, [flat, relax.const(operands.weight)], [m, n],
+                                operands, str(call.ty.dtype))
         return relax.op.reshape(self.builder_.emit(out), lead + [n])
 
 
 @tvm.transform.module_pass(opt_level=0, name="UnitTensorizeGPU")
 class UnitTensorizeGPU:
-    """tvm.transform.Pass: Tensor Core kernels for the fp16 convs and dense layers of `main`.
+    """tvm.transform.Pass: Tensor Core kernels for the fp16 convs and dense layers of `main`,
+    or with `int8` (a gpu_int8.Int8Calibration; the module still fp32, laid out by `to_nhwc`)
+    for all of them quantized to int8 (s8 x s8 -> s32 wmma, dequantized per channel).
 
     database / tune / trials as for UnitTensorize; `report` lists every candidate op with the
     instruction that computes it ("" when TVM's own schedule does, and why).
     """
 
-    def __init__(self, target, database=None, tune=False, trials=None):
+    def __init__(self, target, database=None, tune=False, trials=None,
+                 int8: gpu_int8.Int8Calibration | None = None):
         self.target = as_target(target)
         if not is_gpu(self.target):
             raise ValueError(f"UnitTensorizeGPU is the CUDA path; {self.target} is not a CUDA "
                              f"target (use UnitTensorize)")
         self.kernels = _Kernels(self.target, database, tune, trials)
+        self.int8 = int8
 
     @property
     def report(self):
@@ -264,8 +345,11 @@ class UnitTensorizeGPU:
         return self.kernels.report
 
     def transform_module(self, mod, ctx):  # noqa: D401 - tvm pass hook
+        scales = None
+        if self.int8 is not None:
+            scales = gpu_int8.calibrate(mod, tensor_core_calls(mod["main"]), self.int8)
         return relax.transform.DeadCodeElimination()(
-            rewrite_functions(mod, _Rewrite(mod, self.kernels)))
+            rewrite_functions(mod, _Rewrite(mod, self.kernels, scales)))
 
 
 def default_gpu_schedule(mod: tvm.IRModule, target) -> tvm.IRModule:

@@ -58,9 +58,10 @@ def _as_main(mod):
     return new
 
 
-def _observe(mod, outputs, calibration_data, target):
-    """Run the fp32 model (TVM) on the calibration inputs; the values `outputs` (vars of main)
-    take, each flattened over all inputs."""
+def observe(mod, outputs, calibration_data, target):
+    """Run the fp32 model (TVM, on this CPU) on the calibration inputs; the values `outputs`
+    (vars of main) take, each flattened over all inputs. target: the model's target (its own
+    build is used where it runs here)."""
     func = mod["main"]
     bindings = dataflow_bindings(func)
     bb = relax.BlockBuilder(mod)  # the module's other functions stay callable
@@ -161,7 +162,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
         raise ValueError("calibration_data is empty: at least one input is needed")
     shortcuts = residual_only_ends(func, chains)
     bmms = [c for c in chains if c.kind == "bmm"]
-    values = _observe(mod, [c.x for c in chains] + [c.end for c in shortcuts]
+    values = observe(mod, [c.x for c in chains] + [c.end for c in shortcuts]
                       + [c.y for c in bmms], samples, target)
     y_values = dict(zip(bmms, values[len(chains) + len(shortcuts):]))
     by_end = {}
