@@ -7,6 +7,7 @@
 #   scripts/gpu_session.sh test             pytest of the GPU tests (JUnit XML + log)
 #   scripts/gpu_session.sh bench DTYPE [TRIALS]   bench-gpu Table I (float16 | int8)
 #   scripts/gpu_session.sh models [ARGS]    bench-model --target cuda on the four zoo models
+#                                           (GPU_MODELS="resnet18 bert_base" for fewer per call)
 #   scripts/gpu_session.sh ablation [TRIALS] reproduce fig11-gpu (the GPU ablation, Table I, fp16)
 #   scripts/gpu_session.sh all [TRIALS]     setup, test, bench float16 and int8, models
 #
@@ -16,7 +17,8 @@
 #
 # Seen on an H100 (2026-11-23): machine start ~30 s, stage <1 s, setup ~40 s, test ~4 min,
 # bench float16 with 16 trials ~25 s per layer, bench-model --no-tune ~1.5-2.5 min per model
-# (two TVM builds on the device's CPU). A call lasts at most 10 minutes and the machine goes
+# with two TVM builds on the device's CPU (unit-tvm int8 is a third since: split the models over
+# two calls with GPU_MODELS). A call lasts at most 10 minutes and the machine goes
 # back 30 s after a call: stage, then immediately setup + test, then one bench per call.
 set -uo pipefail
 STATE=${UNIT_TVM_GPU_STATE:-/root/unit_tvm_gpu}
@@ -65,8 +67,9 @@ ablation() {
 }
 
 models() {
-    $PY -m unit_tvm.cli bench-model resnet18 resnet50 mobilenet_v2 bert_base --target cuda \
-        --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_model_gpu.log" | grep -v "it/s\]" | tail -40
+    # shellcheck disable=SC2086 # the model names split on spaces
+    $PY -m unit_tvm.cli bench-model ${GPU_MODELS:-resnet18 resnet50 mobilenet_v2 bert_base} \
+        --target cuda --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_model_gpu.log" | grep -v "it/s\]" | tail -40
     cp "$UNIT_TVM_DATABASE" "$OUT/gpu_db.jsonl" 2>/dev/null || true
 }
 

@@ -234,3 +234,13 @@ def test_gpu_graph_around_the_kernels_is_exact_on_cpu(monkeypatch, int8):
     assert cos > (0.999 if int8 else 0.9999), cos
     # int8 measured 1.4% of the largest output (a 1% error in the dequantization scale: 2.8%)
     np.testing.assert_allclose(got, ref, atol=(0.02 if int8 else 0.005) * np.abs(ref).max())
+
+
+def test_gpu_bench_model_speedups_name_each_engine():
+    from unit_tvm.bench.gpu_model import speedups
+
+    ms = {"unit_tvm_fp16": 2.0, "unit_tvm_int8": 1.0, "tvm_fp16": 3.0, "pytorch_fp16": 4.0,
+          "pytorch_fp16_cudagraph": 0.5}
+    got = speedups({"engines": {k: {"min_ms": v} for k, v in ms.items()}})
+    assert got["best_pytorch"] == 0.25 and got["int8_best_pytorch"] == 0.5
+    assert got["tvm_fp16"] == 1.5 and got["unit_tvm_int8"] == 0.5

@@ -159,7 +159,8 @@ def run_model(name, *, rounds=10, database=None, tune=False, trials=None, log=pr
 
 
 def speedups(result):
-    """unit-tvm's speedup (min latency) over each other engine and over the fastest of them."""
+    """unit-tvm fp16's speedup (min latency) over each other engine and over the fastest
+    PyTorch variant; unit-tvm int8's over that too ("int8_best_pytorch")."""
     eng = result["engines"]
     ours = eng.get("unit_tvm_fp16", {}).get("min_ms", math.nan)
     others = {k: v["min_ms"] for k, v in eng.items() if k != "unit_tvm_fp16"
@@ -168,6 +169,8 @@ def speedups(result):
     pytorch = [v for k, v in others.items() if k.startswith("pytorch")]
     if pytorch:
         out["best_pytorch"] = min(pytorch) / ours
+        if "unit_tvm_int8" in others:
+            out["int8_best_pytorch"] = min(pytorch) / others["unit_tvm_int8"]
     return out
 
 

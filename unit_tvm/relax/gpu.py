@@ -27,9 +27,8 @@ from ..rewriter import schedule
 from ..schedules.gpu import fragment_of
 from ..target import as_target, is_gpu
 from ..tuner import tune_instruction
-from . import gpu_conv
+from . import gpu_conv, gpu_int8
 from .gpu_conv import ConvGeometry
-from . import gpu_int8
 from .graph import dataflow_bindings, rewrite_functions
 
 # the accumulator dtype of the Tensor Core kernels, per operand dtype they take
