@@ -571,6 +571,37 @@ def test_blocked_residual_keeps_the_write_back_vectorised(name):
     np.testing.assert_array_equal(got, outs[1])
 
 
+@pytest.mark.parametrize("zp", [0, 7])
+def test_relu_left_to_the_requantization_clip_is_bit_exact(monkeypatch, zp):
+    """With a uint8 result of zero point 0 the requantization's clip at 0 does relu's work: the
+    epilogue drops relu's max (one vector op of ~10 per 16 outputs) and every output stays the
+    same; with another zero point relu stays."""
+    from unit_tvm.relax import qarith
+    from unit_tvm.relax.qops import plain_func
+
+    recipe = _conv_recipe(out_q=[0.05, zp], x_zp=0)
+    fast = plain_func(recipe)
+    monkeypatch.setattr(qarith, "_clamped_at_zero", lambda r: False)
+    with_relu = plain_func(recipe)
+    text = fast.script()
+    assert (text.count("T.max(") < with_relu.script().count("T.max(")) == (zp == 0)
+    rng = np.random.default_rng(1)
+    args = [rng.integers(0, 256, (1, 24, 10, 10)).astype("uint8"),
+            rng.integers(-127, 128, (32, 24, 1, 1)).astype("int8"),
+            rng.integers(-5000, 5000, 32).astype("int32"),
+            rng.uniform(0.0005, 0.005, 32).astype("float32"),
+            rng.uniform(-4, 4, 32).astype("float32"), np.zeros((1, 32, 10, 10), "uint8")]
+    outs = []
+    for f in (fast, with_relu):
+        lib = tvm.tirx.build(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}),
+                             target=unit_tvm.target.host())
+        tensors = [tvm.runtime.tensor(a, tvm.cpu()) for a in args]
+        lib["main"](*tensors)
+        outs.append(tensors[-1].numpy())
+    assert (outs[0] == zp).mean() > 0.2 and (outs[0] > zp).mean() > 0.2  # both sides of relu
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_output_block_follows_the_instruction():
     """A 16-channel output block over 8-lane accumulators would mix accumulator blocks in one
     write-back tile (TVM derived a wrong loop nest for it): refused with a clear error."""
