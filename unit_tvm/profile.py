@@ -1,8 +1,7 @@
 """`unit-tvm profile MODEL`: where a compiled model's time goes, kernel by kernel.
 
 Each kernel the Relax VM calls is timed as it runs in the model (the VM's instrument hook runs
-it a few times untimed, then `repeats` times timed, on the model's own tensors before letting the
-VM continue), so the inputs,
+it `repeats` times on the model's own tensors before letting the VM continue), so the inputs,
 shapes and layouts are the real ones. For each kernel: calls, time per call, share of the
 summed kernel time, what it is (tensorized conv/dense, int8 loop nest, layout change, leftover
 fp32 op), the instruction, GOPS and % of that instruction's measured peak on this host, and for
@@ -101,25 +100,15 @@ def _target():
     return host()
 
 
-# untimed calls of each kernel before its timed ones: measured on resnet50 (Zen 4), the first
-# few calls of a kernel after another one run up to 25% slower (the 3x3 64 -> 64 convs: 340 us
-# as the minimum of 5 calls, 266 us of 20, and 267 us timed alone), which made every large
-# kernel look 70% efficient where it runs at 90%
-WARMUP_CALLS = 5
-
-
 class _Recorder:
     """The VM instrument: times every kernel call on its real arguments."""
 
-    def __init__(self, repeats, warmup=WARMUP_CALLS):
+    def __init__(self, repeats):
         self.repeats = repeats
-        self.warmup = warmup
         self.times, self.calls, self.nbytes = {}, {}, {}
 
     def __call__(self, func, symbol, before_run, ret_value, *args):
         if before_run and not symbol.startswith("vm."):  # kernels, not the VM's builtins
-            for _ in range(self.warmup):
-                func(*args)
             best = float("inf")
             for _ in range(self.repeats):
                 t0 = time.perf_counter()
