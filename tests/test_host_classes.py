@@ -1,0 +1,65 @@
+"""Both x86 server classes are compiled for on every host: an AMX Xeon, the same Xeon restricted
+to VNNI (what `--isa avx512_core_vnni` gives there) and a VNNI-only Zen 4. Only one class can run
+here, so these check the graphs build and the kernels carry each class's instruction; the
+results themselves are checked on the host's own class by test_relax.py."""
+
+import pytest
+import torch
+import tvm
+
+from unit_tvm import frontends
+from unit_tvm.compiler import build_relax
+from unit_tvm.relax import UnitTensorize, quantize
+
+from .test_relax import SmallCNN, TinyTransformer, _asm, _prepare
+
+_AMX = ("-amx-tile", "-amx-int8", "-amx-bf16")
+_CLASSES = {
+    # name: (target, instruction that must be in the int8 kernels, one that must not)
+    "amx": ({"mcpu": "sapphirerapids"}, "tdpbusd", None),
+    "amx_restricted_to_vnni": ({"mcpu": "sapphirerapids", "mattr": list(_AMX)},
+                               "vpdpbusd", "tdpbusd"),
+    "zen4": ({"mcpu": "znver4"}, "vpdpbusd", "tdpbusd"),
+}
+
+
+def _target(spec):
+    return tvm.target.Target({"kind": "llvm", "num-cores": 2, **spec})
+
+
+def _compiled(model, shape, target, **quantize_args):
+    _, xs, _ = _prepare(model, shape)
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    qmod = quantize(mod, target=target, **quantize_args)
+    tpass = UnitTensorize(target)
+    return tpass, _asm(build_relax(tpass(qmod), target))
+
+
+@pytest.mark.parametrize("cls", sorted(_CLASSES))
+@pytest.mark.parametrize("model, shape", [(SmallCNN, (1, 3, 16, 16)),
+                                          (TinyTransformer, (1, 16, 64))])
+def test_int8_models_compile_for_each_x86_class(cls, model, shape):
+    spec, want, unwanted = _CLASSES[cls]
+    target = _target(spec)
+    model = model()
+    cal, _, _ = _prepare(model, shape)
+    tpass, asm = _compiled(model, shape, target, calibration_data=cal)
+    used = [instr for _, instr, _ in tpass.report if instr]
+    assert used, tpass.report
+    if unwanted:
+        assert not any(unwanted in i for i in used), used
+        assert unwanted not in asm
+    assert want in asm, f"{cls}: no {want} in the kernels ({used})"
+
+
+def test_bf16_model_compiles_for_amx_bf16():
+    """bf16 on the AMX class takes the tile instruction; restricted to VNNI (no AMX, no
+    AVX512-BF16) the same model keeps TVM's loop nest, with a warning, and still builds."""
+    tpass, asm = _compiled(TinyTransformer(), (1, 16, 64), _target({"mcpu": "sapphirerapids"}),
+                           dtype="bfloat16")
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    assert "tdpbf16ps" in asm
+    restricted = _target({"mcpu": "sapphirerapids", "mattr": [*_AMX, "-avx512bf16"]})
+    with pytest.warns(UserWarning, match="no instruction for its dtypes"):
+        tpass, asm = _compiled(TinyTransformer(), (1, 16, 64), restricted, dtype="bfloat16")
+    assert not any(instr for _, instr, _ in tpass.report) and "tdpbf16ps" not in asm
