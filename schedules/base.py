@@ -36,3 +36,6 @@ class Strategy(Protocol):
 
     def from_key(self, key: dict) -> Config:
         """The config a database record names (ValueError / KeyError when it names none)."""
+
+    def describe(self, config: Any, prepared) -> str:
+        """The config in a few words, with the op's loop names (for `unit-tvm profile`)."""

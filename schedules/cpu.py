@@ -262,6 +262,20 @@ def outer_extents(prepared):
     return out
 
 
+def describe(config, prepared):
+    """e.g. 'loops 1x4x14x14: tile L2/2 x L3/7 (14 acc), parallel L1.L2.L3': the outer
+    data-parallel loops (outer_extents, numbered from the outermost), the register tile's loops
+    and factors, then the loops `apply` fuses into the parallel one (extent-1 ones left out)."""
+    extents = outer_extents(prepared)
+    unroll = dict(config.unroll)
+    tile = " x ".join(f"L{p}/{f}" for p, f in config.unroll) or "none"
+    order = [p for p in _order(len(extents), config.front) if extents[p] // unroll.get(p, 1) > 1]
+    fused = ".".join(f"L{p}" for p in order[:max(config.parallel, 1)]) or "-"
+    front = f", L{config.front} first" if config.front >= 0 else ""
+    return (f"loops {'x'.join(map(str, extents))}: tile {tile} ({config.accumulators()} acc), "
+            f"parallel {fused}{front}")
+
+
 def _threads(target):
     return int(target.attrs.get("num-cores", 1))
 

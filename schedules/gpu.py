@@ -167,6 +167,13 @@ def from_key(d):
     return GpuConfig.from_key(d)
 
 
+def describe(config, prepared=None):
+    """e.g. 'p2, warps 2x2, k_step 2, split_k 1, fused HW, implicit' (for `unit-tvm profile`)."""
+    return (f"p{config.p}, warps {config.warps_m}x{config.warps_n}, k_step {config.k_step}, "
+            f"split_k {config.split_k}" + (", fused HW" if config.fuse_spatial else "")
+            + (", implicit" if config.implicit else ""))
+
+
 def features(config, prepared, target=None):
     """Numeric features of a GpuConfig for a Prepared op (input of the tuner's cost model)."""
     m_tiles, n_tiles, k_tiles = tiles(prepared)

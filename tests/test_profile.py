@@ -1,5 +1,7 @@
 """`unit-tvm profile`: a compiled model's kernels, timed as they run in it."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -38,8 +40,25 @@ def test_profile_names_every_kernel_and_its_instruction(tmp_path):
     assert sum(k.share for k in prof.kernels) == pytest.approx(1.0)
     assert prof.end_to_end_ms > 0 and prof.kernel_ms > 0 and prof.copy_gbps > 0
     assert set(prof.peaks) == {k.instruction for k in tensorized}
+    # an empty database: every kernel runs the strategy's default, and says so with its tile
+    assert all(re.match(r"loops [\dx]+: tile .* \(\d+ acc\), parallel .*\(default\)$", k.config)
+               for k in tensorized), [k.config for k in tensorized]
     text = profile.table(prof)
     assert "by category: tensorized conv2d" in text and tensorized[0].name in text
+    assert tensorized[0].config in text
+
+
+def test_config_described_with_its_loops():
+    """The tile and the parallel loops a CpuConfig gives a conv, numbered outermost first."""
+    from unit_tvm import intrinsics, ops
+    from unit_tvm.prepare import prepare
+    from unit_tvm.schedules import cpu
+
+    conv = ops.conv2d_nchwc(1, 64, 16, 16, 64, 3, 3)
+    prepared = prepare(conv, intrinsics.get("x86.vpdpbusd"), **cpu.prepare_options(None))
+    config = cpu.CpuConfig(unroll=((3, 7), (2, 2)), parallel=2, front=2)
+    assert cpu.describe(config, prepared) == (
+        "loops 1x4x14x14x1: tile L3/7 x L2/2 (14 acc), parallel L2.L1, L2 first")
 
 
 def test_kernel_categories_follow_the_names():

@@ -44,6 +44,7 @@ class KernelTime:
     peak_pct: float = 0.0  # of the instruction's measured peak
     gbps: float = 0.0  # bytes of its arguments per second
     bandwidth_pct: float = 0.0  # of the measured copy bandwidth
+    config: str = ""  # the strategy's config of a tensorized kernel, in words
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
         kernels.append(KernelTime(sym, category(sym, instr), calls, us, 0.0, instr,
                                   info.label if info else "", gops,
                                   100 * gops / peaks[instr] if instr else 0.0, gbps,
-                                  100 * gbps / copy))
+                                  100 * gbps / copy, info.config if info else ""))
     total = sum(k.us_per_call * k.calls for k in kernels) or 1.0
     kernels = sorted((KernelTime(**{**k.__dict__, "share": k.us_per_call * k.calls / total})
                       for k in kernels), key=lambda k: -k.share)
@@ -193,11 +194,12 @@ def table(profile: Profile, top=25) -> str:
              f"{profile.copy_gbps:.1f} GB/s; peaks: "
              + ", ".join(f"{k} {v:.0f} GOPS" for k, v in profile.peaks.items()),
              f"{'kernel':<34}{'calls':>6}{'us/call':>10}{'share':>8}  {'what':<20}"
-             f"{'GOPS':>8}{'%peak':>7}{'GB/s':>8}{'%bw':>6}  instruction / op"]
+             f"{'GOPS':>8}{'%peak':>7}{'GB/s':>8}{'%bw':>6}  instruction / op; config"]
     for k in profile.kernels[:top]:
         lines.append(f"{k.name[:33]:<34}{k.calls:>6}{k.us_per_call:>10.1f}{100 * k.share:>7.1f}%"
                      f"  {k.category:<20}{k.gops:>8.0f}{k.peak_pct:>6.0f}%{k.gbps:>8.1f}"
-                     f"{k.bandwidth_pct:>5.0f}%  {k.instruction} {k.label}")
+                     f"{k.bandwidth_pct:>5.0f}%  {k.instruction} {k.label}"
+                     + (f"; {k.config}" if k.config else ""))
     if len(profile.kernels) > top:
         rest = sum(k.share for k in profile.kernels[top:])
         lines.append(f"... {len(profile.kernels) - top} more kernels, {100 * rest:.1f}%")

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import tvm
 from tvm import relax
 
+from .. import schedules
 from ..target import as_target
 from ..tuner import Database, tune, tune_instruction
 from .edge_layouts import packed_concats, packed_consumers, pool_conv_readers, pooled_producers
@@ -139,8 +140,9 @@ class UnitTensorize:
         name = f"unit_{recipe.kind}_{index}"
         label = self.report[-1][0] if self.report else recipe.kind
         if entry is not None:
-            func_t, blocks, final = entry
-            self.kernels[name] = KernelInfo(name, label, self.report[-1][1], macs(recipe))
+            func_t, blocks, final, config = entry
+            self.kernels[name] = KernelInfo(name, label, self.report[-1][1], macs(recipe),
+                                            config)
             return (bb.add_func(func_t.with_attr("global_symbol", name), name),
                     functools.partial(_kernel_arguments, recipe=final, blocks=blocks), final)
         if packed_out:
@@ -155,7 +157,8 @@ class UnitTensorize:
         return None
 
     def _build(self, recipe, packed_out, block=None):
-        """(tensorized PrimFunc, (x, y), final recipe), or None with the reason reported. Every
+        """(tensorized PrimFunc, (x, y), final recipe, config described), or None with the
+        reason reported. Every
         candidate instruction is an alternative (packed_out: with its own output block, or only
         those whose block is `block`); the database or a race of the tuner picks one, the rest
         are fallbacks in preference order."""
@@ -215,17 +218,27 @@ class UnitTensorize:
                 continue
             final = alt[1]
             try:
-                func, blocks, _ = tensorized_func(final, intrin, self.target,
-                                                  config if intrin is chosen else None)
+                func, blocks, prepared = tensorized_func(final, intrin, self.target,
+                                                         config if intrin is chosen else None)
             except (ValueError, RuntimeError, tvm.s_tir.ScheduleError) as e:
                 reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
                 continue
             self.report.append((label, intrin.name, ""))
-            return func, blocks, final
+            return func, blocks, final, self._described(
+                config if intrin is chosen else None, prepared)
         reason = "; ".join(reasons) or "no instruction for its dtypes on this target"
         warnings.warn(f"UnitTensorize: {label} keeps TVM's schedule: {reason}", stacklevel=3)
         self.report.append((label, None, reason))
         return None
+
+
+    def _described(self, config, prepared):
+        """The config a kernel was scheduled with, in words; '(default)' when it is the
+        strategy's default (no database record, or the record chose it)."""
+        strategy = schedules.for_target(self.target)
+        default = strategy.default(prepared, self.target)
+        used = default if config is None else config
+        return strategy.describe(used, prepared) + (" (default)" if used == default else "")
 
 
 def _kernel_arguments(args, recipe, blocks):
@@ -254,6 +267,7 @@ class KernelInfo(NamedTuple):
     label: str  # op kind and shapes
     instruction: str  # "" when the int8 loop nest is not tensorized
     macs: int  # multiply-adds of the op that read real input
+    config: str = ""  # the strategy's config, in words ("" for an int8 loop nest)
 
 
 def macs(recipe) -> int:
