@@ -778,35 +778,52 @@ def test_concats_and_pools_carry_uint8():
     _assert_equals_plain_int8(ex, qmod, xs, refs)
 
 
+@pytest.mark.parametrize("block", [0, 16], ids=["nchw", "nchw16c"])
 @pytest.mark.parametrize("shape,window,stride,padding,include_pad", [
-    ((1, 5, 9, 11), 3, 2, 1, False),  # strided: the te graph with the default schedule
+    ((1, 5, 9, 11), 3, 2, 1, False),  # strided: NCHW on the te graph, default schedule
     ((1, 5, 9, 11), 3, 1, 1, True),  # rows of 9 interior columns: one 8-lane vector + overlap
     ((1, 16, 20, 30), (3, 5), 1, (1, 2), False),  # 16 lanes, overlapping last vector, 4 edges
     ((1, 32, 17, 17), 3, 1, 1, True),  # Inception's 17x17
+    ((1, 32, 8, 8), 3, 1, 1, True),  # Inception's 8x8: 6 interior columns, 4-lane vectors
+    ((1, 16, 10, 9), (2, 3), 2, (0, 1), True),  # strided in blocks, an edge column each side
 ])
 def test_uint8_average_pool_is_the_pool_of_real_values(shape, window, stride, padding,
-                                                       include_pad):
-    """u8_values.avg_pool_func == quantize(avg_pool2d(dequantize(x))) computed in float64
-    (padding is real 0.0), up to one step where a value lies on a rounding tie."""
-    from unit_tvm.relax import u8_values
+                                                       include_pad, block):
+    """u8_pools.avg_pool_func (and blocked_pool_func on NCHW16c) == quantize(avg_pool2d(
+    dequantize(x))) computed in float64 (padding is real 0.0), up to one step where a value lies
+    on a rounding tie; both layouts give the same bytes."""
+    from unit_tvm.relax import u8_pools, u8_values
     from unit_tvm.relax.cpu_default import DefaultCPUSchedule
 
+    n, c, h, w = shape
+    if block and c % block:
+        pytest.skip(f"{c} channels are not whole blocks of {block}")
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, shape, dtype=np.uint8)
     src, dst = u8_values.QParams(0.0513, 37), u8_values.QParams(0.0297, 12)
     call = relax.op.nn.avg_pool2d(relax.Var("x", relax.TensorType(shape, "float32")), window,
                                   stride, padding, count_include_pad=include_pad)
-    func = u8_values.avg_pool_func(shape, call.attrs, u8_values.AvgPoolPlan(src, dst))
-    mod = DefaultCPUSchedule()(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}))
-    lib = tvm.compile(mod, target=unit_tvm.target.host())
+    func = u8_pools.avg_pool_func(shape, call.attrs, u8_values.AvgPoolPlan(src, dst))
+
+    def run(f, data, out_shape):
+        mod = DefaultCPUSchedule()(tvm.IRModule({"main": f.with_attr("global_symbol", "main")}))
+        out = tvm.runtime.tensor(np.zeros(out_shape, np.uint8))
+        tvm.compile(mod, target=unit_tvm.target.host())(tvm.runtime.tensor(data), out)
+        return out.numpy()
+
     real = torch.tensor((x.astype(np.float64) - src.zp) * src.scale)
     pooled = nn.functional.avg_pool2d(real, window, stride, padding,
                                       count_include_pad=include_pad).numpy()
     want = np.clip(np.round(pooled / dst.scale) + dst.zp, 0, 255)
-    out = tvm.runtime.tensor(np.zeros(want.shape, np.uint8))
-    lib(tvm.runtime.tensor(x), out)
-    diff = np.abs(out.numpy().astype(np.int64) - want)
+    got = run(func, x, want.shape)
+    diff = np.abs(got.astype(np.int64) - want)
     assert diff.max() <= 1 and (diff > 0).mean() < 0.01
+    if block:
+        from unit_tvm.testing.reference import pack_nchwc
+
+        blocked = run(u8_pools.blocked_pool_func(func, block), pack_nchwc(x, block),
+                      u8_pools.pool_out_shape(func, block))
+        np.testing.assert_array_equal(blocked, pack_nchwc(got, block))
 
 
 class TinyDecoder(nn.Module):

@@ -11,7 +11,8 @@ from tvm import relax
 
 from .graph import is_nchw_max_pool, readers as binding_readers, uses
 from .recipe import candidates
-from .u8_values import POOL_ATTR, is_channel_concat
+from .u8_pools import POOL_ATTR
+from .u8_values import is_channel_concat
 
 
 def producers(func, calls):

@@ -34,7 +34,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..target import as_target, host, is_host
-from . import qbmm, u8_values
+from . import qbmm, u8_pools, u8_values
 from .chains import find_chains
 from .graph import dataflow_bindings, max_pool_on
 from .qops import plain_func
@@ -287,7 +287,7 @@ class _Rewriter:
         src, q = self.u8_source(b.value.args[0])
         name = f"qavg_pool_{self.counter[0]}"
         self.counter[0] += 1
-        func_p = u8_values.avg_pool_func(b.value.args[0].ty.shape, b.value.attrs, pool)
+        func_p = u8_pools.avg_pool_func(b.value.args[0].ty.shape, b.value.attrs, pool)
         gv = self.bb.add_func(func_p.with_attr("global_symbol", name), name)
         src = u8_values.requantize(src, q, pool.source)
         arg = src if isinstance(src, relax.Var) else self.bb.emit(src)

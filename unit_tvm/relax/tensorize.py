@@ -33,7 +33,7 @@ from .qops import plain_func, tensorized_func
 from .recipe import (ATTR, Recipe, candidates, for_instruction, out_dtype, out_shape,
                      tuning_form)
 from .weights import pack_weight, plain_weight, rebased_comp
-from .u8_values import blocked_pool_func, pool_out_shape
+from .u8_pools import blocked_pool_func, pool_out_shape
 
 
 def _with_edge_block(recipe, role, block):
