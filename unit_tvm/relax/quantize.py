@@ -3,7 +3,9 @@
 Every conv2d (grouped and depthwise included), ungrouped conv3d and dense/matmul whose weight is
 a constant becomes one int8 operator:
 - weights: per-output-channel symmetric int8, after folding the per-channel affine ops that
-  follow (bias add, inference batch norm: add/subtract/multiply/divide by constants);
+  follow (bias add, inference batch norm: add/subtract/multiply/divide by constants); the
+  bias takes back the mean of what the rounding loses on the calibration inputs (bias
+  correction: a depthwise conv's 9 weights per channel do not average their errors out);
 - activations: per-tensor asymmetric uint8 (u8 x s8 is what vpdpbusd and AMX take), range from
   calibration by min/max or by percentile;
 - int32 accumulation; the dequantization (zero-point compensation and scales), the bias, a
@@ -172,7 +174,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
         if chain.kind == "bmm":
             op = qbmm.quantized_bmm(chain, vals, y_values[chain], float(x_scale), int(x_zp))
         else:
-            op = _quantized_op(chain, float(x_scale), int(x_zp))
+            op = _quantized_op(chain, float(x_scale), int(x_zp), _channel_means(chain, vals))
         if op is not None:  # a bmm that fails its accuracy guard stays fp32
             by_end[chain.end] = op
     chains = [c for c in chains if c.end in by_end]
@@ -186,17 +188,37 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
                     u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools))
 
 
-def _quantized_op(chain, x_scale, x_zp):
+def _channel_means(chain, values):
+    """Mean of each input channel (convs: axis 1; dense: the last axis) of the activation's
+    calibration `values` (flattened over every input)."""
+    shape = [int(s) for s in chain.x.ty.shape]
+    if chain.kind == "dense":
+        return values.reshape(-1, shape[-1]).mean(axis=0)
+    per = values.reshape(-1, *shape[1:])
+    return per.mean(axis=tuple(a for a in range(per.ndim) if a != 1))
+
+
+def _quantized_op(chain, x_scale, x_zp, x_mean):
     """The QuantizedOp of a chain with a constant weight: per-channel int8 weights (the chain's
-    scale folded in), the zero-point term, the dequantization multiplier and the bias."""
+    scale folded in), the zero-point term, the dequantization multiplier and the bias. The
+    bias also takes the mean of what rounding the weights loses (bias correction, as NNCF's
+    and oneDNN's calibrations do): x_mean (per input channel) times the rounding error summed
+    over each output channel's window, where one activation channel meets one weight."""
     w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
     w_scale = np.maximum(np.abs(w).reshape(w.shape[0], -1).max(axis=1), 1e-12) / 127.0
     chain.wq = np.clip(np.round(w / w_scale.reshape((-1,) + (1,) * (w.ndim - 1))), -127,
                        127).astype(np.int8)
     recipe = _recipe(chain, x_scale=x_scale, x_zp=x_zp)
     wsum = chain.wq.reshape(chain.wq.shape[0], -1).astype(np.int64).sum(axis=1)
+    lost = w - chain.wq * w_scale.reshape((-1,) + (1,) * (w.ndim - 1))
+    lost = lost.reshape(lost.shape[0], lost.shape[1], -1).sum(axis=2)  # [K, C per group]
+    groups = recipe.groups
+    k_per, c_per = lost.shape[0] // groups, lost.shape[1]
+    means = np.asarray(x_mean, np.float64).reshape(groups, c_per)[np.arange(lost.shape[0])
+                                                                   // k_per]
+    shift = chain.shift + (lost * means).sum(axis=1)
     consts = [chain.wq, (x_zp * wsum).astype(np.int32),
-              (x_scale * w_scale).astype(np.float32), chain.shift.astype(np.float32)]
+              (x_scale * w_scale).astype(np.float32), shift.astype(np.float32)]
     return QuantizedOp(chain, recipe, consts)
 
 
