@@ -30,8 +30,13 @@ def vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
         return
     if any(iv.var.same_as(bound[0]) and iv.iter_type != iv.DataPar for iv in stmt.iter_vars):
         return  # a reduction loop (a compensation's sum) does not vectorise this way
+    # indices simplified within the block's iteration domain: a residual read in 16-channel
+    # blocks by an 8- or 16-lane output block, (ko * 16 + ki) // 16, is ko there, not a lane
+    ana = tvm.sym.Analyzer()
+    for iv in stmt.iter_vars:
+        ana.bind(iv.var, iv.dom)
     for region in list(stmt.reads) + list(stmt.writes):
-        axes = [tvm.tirx.analysis.undefined_vars(r.min) for r in region.region]
+        axes = [tvm.tirx.analysis.undefined_vars(ana.simplify(r.min)) for r in region.region]
         if any(any(v.same_as(bound[0]) for v in a) for a in axes[:-1]):
             return
     if extent != width:

@@ -43,8 +43,7 @@ def epilogue_fn(recipe, comp, mult, bias, residual):
     """acc (int32) -> fp32: (acc - zp*wsum[k]) * (s_x*s_w[k]) + bias[k] (+ residual), relu.
     A bf16 op's acc is float32 already: acc + bias[k] (+ residual), relu."""
 
-    def fn(acc, k, out_idx, lanes=None):
-        """lanes: (block, ko, ki) when channel k is ko * block + ki of a blocked output."""
+    def fn(acc, k, out_idx):
         if is_bf16(recipe):
             v = acc + bias[k]
         else:
@@ -55,15 +54,7 @@ def epilogue_fn(recipe, comp, mult, bias, residual):
             rb = recipe.residual_block
             if rb:  # a residual in NCHW[rb]c blocks (a shared uint8 edge)
                 b, f, i, j = out_idx
-                if lanes is not None and rb % lanes[0] == 0:
-                    # indexed by the output's blocks (a residual block holds whole output
-                    # blocks), not by (ko * blk + ki) // rb: TVM does not simplify that, and a
-                    # lane index in another axis than the last stops the epilogue vectorising
-                    blk, ko, ki = lanes
-                    per = rb // blk
-                    r = residual(b, ko // per, i, j, ko % per * blk + ki)
-                else:
-                    r = residual(b, f // rb, i, j, f % rb)
+                r = residual(b, f // rb, i, j, f % rb)
             else:
                 r = residual(*out_idx)
             if recipe.residual_q:  # a uint8 residual (a pool's or conv's): dequantized here
@@ -125,7 +116,7 @@ def packed_output(recipe, fn, acc_at):
     def body(b, ko, i, j, ki):
         f = ko * blk + ki
         if k % blk == 0:  # no padding channel: straight-line code that vectorises
-            return fn(acc_at(b, ko, i, j, ki, f), f, (b, f, i, j), lanes=(blk, ko, ki))
+            return fn(acc_at(b, ko, i, j, ki, f), f, (b, f, i, j))
         fc = tirx.min(f, k - 1)  # parameters of a padding channel are never used, but read
         return tirx.if_then_else(f < k, fn(acc_at(b, ko, i, j, ki, fc), fc, (b, fc, i, j)), zp)
 
