@@ -204,19 +204,17 @@ def _quantized_op(chain, x_scale, x_zp, x_mean):
     bias also takes the mean of what rounding the weights loses (bias correction, as NNCF's
     and oneDNN's calibrations do): x_mean (per input channel) times the rounding error summed
     over each output channel's window, where one activation channel meets one weight."""
-    w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
+    per_channel = (-1,) + (1,) * (chain.weight.ndim - 1)  # broadcast over output channels
+    w = chain.weight * chain.scale.reshape(per_channel)
     w_scale = np.maximum(np.abs(w).reshape(w.shape[0], -1).max(axis=1), 1e-12) / 127.0
-    chain.wq = np.clip(np.round(w / w_scale.reshape((-1,) + (1,) * (w.ndim - 1))), -127,
-                       127).astype(np.int8)
+    chain.wq = np.clip(np.round(w / w_scale.reshape(per_channel)), -127, 127).astype(np.int8)
     recipe = _recipe(chain, x_scale=x_scale, x_zp=x_zp)
     wsum = chain.wq.reshape(chain.wq.shape[0], -1).astype(np.int64).sum(axis=1)
-    lost = w - chain.wq * w_scale.reshape((-1,) + (1,) * (w.ndim - 1))
-    lost = lost.reshape(lost.shape[0], lost.shape[1], -1).sum(axis=2)  # [K, C per group]
-    groups = recipe.groups
-    k_per, c_per = lost.shape[0] // groups, lost.shape[1]
-    means = np.asarray(x_mean, np.float64).reshape(groups, c_per)[np.arange(lost.shape[0])
-                                                                   // k_per]
-    shift = chain.shift + (lost * means).sum(axis=1)
+    # [K, C per group]: each output channel's rounding error per input channel of its group
+    lost = (w - chain.wq * w_scale.reshape(per_channel)).reshape(w.shape[0], w.shape[1], -1)
+    group_means = np.asarray(x_mean, np.float64).reshape(recipe.groups, w.shape[1])
+    means = group_means[np.arange(w.shape[0]) // (w.shape[0] // recipe.groups)]
+    shift = chain.shift + (lost.sum(axis=2) * means).sum(axis=1)
     consts = [chain.wq, (x_zp * wsum).astype(np.int32),
               (x_scale * w_scale).astype(np.float32), shift.astype(np.float32)]
     return QuantizedOp(chain, recipe, consts)

@@ -158,10 +158,9 @@ class UnitTensorize:
 
     def _build(self, recipe, packed_out, block=None):
         """(tensorized PrimFunc, (x, y), final recipe, config described), or None with the
-        reason reported. Every
-        candidate instruction is an alternative (packed_out: with its own output block, or only
-        those whose block is `block`); the database or a race of the tuner picks one, the rest
-        are fallbacks in preference order."""
+        reason reported. Every candidate instruction is an alternative (packed_out: with its own
+        output block, or only those whose block is `block`); the database or a race of the tuner
+        picks one, the rest are fallbacks in preference order."""
         label = f"{recipe.kind} {list(recipe.in_shape)}->{list(recipe.out_shape)}"
         reasons = []
         found = [i for i in candidates(recipe, self.target)
@@ -230,7 +229,6 @@ class UnitTensorize:
         warnings.warn(f"UnitTensorize: {label} keeps TVM's schedule: {reason}", stacklevel=3)
         self.report.append((label, None, reason))
         return None
-
 
     def _described(self, config, prepared):
         """The config a kernel was scheduled with, in words; '(default)' when it is the
