@@ -136,6 +136,19 @@ def blocks_of(intrin):
     return Blocks(x, y, intrin.weight_word)
 
 
+def folds_width(recipe, blocks: Blocks) -> bool:
+    """Whether a conv2d reads its window's columns as the instruction's reduction lanes (a word
+    of neighbouring input pixels of one channel) rather than a word of channels of one pixel.
+    An input with few channels (an RGB stem) padded to a whole word computes 4/3 of its work;
+    a 7-column window padded to two words, 8/7. Only where one word is the whole channel block
+    (the vector instructions; AMX reads 64 channels at once) and the input is NCHW."""
+    if (recipe.kind != "conv2d" or recipe.groups != 1 or recipe.in_block
+            or blocks.x != blocks.word or recipe.dilation[1] != 1):
+        return False
+    c, s, word = recipe.in_shape[1], recipe.w_shape[3], blocks.word
+    return c % word != 0 and -(-s // word) * word * c < -(-c // word) * word * s
+
+
 def group_channels(recipe):
     """(input, output) channels per group of a conv (the whole op's for groups=1)."""
     c, k = recipe.in_shape[1], recipe.out_channels
@@ -217,7 +230,9 @@ def candidates(recipe, target):
             continue  # vpmaddubsw needs u7 activations; the quantizer produces u8
         if not depthwise and not fits_groups(recipe, intrin):
             continue
-        cand = selection.Candidate(intrin, selection.channel_waste(intrin, c, k))
+        # a conv folding its window's columns into the reduction pads the window, not c
+        reduce = recipe.w_shape[3] if folds_width(recipe, blocks_of(intrin)) else c
+        cand = selection.Candidate(intrin, selection.channel_waste(intrin, reduce, k))
         if intrin.input_dtypes[0] == a_t:
             usable.append(cand)
         elif rebased_dtype(a_t) == intrin.input_dtypes[0] and recipe.kind != "bmm":

@@ -4,7 +4,7 @@ layout, and the packed layouts of the tensorized kernels."""
 import numpy as np
 
 from ..shift import SHIFT
-from .recipe import CONV_KINDS, Blocks, is_depthwise
+from .recipe import CONV_KINDS, Blocks, folds_width, is_depthwise
 
 def rebased_comp(comp, w):
     """The zero-point term of an op whose activation is re-based to int8 (x - 128): the
@@ -53,6 +53,8 @@ def pack_weight(recipe, w, blocks: Blocks):
         wp[:k, :, :s] = w[:, 0]
         wp = wp.reshape(-1, y, r, taps // x, x)
         return np.ascontiguousarray(wp.transpose(0, 2, 3, 1, 4))
+    if folds_width(recipe, blocks):
+        return pack_width_folded_weight(w, blocks)
     if recipe.kind in CONV_KINDS:
         return pack_conv_weight(w, blocks)
     return pack_dense_weight(w, blocks)
@@ -69,6 +71,19 @@ def pack_conv_weight(w, blocks: Blocks):
     wp = wp.reshape(kp // y, y, cp // x, x // word, word, *window)
     window_axes = tuple(range(5, 5 + len(window)))
     return np.ascontiguousarray(wp.transpose((0, 2) + window_axes + (3, 1, 4)))
+
+
+def pack_width_folded_weight(w, blocks: Blocks):
+    """KCRS -> KCR[S/word][y]k[word]s for a conv whose reduction lanes are a word of window
+    columns (recipe.folds_width): zero weights past the window's last column and the last
+    output channel."""
+    _, y, word = blocks
+    k, c, r, s = w.shape
+    kp, sp = _round_up(k, y), _round_up(s, word)
+    wp = np.zeros((kp, c, r, sp), w.dtype)
+    wp[:k, :, :, :s] = w
+    wp = wp.reshape(kp // y, y, c, r, sp // word, word)
+    return np.ascontiguousarray(wp.transpose(0, 2, 3, 4, 1, 5))
 
 
 def pack_dense_weight(w, blocks: Blocks):
