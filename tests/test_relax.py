@@ -249,6 +249,44 @@ def test_max_pool_runs_on_its_producers_uint8(channels):
     _assert_equals_plain_int8(ex, qmod, xs, refs)
 
 
+class PooledStem(nn.Module):
+    """Inception's stem into its first block: conv -> max-pool, read by 1x1 convs and by an
+    average pool feeding a conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.c0 = nn.Conv2d(3, 32, 3, padding=1)
+        self.a, self.b = nn.Conv2d(32, 16, 1), nn.Conv2d(32, 16, 3, padding=1)
+        self.p = nn.Conv2d(32, 16, 1)
+
+    def forward(self, x):
+        y = nn.functional.max_pool2d(torch.relu(self.c0(x)), 3, 2)
+        pooled = self.p(nn.functional.avg_pool2d(y, 3, 1, 1))
+        return torch.cat([torch.relu(self.a(y)), torch.relu(self.b(y)), pooled], 1)
+
+
+def test_max_pool_read_by_convs_and_an_average_pool_stays_in_blocks():
+    """The max-pool's result stays in its producer's blocks: the convs read them and the
+    average pool runs on them (its NCHW16c kernel); no transpose back to NCHW. Equal to TVM's
+    plain int8 build of the same graph."""
+    require_host("x86.vpdpbusd")
+    model = PooledStem()
+    cal, xs, refs = _prepare(model, (1, 3, 23, 23))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    assert "qavg_pool" in qmod["main"].script()
+    tpass = UnitTensorize(unit_tvm.target.host())
+    tmod = tpass(qmod)
+    script = tmod["main"].script()
+    (pool,) = [ln for ln in script.splitlines() if "R.nn.max_pool2d" in ln]
+    assert 'out_layout="NCHW16c"' in pool, pool
+    assert "_blocked" in script and "R.permute_dims" not in script, script
+    readers = [r for _, r in recipes(tmod) if r["in_shape"][1] == 32 and r.get("in_u8")]
+    assert len(readers) == 3 and all(r.get("in_block") == 16 for r in readers), readers
+    ex = build_relax(tmod, unit_tvm.target.host())
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    _assert_equals_plain_int8(ex, qmod, xs, refs)
+
+
 class Bottleneck(nn.Module):
     """A ResNet block with a projection shortcut: the 1x1 stride-2 shortcut's result is read
     only as the residual of the block's last conv."""
@@ -752,7 +790,8 @@ def test_concats_and_pools_carry_uint8():
     quantization (an inner concat's too), the concat's conv readers read it as is, an average
     pool sums it in integers and requantizes for its conv, a max-pool of it is requantized into
     the next concat. After UnitTensorize the concats whose parts are all convs and whose readers
-    are convs and pools are NCHW16c throughout: parts write blocks, the pools run on them.
+    are convs and pools are NCHW16c throughout: parts write blocks, the pools run on them, and
+    a concat whose part is a max-pool of such a concat (Inception's grid reduction) too.
     Equal to TVM's plain build of the same quantized graph, close to fp32."""
     require_host("x86.vpdpbusd")
     model = InceptionLike()
@@ -769,10 +808,12 @@ def test_concats_and_pools_carry_uint8():
     tscript = tmod["main"].script()
     blocked = [ln for ln in tscript.splitlines() if "R.concat" in ln
                and re.search(r"R.Tensor\(\(1, \d+, \d+, \d+, 16\)", ln.split(") = ")[0])]
-    assert len(blocked) == 4, tscript  # cat1, e and their inner concats
+    assert len(blocked) == 5, tscript  # cat1, cat2, e and the inner concats of cat1 and e
     assert "qavg_pool" in tscript and "_blocked" in tscript
-    # cat1's max-pool runs on its blocks (and hands NCHW to the concat that requantizes it)
-    assert 'layout="NCHW16c"' in [ln for ln in tscript.splitlines() if "max_pool2d" in ln][0]
+    # cat1's max-pool runs on its blocks and hands them to cat2 (a part beside a conv's)
+    pool = [ln for ln in tscript.splitlines() if "max_pool2d" in ln]
+    assert len(pool) == 1 and 'out_layout="NCHW16c"' in pool[0], pool
+    assert "permute_dims" not in tscript  # no edge goes back to NCHW
     ex = build_relax(tmod, unit_tvm.target.host())
     assert all(instr for _, instr, _ in tpass.report), tpass.report
     _assert_equals_plain_int8(ex, qmod, xs, refs)

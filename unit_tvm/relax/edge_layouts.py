@@ -68,16 +68,25 @@ def pooled_producers(func, calls, recipes):
     return out
 
 
-def pool_conv_readers(func, calls, recipes, pooled):
-    """{max-pool call: [(reader index, "x" | "residual")]} of the blocked max-pools (see
-    pooled_producers) whose every use is a quantized conv reading the pool's uint8 result as
-    its input or adding it as its residual (ResNet's stem pool, read by the first block's
-    first conv and by its last as the shortcut): the pool's result can stay in blocks."""
+class PoolReaders(NamedTuple):
+    """Who reads a blocked max-pool's result, when all of them can read the blocks."""
+
+    convs: list  # (reader index, "x" | "residual"), the average pools' readers included
+    avg_pools: list  # uint8 average pool calls (POOL_ATTR) read only by convs, as input
+
+
+def pool_conv_readers(mod, func, calls, recipes, pooled):
+    """{max-pool call: PoolReaders} of the blocked max-pools (see pooled_producers) whose every
+    use is a quantized conv reading the pool's uint8 result as its input or adding it as its
+    residual (ResNet's stem pool, read by the first block's first conv and by its last as the
+    shortcut), or a uint8 average pool read only by such convs (Inception's first block): the
+    pool's result can stay in blocks."""
     bindings, producer_of = producers(func, calls)
     count = uses(bindings, func)
+    readers_of = binding_readers(bindings)
     var_of = {b.value: b.var for b in bindings if any(b.value.same_as(p) for p in pooled.values())}
-    out = {}
-    for pool, var in var_of.items():
+
+    def conv_readers(var):
         found = []
         for j, (call, recipe) in enumerate(zip(calls, recipes)):
             if recipe.kind != "conv2d":
@@ -87,8 +96,19 @@ def pool_conv_readers(func, calls, recipes, pooled):
                 found.append((j, "x"))
             if recipe.residual and recipe.residual_q and fields[-1].same_as(var):
                 found.append((j, "residual"))
-        if found and len(found) == count.get(var):
-            out[pool] = found
+        return found
+
+    out = {}
+    for pool, var in var_of.items():
+        direct, behind, avg = conv_readers(var), [], []
+        for b in readers_of.get(var, []):
+            convs = conv_readers(b.var) if _is_pool_call(mod, b.value) else []
+            if convs and all(role == "x" for _, role in convs) and len(convs) == count.get(
+                    b.var):
+                avg.append(b.value)
+                behind += convs
+        if direct + behind and len(direct) + len(avg) == count.get(var):
+            out[pool] = PoolReaders(direct + behind, avg)
     return out
 
 
@@ -100,6 +120,8 @@ class ConcatEdges(NamedTuple):
     readers: dict  # call index (a conv reading a blocked concat or pool) -> block
     pools: dict  # average pool call (uint8, POOL_ATTR) -> block
     max_pools: dict  # max-pool call -> block (pooled in blocks, its result back to NCHW)
+    # those of max_pools whose result stays in blocks: a part of a blocked concat
+    blocked_max_pools: frozenset = frozenset()
 
 
 def _is_u8_concat(value):
@@ -118,15 +140,19 @@ def packed_concats(mod, func, calls, recipes, target):
     concat (or an inner concat of such parts) and whose every reader is a conv reading it as its
     input, an average pool read only by such convs, or a max-pool (pooled in blocks, its result
     turned back to NCHW for its readers): laid out in the blocks of the first part's
-    instruction, when every part's channels are whole blocks. Others stay NCHW."""
+    instruction, when every part's channels are whole blocks. A second round admits parts that
+    are such max-pools of a blocked concat (Inception's grid reductions: two strided convs and
+    a pool of the block's input), whose result then stays in blocks. Others stay NCHW."""
     bindings, producer_of = producers(func, calls)
     count = uses(bindings, func)
     value_of = {b.var: b.value for b in bindings}
     readers_of = binding_readers(bindings)
+    blocked = {}  # concat var -> block, as decided
 
     def parts(var):
-        """(producer call indices, inner concat vars) of a concat, or None."""
-        found, inner = [], []
+        """(producer call indices, inner concat vars, max-pool part vars) of a concat, or
+        None."""
+        found, inner, pools = [], [], []
         for f in value_of[var].args[0].fields:
             if not isinstance(f, relax.Var) or count.get(f) != 1:
                 return None
@@ -134,11 +160,13 @@ def packed_concats(mod, func, calls, recipes, target):
             if i is not None and recipes[i].kind == "conv2d" and recipes[i].out_q:
                 found.append(i)
             elif _is_u8_concat(value_of.get(f)) and parts(f) is not None:
-                sub, sub_inner = parts(f)
-                found, inner = found + sub, inner + [f] + sub_inner
+                sub, sub_inner, sub_pools = parts(f)
+                found, inner, pools = found + sub, inner + [f] + sub_inner, pools + sub_pools
+            elif is_nchw_max_pool(value_of.get(f)) and value_of[f].args[0] in blocked:
+                pools.append(f)
             else:
                 return None
-        return found, inner
+        return found, inner, pools
 
     def conv_reader(b, var):
         i = producer_of.get(b.var)
@@ -147,30 +175,36 @@ def packed_concats(mod, func, calls, recipes, target):
                 and not (recipes[i].residual and b.value.args[1].fields[-1].same_as(var)))
 
     out = ConcatEdges({}, {}, {}, {})
+    blocked_max_pools = set()
     inner_done = set()
-    for b in reversed(bindings):  # outer concats first: an inner one goes with its outer one
-        if not _is_u8_concat(b.value) or b.var in inner_done:
-            continue
-        found = parts(b.var)
-        readers = readers_of.get(b.var, [])
-        if found is None or len(readers) != count.get(b.var):
-            continue
-        pools = [r for r in readers if _is_pool_call(mod, r.value)]
-        max_pools = [r for r in readers if is_nchw_max_pool(r.value)]
-        pool_readers = [(p, readers_of.get(p.var, [])) for p in pools]
-        if not (all(conv_reader(r, b.var) or r in pools or r in max_pools for r in readers) and all(
-                rs and len(rs) == count.get(p.var) and all(conv_reader(r, p.var) for r in rs)
-                for p, rs in pool_readers)):
-            continue
-        first = candidates(recipes[found[0][0]], target)
-        block = first[0].channel_blocks[1] if first else 16
-        if any(recipes[i].out_channels % block for i in found[0]):
-            continue
-        inner_done.update(found[1])
-        out.producers.update({i: block for i in found[0]})
-        for r in readers + [r for _, rs in pool_readers for r in rs]:
-            if r not in pools and r not in max_pools:
-                out.readers[producer_of[r.var]] = block
-        out.pools.update({p.value: block for p in pools})
-        out.max_pools.update({p.value: block for p in max_pools})
-    return out
+    for _ in range(2):  # the second round: parts pooled from a concat the first one blocked
+        for b in reversed(bindings):  # outer concats first: an inner one goes with its outer
+            if not _is_u8_concat(b.value) or b.var in inner_done or b.var in blocked:
+                continue
+            found = parts(b.var)
+            readers = readers_of.get(b.var, [])
+            if found is None or len(readers) != count.get(b.var) or not found[0]:
+                continue
+            pools = [r for r in readers if _is_pool_call(mod, r.value)]
+            max_pools = [r for r in readers if is_nchw_max_pool(r.value)]
+            pool_readers = [(p, readers_of.get(p.var, [])) for p in pools]
+            if not (all(conv_reader(r, b.var) or r in pools or r in max_pools
+                        for r in readers) and all(
+                    rs and len(rs) == count.get(p.var) and all(conv_reader(r, p.var) for r in rs)
+                    for p, rs in pool_readers)):
+                continue
+            first = candidates(recipes[found[0][0]], target)
+            block = first[0].channel_blocks[1] if first else 16
+            if any(recipes[i].out_channels % block for i in found[0]) or any(
+                    blocked[value_of[f].args[0]] != block for f in found[2]):
+                continue
+            inner_done.update(found[1])
+            blocked[b.var] = block
+            blocked_max_pools.update(value_of[f] for f in found[2])
+            out.producers.update({i: block for i in found[0]})
+            for r in readers + [r for _, rs in pool_readers for r in rs]:
+                if r not in pools and r not in max_pools:
+                    out.readers[producer_of[r.var]] = block
+            out.pools.update({p.value: block for p in pools})
+            out.max_pools.update({p.value: block for p in max_pools})
+    return out._replace(blocked_max_pools=frozenset(blocked_max_pools))

@@ -84,19 +84,16 @@ class UnitTensorize:
         recipes = [_recipe_of(mod, c) for c in calls]
         consumer = packed_consumers(func, calls, recipes)
         pooled = pooled_producers(func, calls, recipes)
-        pool_readers = pool_conv_readers(func, calls, recipes, pooled)
-        blocked_pools = set()  # max-pools whose result stays in blocks for its conv readers
+        pool_readers = pool_conv_readers(mod, func, calls, recipes, pooled)
         concats = packed_concats(mod, func, calls, recipes, self.target)
+        # max-pools whose result stays in blocks for its conv readers or a blocked concat
+        blocked_pools = set(concats.blocked_max_pools)
         for j, block in concats.readers.items():
             recipes[j] = recipes[j].replace(in_block=block)
         bb = relax.BlockBuilder(mod)
         built, replace, pools = {}, [], dict(concats.max_pools)
-        for pool, block in concats.pools.items():
-            func_p = blocked_pool_func(mod[pool.args[0]], block)
-            name = f"{pool.args[0].name_hint}_blocked"
-            replace.append((pool, bb.add_func(func_p.with_attr("global_symbol", name), name),
-                            list(pool.args[1].fields),
-                            relax.TensorType(pool_out_shape(mod[pool.args[0]], block), "uint8")))
+        replace += [_blocked_avg_pool(bb, mod, pool, block)
+                    for pool, block in concats.pools.items()]
         # calls come in post order (producers first): a producer's output block is known (its
         # instruction's) before its consumer's recipe is keyed
         for i, (call, recipe) in enumerate(zip(calls, recipes)):
@@ -116,8 +113,10 @@ class UnitTensorize:
                 pools[pool] = blk
                 if pool in pool_readers and final.out_channels % blk == 0:
                     blocked_pools.add(pool)
-                    for j, role in pool_readers[pool]:
+                    for j, role in pool_readers[pool].convs:
                         recipes[j] = _with_edge_block(recipes[j], role, blk)
+                    replace += [_blocked_avg_pool(bb, mod, avg, blk)
+                                for avg in pool_readers[pool].avg_pools]
             args = arguments(list(call.args[1].fields))
             replace.append((call, gv, args, relax.TensorType(out_shape(final), out_dtype(final))))
         if not replace:
@@ -237,6 +236,16 @@ class UnitTensorize:
         default = strategy.default(prepared, self.target)
         used = default if config is None else config
         return strategy.describe(used, prepared) + (" (default)" if used == default else "")
+
+
+def _blocked_avg_pool(bb, mod, pool, block):
+    """(call, GlobalVar, arguments, result type): the uint8 average pool `pool` replaced by its
+    NCHW[block]c form, for a blocked input (u8_pools.blocked_pool_func)."""
+    func_p = blocked_pool_func(mod[pool.args[0]], block)
+    name = f"{pool.args[0].name_hint}_blocked"
+    return (pool, bb.add_func(func_p.with_attr("global_symbol", name), name),
+            list(pool.args[1].fields),
+            relax.TensorType(pool_out_shape(mod[pool.args[0]], block), "uint8"))
 
 
 def _kernel_arguments(args, recipe, blocks):
