@@ -1,0 +1,109 @@
+"""conv2d taps that read only padding columns (relax/padding_taps.skip_padding_columns): gone
+from the code where the input's zero point is 0, kept where it is not; exact either way."""
+
+import numpy as np
+import pytest
+import tvm
+
+import unit_tvm
+from unit_tvm import intrinsics
+from unit_tvm.relax import padding_taps, qops
+from unit_tvm.relax.qops import plain_func, tensorized_func
+from unit_tvm.relax.recipe import Recipe, out_shape
+from unit_tvm.relax.weights import pack_weight, plain_weight
+
+from .conftest import require_host
+from .test_relax import _call_prim
+
+
+def _recipe(c, k, hw, window, pad, stride=1, dilation=1, zp=0):
+    (h, w), (r, s), (ph, pw) = hw, window, pad
+    oh = (h + 2 * ph - dilation * (r - 1) - 1) // stride + 1
+    ow = (w + 2 * pw - dilation * (s - 1) - 1) // stride + 1
+    return Recipe.from_dict({
+        "kind": "conv2d", "in_shape": [1, c, h, w], "w_shape": [k, c, r, s],
+        "out_shape": [1, k, oh, ow], "out_channels": k, "stride": [stride, stride],
+        "dilation": [dilation, dilation], "padding": [ph, pw, ph, pw], "x_scale": 0.03,
+        "x_zp": zp, "relu": True, "clip_max": None, "residual": False, "out_q": [0.05, 0],
+        "in_u8": True, "in_block": 16, "out_block": 16})
+
+
+def _run_both(recipe, intrin, rng):
+    """(tensorized output, plain output, tensorized kernel's assembly) on the same inputs."""
+    k = recipe.out_channels
+    n, c, h, w = recipe.in_shape
+    x = rng.integers(0, 256, size=(n, c // 16, h, w, 16)).astype("uint8")
+    wt = rng.integers(-127, 128, size=recipe.w_shape).astype("int8")
+    comp = (recipe.x_zp * wt.reshape(k, -1).astype(np.int64).sum(1)).astype("int32")
+    mult = rng.uniform(2e-6, 1e-5, k).astype("float32")
+    bias = rng.normal(size=k).astype("float32")
+    out = np.zeros(out_shape(recipe), "uint8")
+    func, blocks, _ = tensorized_func(recipe, intrin, unit_tvm.target.host())
+    got = _call_prim(func, [x, pack_weight(recipe, wt, blocks), comp, mult, bias, out])
+    want = _call_prim(plain_func(recipe), [x, plain_weight(recipe, wt), comp, mult, bias, out])
+    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                         target=unit_tvm.target.host())
+    return got, want, lib.inspect_source("asm")
+
+
+@pytest.mark.parametrize("c, k, hw, window, pad, stride, dilation", [
+    (32, 32, (7, 7), (3, 3), (1, 1), 1, 1),     # ResNet's last stage: one tile per row
+    (32, 16, (14, 14), (3, 3), (1, 1), 1, 1),   # two tiles per row
+    (16, 32, (17, 17), (1, 7), (0, 3), 1, 1),   # Inception's 1x7: 18 columns computed
+    (16, 16, (15, 13), (3, 3), (1, 1), 2, 1),   # strided
+    (16, 16, (12, 12), (3, 3), (2, 2), 1, 2),   # dilated
+])
+def test_padding_columns_skipped_exactly(c, k, hw, window, pad, stride, dilation, rng):
+    require_host("x86.vpdpbusd")
+    recipe = _recipe(c, k, hw, window, pad, stride, dilation)
+    got, want, _ = _run_both(recipe, intrinsics.get("x86.vpdpbusd"), rng)
+    np.testing.assert_array_equal(got, want)
+    assert len(np.unique(want)) > 20
+
+
+def test_skipped_taps_vanish_from_the_code(rng, monkeypatch):
+    """A 7-column row in one register tile: with the tile's columns and the window's unrolled,
+    each tap's condition is a constant, so the 2 x 2 taps of the edge columns (per block of
+    output channels and window row) are not in the code at all, rather than guarded at run
+    time: 14 accumulators x 3 x 3 taps = 126 instructions without the skip, 114 with it."""
+    require_host("x86.vpdpbusd")
+    intrin = intrinsics.get("x86.vpdpbusd")
+    recipe = _recipe(32, 32, (7, 7), (3, 3), (1, 1))
+    _, _, asm = _run_both(recipe, intrin, rng)
+    monkeypatch.setattr(qops, "skip_padding_columns", lambda func, *args: func)
+    _, _, asm_all = _run_both(recipe, intrin, rng)
+    assert asm.count("vpdpbusd") < asm_all.count("vpdpbusd")
+
+
+def test_nonzero_zero_point_keeps_its_padding_taps(rng, monkeypatch):
+    """With a zero point other than 0 the padding adds zp * w, which the compensation term
+    takes away again: nothing may be skipped."""
+    require_host("x86.vpdpbusd")
+    intrin = intrinsics.get("x86.vpdpbusd")
+    recipe = _recipe(16, 16, (7, 7), (3, 3), (1, 1), zp=5)
+    calls = []
+    real = padding_taps.skip_padding_columns
+    monkeypatch.setattr(qops, "skip_padding_columns",
+                        lambda *a: calls.append(a) or real(*a))
+    got, want, _ = _run_both(recipe, intrin, rng)
+    np.testing.assert_array_equal(got, want)
+    assert not calls
+
+
+def test_skipped_only_where_the_tile_spans_the_row():
+    """14x14 outputs: a 14-column register tile makes every tap's condition a constant once the
+    window's columns are unrolled, so the padding taps are skipped; two 7-column tiles per row
+    would leave the conditions in the code (they depend on which tile runs), so neither the
+    unroll nor the predicate is added."""
+    from unit_tvm.schedules.cpu import CpuConfig
+
+    intrin = intrinsics.get("x86.vpdpbusd")
+    recipe = _recipe(32, 32, (14, 14), (3, 3), (1, 1))
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    row = CpuConfig(unroll=((3, 14),), parallel=2)
+    half = CpuConfig(unroll=((2, 2), (3, 7)), parallel=2)
+    for config, skips in ((row, True), (half, False)):
+        script = tensorized_func(recipe, intrin, target, config)[0].script()
+        assert ("rs in T.unroll(3)" in script) == skips
+        guarded = [ln for ln in script.splitlines() if "T.where(" in ln and "rs" in ln]
+        assert bool(guarded) == skips, guarded
