@@ -8,12 +8,11 @@ import tvm
 import unit_tvm
 from unit_tvm import intrinsics
 from unit_tvm.relax import padding_taps, qops
-from unit_tvm.relax.qops import plain_func, tensorized_func
-from unit_tvm.relax.recipe import Recipe, out_shape
-from unit_tvm.relax.weights import pack_weight, plain_weight
+from unit_tvm.relax.qops import tensorized_func
+from unit_tvm.relax.recipe import Recipe
 
 from .conftest import require_host
-from .test_relax import _call_prim
+from .test_width_fold import tensorized_and_plain
 
 
 def _recipe(c, k, hw, window, pad, stride=1, dilation=1, zp=0):
@@ -30,17 +29,9 @@ def _recipe(c, k, hw, window, pad, stride=1, dilation=1, zp=0):
 
 def _run_both(recipe, intrin, rng):
     """(tensorized output, plain output, tensorized kernel's assembly) on the same inputs."""
-    k = recipe.out_channels
     n, c, h, w = recipe.in_shape
     x = rng.integers(0, 256, size=(n, c // 16, h, w, 16)).astype("uint8")
-    wt = rng.integers(-127, 128, size=recipe.w_shape).astype("int8")
-    comp = (recipe.x_zp * wt.reshape(k, -1).astype(np.int64).sum(1)).astype("int32")
-    mult = rng.uniform(2e-6, 1e-5, k).astype("float32")
-    bias = rng.normal(size=k).astype("float32")
-    out = np.zeros(out_shape(recipe), "uint8")
-    func, blocks, _ = tensorized_func(recipe, intrin, unit_tvm.target.host())
-    got = _call_prim(func, [x, pack_weight(recipe, wt, blocks), comp, mult, bias, out])
-    want = _call_prim(plain_func(recipe), [x, plain_weight(recipe, wt), comp, mult, bias, out])
+    got, want, func, _ = tensorized_and_plain(recipe, intrin, x, rng, mult=(2e-6, 1e-5))
     lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
                          target=unit_tvm.target.host())
     return got, want, lib.inspect_source("asm")

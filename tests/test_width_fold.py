@@ -58,19 +58,25 @@ def test_selection_sees_the_folded_padding():
     assert names[0] == "arm.sdot", names  # 3 channels in words of 8 would waste 8/3
 
 
-def _outputs_equal_plain(recipe, intrin, rng):
-    """The tensorized kernel (folded or not) and the plain int8 loop nest on the same inputs."""
-    target = unit_tvm.target.host()
+def tensorized_and_plain(recipe, intrin, x, rng, mult=(1e-4, 1e-3)):
+    """(tensorized output, plain int8 loop nest's output, tensorized PrimFunc, its Blocks) of
+    `recipe` on input x with the same random int8 weights, zero-point term, multipliers and
+    biases."""
     k = recipe.out_channels
-    x = rng.normal(size=recipe.in_shape).astype("float32")
     w = rng.integers(-127, 128, size=recipe.w_shape).astype("int8")
     comp = (recipe.x_zp * w.reshape(k, -1).astype(np.int64).sum(1)).astype("int32")
-    mult = rng.uniform(1e-4, 1e-3, k).astype("float32")
-    bias = rng.normal(size=k).astype("float32")
-    out = np.zeros(out_shape(recipe), "uint8")
-    func, blocks, _ = tensorized_func(recipe, intrin, target)
-    got = _call_prim(func, [x, pack_weight(recipe, w, blocks), comp, mult, bias, out])
-    want = _call_prim(plain_func(recipe), [x, plain_weight(recipe, w), comp, mult, bias, out])
+    args = [rng.uniform(*mult, k).astype("float32"), rng.normal(size=k).astype("float32"),
+            np.zeros(out_shape(recipe), "uint8")]
+    func, blocks, _ = tensorized_func(recipe, intrin, unit_tvm.target.host())
+    got = _call_prim(func, [x, pack_weight(recipe, w, blocks), comp, *args])
+    want = _call_prim(plain_func(recipe), [x, plain_weight(recipe, w), comp, *args])
+    return got, want, func, blocks
+
+
+def _outputs_equal_plain(recipe, intrin, rng):
+    """The tensorized kernel (folded or not) and the plain int8 loop nest on the same inputs."""
+    x = rng.normal(size=recipe.in_shape).astype("float32")
+    got, want, _, blocks = tensorized_and_plain(recipe, intrin, x, rng)
     np.testing.assert_array_equal(got, want)
     assert len(np.unique(want)) > 20  # not a saturated output: the comparison means something
     return blocks

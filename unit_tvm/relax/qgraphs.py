@@ -57,6 +57,17 @@ def tensorized_graph(recipe, intrin):
     return prepared, blocks
 
 
+def _unpadded(padded, before, sizes):
+    """(conditions, indices) of padded spatial indices over the unpadded input: each index lies
+    inside its real extent, and the input index, clamped as well as guarded (a vectorised
+    select may load both sides)."""
+    inside, at = [], []
+    for v, p, n in zip(padded, before, sizes):
+        inside += [v >= p, v < n + p]
+        at.append(tirx.max(tirx.min(v - p, n - 1), 0))
+    return inside, tuple(at)
+
+
 def _conv_input(recipe, x, x_blk, padded_width):
     """(uint8 NCHW[block]c input the instruction reads, its channel block): the producer's
     blocks read in place or padded, else the input quantized, padded and packed in one pass."""
@@ -73,13 +84,11 @@ def _conv_input(recipe, x, x_blk, padded_width):
         return x, ib
     if blocked:
         # padded, still in the producer's blocks: a copy of whole channel vectors (the
-        # instruction reads x_blk of a block's ib channels in place); indices are clamped
-        # as well as guarded, since a vectorised select may load both sides
+        # instruction reads x_blk of a block's ib channels in place)
         def xb_body(b, co, i, j, ci):
-            inside = tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl)
-            ic = tirx.max(tirx.min(i - pt, h - 1), 0)
-            jc = tirx.max(tirx.min(j - pl, w_ - 1), 0)
-            return tirx.if_then_else(inside, quantized(x[b, co, ic, jc, ci], recipe), pad)
+            inside, (ic, jc) = _unpadded((i, j), (pt, pl), (h, w_))
+            return tirx.if_then_else(tirx.all(*inside), quantized(x[b, co, ic, jc, ci], recipe),
+                                     pad)
 
         return te.compute((n, c // ib, hp, padded_width, ib), xb_body, name="xq"), ib
     # quantize, pad (with the zero point: real 0.0) and pack NCHW -> NCHW[x]c in one pass
@@ -145,10 +154,9 @@ def _width_folded_graph(recipe, blocks):
     wp = max(w_ + pl + pr, (owp - 1) * sw + words * word)
 
     def xq_body(b, ch, i, j):
-        inside = tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl)
-        # indices clamped as well as guarded: a vectorised select may load both sides
-        at = (b, ch, tirx.max(tirx.min(i - pt, h - 1), 0), tirx.max(tirx.min(j - pl, w_ - 1), 0))
-        return tirx.if_then_else(inside, load_input(x, recipe, at), pad_value(recipe))
+        inside, at = _unpadded((i, j), (pt, pl), (h, w_))
+        return tirx.if_then_else(tirx.all(*inside), load_input(x, recipe, (b, ch, *at)),
+                                 pad_value(recipe))
 
     xq = te.compute((n, c, h + pt + pb, wp), xq_body, name="xq")
     rc, rr, rg, rl = (te.reduce_axis((0, e), name=nm)
@@ -178,11 +186,10 @@ def _conv3d_graph(recipe, blocks):
 
     def xq_body(b, co, z, i, j, ci):
         ch = co * x_blk + ci
-        inside = tirx.all(z >= pf, z < d + pf, i >= pt, i < h + pt, j >= pl, j < w_ + pl, ch < c)
-        # indices clamped as well as guarded: a vectorised select may load both sides
-        at = (b, tirx.min(ch, c - 1), tirx.max(tirx.min(z - pf, d - 1), 0),
-              tirx.max(tirx.min(i - pt, h - 1), 0), tirx.max(tirx.min(j - pl, w_ - 1), 0))
-        return tirx.if_then_else(inside, load_input(x, recipe, at), pad_value(recipe))
+        inside, at = _unpadded((z, i, j), (pf, pt, pl), (d, h, w_))
+        return tirx.if_then_else(tirx.all(*inside, ch < c),
+                                 load_input(x, recipe, (b, tirx.min(ch, c - 1), *at)),
+                                 pad_value(recipe))
 
     xq = te.compute((n, cp // x_blk, d + pf + pk, h + pt + pb, wp, x_blk), xq_body, name="xq")
     rc, rt, rr, rs = (te.reduce_axis((0, e), name=nm)
