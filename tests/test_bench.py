@@ -182,6 +182,9 @@ def test_bench_model_takes_an_onnx_file(tmp_path):
     import torch
     from torch import nn
 
+    # seeded: unseeded, the weights depended on the tests run before, and on some of them ORT's
+    # int8 cosine fell to 0.98
+    torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3),
                         nn.Flatten(), nn.Linear(16 * 6 * 6, 10)).eval()
     path = str(tmp_path / "small.onnx")
@@ -195,7 +198,7 @@ def test_bench_model_takes_an_onnx_file(tmp_path):
     assert set(res["engines"]) == {"unit-tvm int8", "ORT int8"}
     assert any("PyTorch int8" in line and "skipped" in line for line in logged)
     for engine in res["engines"].values():
-        assert engine["cosine"] > 0.99 and engine["min_ms"] > 0
+        assert engine["cosine"] > 0.99 and engine["min_ms"] > 0, res["engines"]
 
 
 def test_bench_model_rejects_an_onnx_file_it_cannot_feed(tmp_path):
