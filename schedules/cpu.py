@@ -20,6 +20,7 @@ from tvm import s_tir, te
 from .. import intrinsics
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)
+from .padding_taps import skip_padding
 
 # x86-64 AVX-512 has 32 vector registers; the instruction needs one for the shared operand and
 # one or two for broadcasts, so at most ~28 accumulators stay in registers.
@@ -206,7 +207,8 @@ def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_b
 def schedule(prepared, intrin, config=None, target=None):
     """s_tir.Schedule of a Prepared graph on a CPU: producer stages inlined or run once in
     parallel, the core's mapped loops split by the instruction's extents, the breakpoints of
-    `config` (default: `default`) around them, the instruction tensorized."""
+    `config` (default: `default`) around them, the instruction tensorized, then the taps that
+    read only zero padding skipped (`prepared.zero_padding`, padding_taps.py)."""
     sch = s_tir.Schedule(te.create_prim_func(prepared.tensors))
     inline_copy_stages(sch, prepared, intrin)
     for name in producer_stages(sch, prepared):
@@ -237,7 +239,7 @@ def schedule(prepared, intrin, config=None, target=None):
         epilogue = None
     apply(sch, block, spatial, reduce, intrin_loops, config, write_back=epilogue)
     sch.tensorize(intrin_loops[0], intrin.tensor_intrin)
-    return sch
+    return skip_padding(sch, prepared.zero_padding)
 
 
 def prepare_options(target):

@@ -1,4 +1,4 @@
-"""conv2d taps that read only padding columns (relax/padding_taps.skip_padding_columns): gone
+"""conv2d taps that read only padding columns (schedules/padding_taps.skip_padding_columns): gone
 from the code where the input's zero point is 0, kept where it is not; exact either way."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import tvm
 
 import unit_tvm
 from unit_tvm import intrinsics
-from unit_tvm.relax import padding_taps, qops
+from unit_tvm.schedules import padding_taps
 from unit_tvm.relax.qops import tensorized_func
 from unit_tvm.relax.recipe import Recipe
 
@@ -61,7 +61,7 @@ def test_skipped_taps_vanish_from_the_code(rng, monkeypatch):
     intrin = intrinsics.get("x86.vpdpbusd")
     recipe = _recipe(32, 32, (7, 7), (3, 3), (1, 1))
     _, _, asm = _run_both(recipe, intrin, rng)
-    monkeypatch.setattr(qops, "skip_padding_columns", lambda func, *args: func)
+    monkeypatch.setattr(padding_taps, "skip_padding_columns", lambda func, *args: func)
     _, _, asm_all = _run_both(recipe, intrin, rng)
     assert asm.count("vpdpbusd") < asm_all.count("vpdpbusd")
 
@@ -74,7 +74,7 @@ def test_nonzero_zero_point_keeps_its_padding_taps(rng, monkeypatch):
     recipe = _recipe(16, 16, (7, 7), (3, 3), (1, 1), zp=5)
     calls = []
     real = padding_taps.skip_padding_columns
-    monkeypatch.setattr(qops, "skip_padding_columns",
+    monkeypatch.setattr(padding_taps, "skip_padding_columns",
                         lambda *a: calls.append(a) or real(*a))
     got, want, _ = _run_both(recipe, intrin, rng)
     np.testing.assert_array_equal(got, want)
@@ -98,3 +98,27 @@ def test_skipped_only_where_the_tile_spans_the_row():
         assert ("rs in T.unroll(3)" in script) == skips
         guarded = [ln for ln in script.splitlines() if "T.where(" in ln and "rs" in ln]
         assert bool(guarded) == skips, guarded
+
+
+def test_the_tuner_times_the_kernel_that_runs():
+    """The skip is part of the CPU strategy's schedule, which is what the tuner builds its
+    candidates from: a row-wide candidate already has its padding taps guarded and the window's
+    columns unrolled, the same TIR the model's kernel gets."""
+    from unit_tvm.relax.qgraphs import tensorized_graph
+    from unit_tvm.rewriter import schedule
+    from unit_tvm.schedules.cpu import CpuConfig
+
+    intrin = intrinsics.get("x86.vpdpbusd")
+    recipe = _recipe(32, 32, (14, 14), (3, 3), (1, 1))
+    target = tvm.target.Target({"kind": "llvm", "mcpu": "znver4", "num-cores": 2})
+    row = CpuConfig(unroll=((3, 14),), parallel=2)
+    prepared, _ = tensorized_graph(recipe, intrin)
+    # rows (skipped at run time) and columns (where static), inside the 14x14 input padded by 1
+    assert [(z.axis, z.lo, z.hi, z.static_only) for z in prepared.zero_padding] == [
+        (2, 1, 15, False), (3, 1, 15, True)]
+    candidate = schedule(prepared, intrin, row, target).mod["main"]
+    kernel = tensorized_func(recipe, intrin, target, row)[0]
+    assert "rs in T.unroll(3)" in candidate.script()
+    tvm.ir.assert_structural_equal(candidate.body, kernel.body)
+    prepared_zp, _ = tensorized_graph(_recipe(32, 32, (14, 14), (3, 3), (1, 1), zp=5), intrin)
+    assert not prepared_zp.zero_padding

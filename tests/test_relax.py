@@ -989,7 +989,7 @@ def test_conv3d_quantized_and_tensorized_exactly():
     assert rs[0]["out_q"] and rs[1]["in_u8"] and rs[2]["in_u8"]  # the stem's shared edge
     assert rs[3]["in_u8"] and rs[3]["residual_q"] == rs[2]["out_q"]  # a uint8 shortcut
     # after a relu the zero point is 0: those kernels skip the depth taps reading only padding
-    # (relax/padding_taps.py), the stem (zero point != 0) computes them
+    # (schedules/padding_taps.py), the stem (zero point != 0) computes them
     assert rs[0]["x_zp"] != 0 and rs[1]["x_zp"] == rs[3]["x_zp"] == 0
     tpass = UnitTensorize()
     tmod = tpass(qmod)

@@ -26,7 +26,21 @@ from .packing import make_pack, pack_index, pack_plan, padding_in_bounds
 from .shift import SHIFT, shift_plans
 from .te_expr import loads, mutate_expr, placeholders_of
 
-__all__ = ["Prepared", "prepare", "placeholders_of", "SHIFT"]
+__all__ = ["Prepared", "ZeroPadding", "prepare", "placeholders_of", "SHIFT"]
+
+
+class ZeroPadding(NamedTuple):
+    """Where the core reads padding that is the instruction's zero: indices of `buffer` along
+    `axis` outside [lo, hi). A tap reading only those adds nothing, so a strategy may skip it;
+    static_only: only where that is known at compile time (a conv2d's columns); per_update: also
+    by a test on each update where no test can cover a whole tap (a conv3d's frames)."""
+
+    buffer: str
+    axis: int
+    lo: int
+    hi: int
+    static_only: bool = False
+    per_update: bool = False
 
 
 @dataclass
@@ -43,6 +57,7 @@ class Prepared:
     original_mapping: object = None  # the Mapping on the op as given (padding, fit)
     reference: object = None  # the output computed from the op as given (no packing, no core)
     variant: str = ""  # set for a mapping other than the Inspector's first (part of tuning keys)
+    zero_padding: tuple = ()  # ZeroPadding ranges the graph's builder vouches for
 
     @property
     def tensors(self):

@@ -26,7 +26,7 @@ from .. import intrinsics, measure, selection
 from ..build import prepare_op
 from ..peak import peak
 from ..prepare import placeholders_of
-from ..relax.padding_taps import skip_padding_taps
+from ..schedules.padding_taps import skip_padding_taps
 from ..rewriter import schedule
 from ..runner import LocalRunner
 from ..testing.workloads import form, ops_count, workload_op, workloads
@@ -66,11 +66,11 @@ def kernel_func(kind, p, prepared, intrin, config, target):
     """The workload's tensorized PrimFunc with `config` (None: the default). A ResNet-18-3D
     layer skips the depth taps that read only its padding frames, as the graph pass does for
     a conv3d whose input zero point is 0 (PyTorch's baseline input has zero point 0 too):
-    its input is pre-padded with zeros, so those taps add nothing (relax/padding_taps.py)."""
+    its input is pre-padded with zeros, so those taps add nothing (schedules/padding_taps.py)."""
     func = schedule(prepared, intrin, config, target).mod["main"]
     if kind == "conv3d":
         _, d, _, _, r, _ = p
-        func = skip_padding_taps(func, "data", 2, r // 2, r // 2 + d)
+        func = skip_padding_taps(func, "data", 2, r // 2, r // 2 + d, per_update=True)
     return func
 
 

@@ -2,16 +2,17 @@
 input (read in the producer's blocks when it can), a dense layer, a depthwise conv for a
 lanewise instruction; each handed to `prepare` with its epilogue fused into the write-back."""
 
+import dataclasses
 from typing import NamedTuple
 
 from tvm import te, tirx
 
-from ..prepare import prepare
+from ..prepare import ZeroPadding, prepare
 from ..schedules.cpu import tiled_extent
 from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
                      quantized, round_up)
 from .recipe import (blocks_of, dtypes, fits_groups, folds_width, group_channels, in_shape,
-                     is_depthwise, out_dtype, out_shape)
+                     is_depthwise, out_dtype, out_shape, pads_with_zero)
 
 
 class _Graph(NamedTuple):
@@ -25,6 +26,7 @@ class _Graph(NamedTuple):
     res: te.Tensor  # None without a residual
     acc: te.Tensor
     epilogue: object  # (value, idx) -> the output element
+    zero_padding: tuple = ()  # prepare.ZeroPadding: taps of the input that may be skipped
 
 
 def tensorized_graph(recipe, intrin):
@@ -54,7 +56,7 @@ def tensorized_graph(recipe, intrin):
     params = arguments(graph.x, graph.w, graph.comp, graph.mult, graph.bias, graph.res)
     prepared = prepare(graph.acc, intrin, params=params,
                        epilogue=(out_shape(recipe), out_dtype(recipe), graph.epilogue, "out"))
-    return prepared, blocks
+    return dataclasses.replace(prepared, zero_padding=graph.zero_padding), blocks
 
 
 def _unpadded(padded, before, sizes):
@@ -131,7 +133,19 @@ def _conv_graph(recipe, blocks):
 
     acc = te.compute((n, kp // y_blk, oh, owp, y_blk), acc_body, name="acc")
     epi = _conv_epilogue(recipe, epilogue_fn(recipe, comp, mult, bias, res), y_blk)
-    return _Graph(x, w, comp, mult, bias, res, acc, epi)
+    return _Graph(x, w, comp, mult, bias, res, acc, epi, _window_padding(recipe, xb, x))
+
+
+def _window_padding(recipe, xb, x):
+    """The ZeroPadding of a conv2d's input (none unless padding adds nothing, see
+    schedules/padding_taps.py): its rows, skipped per window row at run time, and its columns,
+    skipped where that is static."""
+    if xb is x or not pads_with_zero(recipe):
+        return ()
+    _, _, h, w_ = recipe.in_shape
+    pt, pl, pb, _ = recipe.padding
+    rows = (ZeroPadding(xb.op.name, 2, pt, pt + h),) if pt or pb else ()
+    return rows + (ZeroPadding(xb.op.name, 3, pl, pl + w_, static_only=True),)
 
 
 def _width_folded_graph(recipe, blocks):
@@ -205,7 +219,9 @@ def _conv3d_graph(recipe, blocks):
         b, f, z, i, j = idx
         return fn(value((b, f // y_blk, z, i, j, f % y_blk)), f, idx)
 
-    return _Graph(x, w, comp, mult, bias, res, acc, epi)
+    # the depth taps that read only padding frames may be skipped (schedules/padding_taps.py)
+    skip = (ZeroPadding("xq", 2, pf, pf + d, per_update=True),) if pads_with_zero(recipe) else ()
+    return _Graph(x, w, comp, mult, bias, res, acc, epi, skip)
 
 
 def _input_channel(group, rc, cg, ib, groups):

@@ -17,7 +17,6 @@ from tvm import te, tirx
 
 from ..rewriter import schedule
 from .qarith import arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders
-from .padding_taps import pads_with_zero, skip_padding_columns, skip_padding_taps
 from .qgraphs import tensorized_graph
 from .recipe import ATTR, dtypes, in_shape, out_shape
 from .weights import plain_weight_shape
@@ -143,13 +142,5 @@ def tensorized_func(recipe, intrin, target, config=None):
     """(PrimFunc, Blocks, prepared) of the recipe tensorized with intrin, scheduled with config."""
     prepared, blocks = tensorized_graph(recipe, intrin)
     func = schedule(prepared, intrin, config, target).mod["main"]
-    if recipe.kind == "conv3d" and pads_with_zero(recipe):
-        # the depth taps that read only padding frames are skipped (see padding_taps)
-        front, depth = recipe.padding[0], recipe.in_shape[2]
-        func = skip_padding_taps(func, "xq", 2, front, front + depth)
-    if recipe.kind == "conv2d" and pads_with_zero(recipe) and not intrin.lanewise:
-        # the window's columns that read only padding are skipped (see padding_taps)
-        left, width = recipe.padding[1], recipe.in_shape[3]
-        func = skip_padding_columns(func, "xq", 3, left, left + width)
     func = func.with_attr(ATTR, recipe.to_json()).with_attr("tirx.is_scheduled", True)
     return func, blocks, prepared

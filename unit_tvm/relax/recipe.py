@@ -103,6 +103,12 @@ def is_bf16(recipe):
     return recipe.dtype == "bfloat16"
 
 
+def pads_with_zero(recipe) -> bool:
+    """Whether the padding the recipe's kernel reads is 0 in the instruction's arithmetic, so
+    that a tap reading only padding adds nothing to the accumulator (its kernel may skip it)."""
+    return is_bf16(recipe) or (recipe.x_zp == 0 and not recipe.x_signed)
+
+
 def dtypes(recipe):
     """(activation, weight, accumulator) dtypes the op's instruction takes: the activation is
     int8 when it is re-based for an s8 x s8 instruction (see for_instruction)."""
