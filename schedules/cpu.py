@@ -36,13 +36,19 @@ ACCUMULATORS = 14
 MAX_PARALLEL_EXTENT = 3000  # the paper's first-breakpoint bound
 MAX_UNROLL = 8  # the paper's second-breakpoint bound per loop
 TILE_WIDTHS = range(4, MAX_UNROLL + 1)  # output columns a register tile holds
+# The widest register tile: one accumulator per column of a whole row, the register file's
+# bound. Measured on VNNI (Zen 4), Inception's 17x17 layers as one 17-accumulator tile per row
+# against 18 columns in 4 x 3 tiles: 1x1 768 -> 192 111.7 vs 118.1 us, 7x1 181.4 vs 187.9.
+ROW_TILE = VECTOR_REGISTERS - OPERAND_REGISTERS
 
 
 def tiled_extent(extent):
     """The number of output columns to compute so that a register tile fits: `extent` when a
-    width in TILE_WIDTHS divides it, else the next multiple of the width that pads least
-    (17 -> 18, 71 -> 72, 73 -> 75). A prime count would otherwise leave a one-column tile."""
-    if extent < TILE_WIDTHS[0] or any(extent % t == 0 for t in TILE_WIDTHS):
+    width in TILE_WIDTHS divides it or one tile holds the whole row (<= ROW_TILE: 17, 23), else
+    the next multiple of the width that pads least (71 -> 72, 73 -> 75). A prime count would
+    otherwise leave a one-column tile."""
+    if (extent < TILE_WIDTHS[0] or extent <= ROW_TILE
+            or any(extent % t == 0 for t in TILE_WIDTHS)):
         return extent
     return min((-(-extent // t) * t - extent, -t, -(-extent // t) * t) for t in TILE_WIDTHS)[2]
 
@@ -86,14 +92,33 @@ def _divisors(n, limit):
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
-def default_config(outer_extents, threads, acc_budget=ACCUMULATORS):
+def _factors(n):
+    """Register-tile factors of a loop of extent n: its divisors up to MAX_UNROLL, and the whole
+    loop when one tile can hold it (a row of 14 or 17 columns)."""
+    return _divisors(n, MAX_UNROLL) + ([n] if MAX_UNROLL < n <= ROW_TILE else [])
+
+
+def _row_tile(outer_extents, row, accumulators):
+    """((row, extent),): loop `row` (the columns tiled_extent sizes) held whole by one register
+    tile when its extent has no divisor a smaller tile can use (17) and the tile found otherwise
+    has fewer accumulators; else None."""
+    ext = outer_extents[row] if row is not None else 0
+    if (MAX_UNROLL < ext <= ROW_TILE and ext > accumulators
+            and not any(ext % t == 0 for t in range(2, MAX_UNROLL + 1))):
+        return ((row, ext),)
+    return None
+
+
+def default_config(outer_extents, threads, acc_budget=ACCUMULATORS, row=None):
     """The default breakpoint pair for outer data-parallel loop extents (outermost first).
 
     Second breakpoint: unroll the two innermost outer loops of extent > 1 (rows and columns)
     by divisors f1, f2 of their extents (<= MAX_UNROLL each, f1*f2 accumulators <=
     acc_budget), preferring the most accumulators, then the most instructions issued per
     operand load of a register block (f1*f2 / (f1+f2)); when those two loops give at most
-    half the budget (a 7x7 layer: 7), the next loop out (channel blocks) may take one factor.
+    half the budget (a 7x7 layer: 7), the next loop out (channel blocks) may take one factor;
+    a row no such tile divides well (17 columns; `row`: that loop's position) is one tile as
+    wide as the row (`_row_tile`).
     First breakpoint: fuse leading loops while the fused extent stays <= MAX_PARALLEL_EXTENT,
     at least one chunk per thread.
     """
@@ -101,6 +126,7 @@ def default_config(outer_extents, threads, acc_budget=ACCUMULATORS):
     unroll = _register_tile(outer_extents, live[-2:], acc_budget)
     if math.prod(f for _, f in unroll) * 2 <= acc_budget and len(live) > 2:
         unroll = _register_tile(outer_extents, live[-3:], acc_budget)
+    unroll = _row_tile(outer_extents, row, math.prod(f for _, f in unroll)) or unroll
     remaining = list(outer_extents)
     for p, f in unroll:
         remaining[p] //= f
@@ -131,14 +157,15 @@ def _register_tile(outer_extents, positions, acc_budget):
 
 
 def config_space(outer_extents, threads, acc_budget=VECTOR_REGISTERS - OPERAND_REGISTERS):
-    """Every sensible breakpoint pair: unroll choices on up to two inner loops x parallel depth."""
+    """Every sensible breakpoint pair: unroll choices (`_factors`) on up to two loops x parallel
+    depth x which loop goes first."""
     n = len(outer_extents)
     positions = list(range(n))
     out = set()
     for p1 in positions:
-        for f1 in _divisors(outer_extents[p1], MAX_UNROLL):
+        for f1 in _factors(outer_extents[p1]):
             for p2 in [None] + [p for p in positions if p > p1]:
-                f2s = [1] if p2 is None else _divisors(outer_extents[p2], MAX_UNROLL)
+                f2s = [1] if p2 is None else _factors(outer_extents[p2])
                 for f2 in f2s:
                     if f1 * f2 > acc_budget:
                         continue
@@ -231,6 +258,7 @@ def schedule(prepared, intrin, config=None, target=None):
     reduce = [outer[i] for i in sorted(outer) if i >= n_spatial]
     if config is None:
         config = default(prepared, target)
+    _check(config, outer_extents(prepared))
     epilogue = sch.get_sblock(prepared.output.op.name)
     if prepared.shifted:
         # the epilogue also reads the compensation, produced once at root; TVM can only compute a
@@ -242,6 +270,16 @@ def schedule(prepared, intrin, config=None, target=None):
     return skip_padding(sch, prepared.zero_padding)
 
 
+def _check(config, extents):
+    """ValueError unless each unroll factor of `config` divides its outer loop (a tile that does
+    not would fail inside TVM's tensorize); the tuner's space only holds such configs, a user's
+    or an old database record's may not."""
+    for p, f in config.unroll:
+        if not 0 <= p < len(extents) or f < 1 or extents[p] % f:
+            raise ValueError(f"CpuConfig unroll ({p}, {f}): no register tile of the op's outer "
+                             f"loops {'x'.join(map(str, extents))} (factors must divide them)")
+
+
 def prepare_options(target):
     """How operands are prepared for this strategy: a register tile's columns padded to a width
     it can hold (17 -> 18); operands packed whole (not one loop per dimension)."""
@@ -251,6 +289,11 @@ def prepare_options(target):
 # -- the tuning interface every strategy offers (the tuner calls only these) --------------------
 def outer_extents(prepared):
     """Extents of the core's data-parallel loops left outside the instruction (strategy input)."""
+    return [ext for ext, _ in _outer_loops(prepared)]
+
+
+def _outer_loops(prepared):
+    """(extent, mapped to the instruction) of each of the core's outer data-parallel loops."""
     core = prepared.core.op
     mapped = {m.op_index: m for m in prepared.mapping.loops}
     out = []
@@ -258,10 +301,19 @@ def outer_extents(prepared):
         ext = int(ax.dom.extent)
         m = mapped.get(idx)
         if m is None:
-            out.append(ext)
+            out.append((ext, False))
         elif m.op_extent != m.intrin_extent:
-            out.append(ext // m.intrin_extent)
+            out.append((ext // m.intrin_extent, True))
     return out
+
+
+def _row_loop(prepared):
+    """Position among outer_extents of the loop tiled_extent sizes (prepare's tile_columns):
+    the op's innermost data-parallel loop the instruction does not map (a conv's output columns,
+    a dense layer's rows). The core's outer loops start with the op's, in its order."""
+    mapped = {m.op_loop for m in prepared.original_mapping.loops}
+    free = [p for p, ax in enumerate(prepared.original.op.axis) if ax.var.name not in mapped]
+    return free[-1] if free else None
 
 
 def describe(config, prepared):
@@ -288,7 +340,8 @@ def default(prepared, target):
     # register-tile measurement above does not apply, the register file bounds it as before
     tile = intrinsics.get(prepared.mapping.intrinsic).tile
     budget = VECTOR_REGISTERS - OPERAND_REGISTERS if tile else ACCUMULATORS
-    return default_config(outer_extents(prepared), _threads(target), budget)
+    return default_config(outer_extents(prepared), _threads(target), budget,
+                          row=None if tile else _row_loop(prepared))
 
 
 def space(prepared, target):

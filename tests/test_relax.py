@@ -721,15 +721,17 @@ def test_tuned_model_remembers_its_instruction_choice(tmp_path, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_odd_widths_are_computed_padded_and_cropped_exactly():
-    """Inception's 17x17 layers (1x7, 7x1 and a strided 3x3): 17 output columns have no register
-    tile width that divides them, so 18 are computed and the extra one cropped; equal to TVM's
+@pytest.mark.parametrize("hw", [(17, 17), (17, 31)])
+def test_odd_widths_are_computed_exactly(hw):
+    """Inception's 17x17 layers (1x7, 7x1 and a strided 3x3): a 17-column row has no register
+    tile width that divides it and is held by one tile as wide as the row; a 31-column row is
+    too wide for one, so 32 columns are computed and the extra one cropped. Both equal TVM's
     plain int8 build of the same quantized model."""
     require_host("x86.vpdpbusd")
     from unit_tvm.schedules.cpu import tiled_extent
 
-    assert [tiled_extent(e) for e in (7, 8, 17, 35, 56, 71, 73, 149)] == [
-        7, 8, 18, 35, 56, 72, 75, 150]
+    assert [tiled_extent(e) for e in (7, 8, 17, 23, 31, 35, 56, 71, 73, 149)] == [
+        7, 8, 17, 23, 32, 35, 56, 72, 75, 150]
 
     class Odd(nn.Module):
         def __init__(self):
@@ -742,7 +744,7 @@ def test_odd_widths_are_computed_padded_and_cropped_exactly():
             return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
 
     model = Odd()
-    cal, xs, refs = _prepare(model, (1, 16, 17, 17))
+    cal, xs, refs = _prepare(model, (1, 16, *hw))
     qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
     tpass = UnitTensorize()
     ex = build_relax(tpass(qmod), unit_tvm.target.host())

@@ -235,18 +235,22 @@ def test_window_folded_conv_tensorized_reads_im2col_in_place(intrin, x, y, rng):
         assert "data_packed" in prepare(direct, intrin).stages
 
 
-@pytest.mark.parametrize("h,stride", [(35, 2), (19, 1)])  # 17 output columns either way
-def test_prime_column_count_is_computed_padded_and_cropped(h, stride, rng):
-    """A conv whose 17 output columns no register tile width (4..8) divides: the core computes
-    18 columns from zero padding and the write-back crops them; same result as numpy."""
+@pytest.mark.parametrize("h, stride, columns, computed", [
+    (35, 2, 17, 17), (19, 1, 17, 17),  # one register tile as wide as the row
+    (33, 1, 31, 32),  # too wide for one tile: computed padded, cropped by the write-back
+])
+def test_prime_column_count_is_computed_exactly(h, stride, columns, computed, rng):
+    """A conv whose output columns no register tile width (4..8) divides: 17 of them are one
+    tile of 17 accumulators; 31 are more than a tile holds, so the core computes 32 from zero
+    padding and the write-back crops them; same result as numpy either way."""
     require_host("x86.vpdpbusd")
     op = ops.conv2d_nchwc(1, 32, h, h, 32, 3, 3, stride)
     prepared = unit_tvm.build_report([*op.op.input_tensors, op])
-    assert int(op.shape[3]) == 17
+    assert int(op.shape[3]) == columns
     from unit_tvm.build import prepare_op
 
     core = prepare_op(op, "x86.vpdpbusd").core
-    assert 18 in [int(s) for s in core.shape], core.shape
+    assert [int(s) for s in core.shape][3] == computed, core.shape
     d = rng.integers(0, 256, (1, 32, h, h)).astype("uint8")
     w = rng.integers(-128, 128, (32, 32, 3, 3)).astype("int8")
     got = _run([*op.op.input_tensors, op], [reference.pack_nchwc(d), reference.pack_kcrs(w)])
@@ -289,3 +293,13 @@ def test_padding_stage_runs_its_interior_unguarded(pad, lanes):
         lib(tvm.runtime.tensor(xs), out)
         outs.append(out.numpy())
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_config_whose_tile_does_not_divide_is_refused():
+    """A CpuConfig from a user (or an old database record) whose unroll factor does not divide
+    its loop is a clear ValueError, not a failure inside TVM's tensorize."""
+    from unit_tvm.schedules.cpu import CpuConfig
+
+    op = ops.conv2d_nchwc(1, 32, 19, 19, 32, 3, 3, 1)  # 17 output columns
+    with pytest.raises(ValueError, match="factors must divide"):
+        unit_tvm.rewrite(op, "x86.vpdpbusd", config=CpuConfig(unroll=((3, 6),), parallel=1))

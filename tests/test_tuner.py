@@ -235,3 +235,30 @@ def test_default_register_tile(extents, tile):
     assert config.unroll == tile
     assert config.accumulators() <= cpu.ACCUMULATORS
     assert all(extents[p] % f == 0 for p, f in config.unroll)
+
+
+@pytest.mark.parametrize("extents, row, tile", [
+    ([1, 12, 17, 17, 1], 3, ((3, 17),)),  # Inception's 17x17: one tile per row
+    ([17, 48], 0, ((0, 17),)),  # a dense layer over 17 rows
+    ([1, 16, 14, 14, 1], 3, ((2, 2), (3, 7))),  # 14 columns divide: two 7-column tiles
+    ([1, 17, 28, 28, 1], 3, ((2, 2), (3, 7))),  # 17 channel blocks: not the row loop
+    ([1, 2, 31, 31, 1], 3, ((1, 2),)),  # too wide for one tile (prepare pads it to 32)
+])
+def test_default_row_tile(extents, row, tile):
+    """A row loop (the one tiled_extent sizes) whose extent no smaller tile divides, and that
+    one tile can hold, is held whole by one register tile; nothing else changes."""
+    config = cpu.default_config(extents, threads=2, row=row)
+    assert tuple((p, f) for p, f in config.unroll if f > 1) == tuple(
+        (p, f) for p, f in tile if f > 1)
+    assert config.accumulators() <= cpu.ROW_TILE
+    assert all(extents[p] % f == 0 for p, f in config.unroll)
+
+
+def test_space_offers_whole_rows():
+    """The tuner may try a tile as wide as a row it can hold (14, 17 columns), alone or with a
+    second factor, never more accumulators than the register file's bound."""
+    space = cpu.config_space([1, 16, 14, 14, 1], threads=2)
+    assert any(dict(c.unroll).get(3) == 14 for c in space)
+    assert any(dict(c.unroll).get(3) == 14 and len(c.unroll) == 2 for c in space)
+    assert all(c.accumulators() <= cpu.ROW_TILE for c in space)
+    assert not any(dict(c.unroll).get(2) == 31 for c in cpu.config_space([1, 2, 31, 31], 2))
