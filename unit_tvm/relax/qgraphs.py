@@ -117,7 +117,8 @@ def _conv_graph(recipe, blocks):
     x, w, comp, mult, bias, res = placeholders(
         recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // word, y_blk, word))
     # output columns computed: padded when their count has no divisor a register tile can
-    # use (17, 71, 73), the extra columns reading padding and cropped by the epilogue
+    # use and is too wide for one tile (71, 73), the extra columns reading padding and cropped
+    # by the epilogue
     owp = tiled_extent(ow)
     xb, ib = _conv_input(recipe, x, x_blk, max(w_ + pl + pr, (owp - 1) * sw + (s - 1) * dw + 1))
     rc, rr, rs = (te.reduce_axis((0, e), name=nm)
