@@ -29,6 +29,8 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
+from ..lowering import STACK_TILE_BYTES
+
 
 def skip_padding(sch: s_tir.Schedule, ranges) -> s_tir.Schedule:
     """sch with the taps skipped that read only the padding `ranges` (prepare.ZeroPadding) name:
@@ -120,7 +122,7 @@ def skip_padding_taps(func: tirx.PrimFunc, buffer: str, axis: int, lo: int, hi: 
         return func
     index, moving, taps, tile_bytes = found[0]
     innermost = moving[-1]
-    if tile_bytes >= STACK_BYTES:
+    if tile_bytes > STACK_TILE_BYTES:
         return func
     if any(lp.kind == tirx.ForKind.UNROLLED for lp in moving) or innermost.loop_var not in taps:
         return _predicated(func, buffer, axis, lo, hi) if per_update else func
@@ -136,17 +138,13 @@ def skip_padding_taps(func: tirx.PrimFunc, buffer: str, axis: int, lo: int, hi: 
     return func.with_body(tvm_ffi.structural_mutate(func.body, [(tirx.For, guard)]))
 
 
-# TVM places a CPU allocation on the stack only below this many bytes (kMaxStackAlloca), else in
-# a workspace from the runtime (see _tile_bytes)
-STACK_BYTES = 1024
-
-
 def _tile_bytes(node, loops):
     """Bytes of the accumulator tile the block updates: its write region times the unrolled
-    loops (a register tile's) the write moves with. TVM places an allocation on the stack only
-    below STACK_BYTES; from a workspace, LLVM keeps the accumulators in registers only when every
-    update runs: behind a run-time test a 17-accumulator tile (1088 bytes) stored each one back
-    after every instruction, 2x slower, while on the stack (14 accumulators) it saved 9%."""
+    loops (a register tile's) the write moves with. unit_tvm.lowering keeps a tile of up to
+    STACK_TILE_BYTES on the stack; from a workspace (TVM's place for anything larger), LLVM keeps
+    the accumulators in registers only when every update runs: behind a run-time test a
+    17-accumulator tile stored each one back after every instruction, 2x slower, while on the
+    stack the test saved 9% (14 accumulators) to 10% (17, Inception's 7x1)."""
     write = node.block.writes[0]
     n = 1
     for r in write.region:

@@ -32,8 +32,8 @@ def _run_both(recipe, intrin, rng):
     n, c, h, w = recipe.in_shape
     x = rng.integers(0, 256, size=(n, c // 16, h, w, 16)).astype("uint8")
     got, want, func, _ = tensorized_and_plain(recipe, intrin, x, rng, mult=(2e-6, 1e-5))
-    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                         target=unit_tvm.target.host())
+    lib = unit_tvm.lowering.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                                  unit_tvm.target.host())
     return got, want, lib.inspect_source("asm")
 
 

@@ -566,8 +566,8 @@ def _call_prim(func, arrays):
     the output, as it comes back."""
     from unit_tvm.measure import to_device
 
-    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                         target=unit_tvm.target.host())
+    lib = unit_tvm.lowering.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                                  unit_tvm.target.host())
     tensors = to_device(arrays, tvm.cpu())
     lib["main"](*tensors)
     return tensors[-1].numpy()

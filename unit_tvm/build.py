@@ -9,7 +9,7 @@ import tvm
 from tvm import te
 from tvm.s_tir import dlight
 
-from . import checks, epilogue, intrinsics, selection
+from . import checks, epilogue, intrinsics, lowering, selection
 from .inspector import inspect
 from .prepare import placeholders_of
 from .rewriter import prepare_for, schedule
@@ -177,8 +177,8 @@ def build_report(tensors, target=None, *, intrinsic=None, tune=False, trials=Non
     if intrin is None:
         warnings.warn(f"unit_tvm.build: no tensorized instruction used: {prepared}",
                       FallbackWarning, stacklevel=3)
-        module = tvm.tirx.build(default_schedule(te.create_prim_func(inputs + [out]), target),
-                                target=target)
+        module = lowering.build(default_schedule(te.create_prim_func(inputs + [out]), target),
+                                target)
         return BuildReport(module, reason=prepared)
     if tune or database is not None:
         # every instruction and mapping that fits is an alternative: a database record of any
@@ -189,7 +189,7 @@ def build_report(tensors, target=None, *, intrinsic=None, tune=False, trials=Non
                                          measure=bool(tune), runner=runner)
         intrin, prepared = alts[index]
         sch = schedule(prepared, intrin, result.config, target)
-    module = tvm.tirx.build(sch.mod, target=target)
+    module = lowering.build(sch.mod, target)
     return BuildReport(module, intrin.name, prepared.variant, tuple(prepared.stages))
 
 

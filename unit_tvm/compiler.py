@@ -6,7 +6,7 @@ import warnings
 import tvm
 from tvm import relax
 
-from . import checks
+from . import checks, lowering
 from .relax import UnitTensorize
 from .relax import quantize as quantize_fn
 from .relax.cpu_default import DefaultCPUSchedule
@@ -108,14 +108,13 @@ def compile_cuda_graph(mod, target):
 
 
 def build_relax(mod, target):
-    """tvm.compile, with the leftover operators given a parallel CPU schedule first."""
-
-
+    """tvm.compile (unit_tvm.lowering's TIR pipeline), with the leftover operators given a
+    parallel CPU schedule first."""
     if is_cpu(target):
         mod = relax.transform.LegalizeOps()(mod)
         mod = DefaultCPUSchedule(target)(mod)
     try:
-        return tvm.compile(mod, target=target)
+        return lowering.compile_relax(mod, target)
     except Exception as e:  # noqa: BLE001 - re-raised, with the kernel named where one is found
         culprit = failing_kernel(mod, target)
         if culprit is None:
@@ -136,8 +135,8 @@ def failing_kernel(mod, target):
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
         try:
-            tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                           target=target)
+            lowering.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
+                           target)
         except Exception as e:  # noqa: BLE001 - any failure names this kernel
             lines = [ln for ln in str(e).splitlines() if ln.strip()]
             return gv.name_hint, (lines[-1] if lines else type(e).__name__)

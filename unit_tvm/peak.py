@@ -5,7 +5,7 @@ import functools
 import numpy as np
 import tvm
 
-from . import intrinsics, measure, microkernel
+from . import intrinsics, lowering, measure, microkernel
 from .runner import LocalRunner
 from .target import as_target, host, is_host
 
@@ -27,7 +27,7 @@ def _measure(name, threads, target_json, runner):
               else TILE_BLOCK_CHOICES)
     for rows, cols in blocks:
         func, ins, out, ops = microkernel.peak_kernel(intrin, threads, rows=rows, cols=cols)
-        lib = tvm.tirx.build(func, target=target)
+        lib = lowering.build(func, target)
         arrays = [measure.random_array(t.shape, t.dtype, rng) for t in ins]
         arrays.append(np.zeros([int(s) for s in out.shape], measure.numpy_dtype(out.dtype)))
         (m,) = runner.measure([lib], arrays, number=5, repeat=15)

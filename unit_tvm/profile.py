@@ -15,6 +15,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
+from . import lowering
 from .bench.timing import interleaved
 from .compiler import build_relax
 from .peak import host_threads, peak
@@ -88,7 +89,7 @@ def copy_bandwidth(threads=None, mbytes=64) -> float:
     i, j = sch.get_loops(sch.get_sblock("b"))
     sch.parallel(i)
     sch.vectorize(j)
-    lib = tvm.tirx.build(sch.mod, target=_target())
+    lib = lowering.build(sch.mod, _target())
     dev = tvm.cpu()
     shape = (n // 64, 64)
     args = [tvm.runtime.tensor(np.ones(shape, np.float32), dev),

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import tvm
 
-from .. import intrinsics, measure, ops
+from .. import intrinsics, lowering, measure, ops
 from ..build import build as unit_build
 from ..build import prepare_op
 from ..peak import host_threads, peak
@@ -41,7 +41,7 @@ def _run_kernel(title, op, intrin, arrays, expected, n_ops, peak_gops, target, d
             prepared = prepare_op(op, intrin, target=target)
             result = tune(prepared, intrin, target, database=database, progress=False)
             sch = schedule(prepared, intrin, result.config, target)
-            lib = tvm.tirx.build(sch.mod, target=target)
+            lib = lowering.build(sch.mod, target)
             note = ("from database, 0 measured" if result.from_database else
                     f"tuned {result.seconds:4.1f}s, {result.measured} measured")
         gops, secs, ok = _time(lib, arrays, expected, n_ops, shape)

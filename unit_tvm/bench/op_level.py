@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import te
 
-from .. import intrinsics, measure, selection
+from .. import intrinsics, lowering, measure, selection
 from ..build import prepare_op
 from ..peak import peak
 from ..prepare import placeholders_of
@@ -77,7 +77,7 @@ def kernel_func(kind, p, prepared, intrin, config, target):
 def build_kernel(kind, p, prepared, intrin, config, target):
     """kernel_func, built for target."""
     func = kernel_func(kind, p, prepared, intrin, config, target)
-    return tvm.tirx.build(tvm.IRModule({"main": func}), target=target)
+    return lowering.build(tvm.IRModule({"main": func}), target)
 
 
 def time_kernel(lib, tensors, rng, number, repeat, runner):

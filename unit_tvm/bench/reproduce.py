@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import tvm
 
+from .. import lowering
 from ..build import prepare_op
 from ..prepare import placeholders_of
 from ..rewriter import schedule
@@ -84,7 +85,7 @@ def ablation(*, trials=None, runner=None, quick=False, log=print) -> list:
         base = default(prepared, target)
         steps = (CpuConfig(parallel=base.parallel), base, res.config)
         n_ops = ops_count(kind, p)
-        libs = [tvm.tirx.build(schedule(prepared, intrin, c, target).mod, target=target)
+        libs = [lowering.build(schedule(prepared, intrin, c, target).mod, target)
                 for c in steps]
         best = [math.inf] * len(libs)
         for _ in range(ROUNDS):  # in turn, so a burst of load does not fall on one step only

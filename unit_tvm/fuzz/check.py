@@ -14,7 +14,7 @@ import numpy as np
 import tvm
 from tvm import te
 
-from .. import intrinsics
+from .. import intrinsics, lowering
 from ..build import BuildReport, FallbackWarning, build_report, prepare_op
 from ..measure import numpy_dtype
 from ..rewriter import schedule
@@ -147,7 +147,7 @@ def _emulated(tensors, name):
     except (ValueError, tvm.s_tir.ScheduleError) as e:
         plain = tvm.tirx.build(te.create_prim_func(list(tensors)), target=host())
         return BuildReport(plain, reason=str(e).splitlines()[0])
-    tvm.tirx.build(sch.mod, target=target)  # the kernel must compile for its own CPU
+    lowering.build(sch.mod, target)  # the kernel must compile for its own CPU
     unscheduled = tvm.tirx.build(te.create_prim_func(prepared.tensors), target=host())
     return BuildReport(unscheduled, intrin.name, prepared.variant, tuple(prepared.stages))
 

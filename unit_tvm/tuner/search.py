@@ -13,7 +13,7 @@ import tqdm
 import tvm
 from tvm import te
 
-from .. import checks, selection
+from .. import checks, lowering, selection
 # the timing helpers by name: tune()'s `measure` flag would shadow the module
 from ..measure import numpy_dtype, random_array, to_device
 from .. import schedules
@@ -74,7 +74,7 @@ def reference_output(prepared, arrays, target):
 
 def candidate_module(prepared, intrin, config, target):
     """Build one candidate (the tuner calls this; tests may replace it)."""
-    return tvm.tirx.build(schedule(prepared, intrin, config, target).mod, target=target)
+    return lowering.build(schedule(prepared, intrin, config, target).mod, target)
 
 
 def device_for(target):
