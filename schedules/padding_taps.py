@@ -13,14 +13,17 @@ takes away again: skipping would break that balance.
 A conv2d's padding columns are skipped the same way (`skip_padding_columns`), with one more
 step: the window's column loop is unrolled inside the register tile, so that with the tile's
 columns unrolled as well each tap's condition is a constant and the taps reading padding simply
-vanish from the code (a runtime condition per accumulator would keep them out of registers;
-rows, whose loop runs outside the tile, are therefore left alone), and only where the register
-tile spans the whole row, so that every condition is a constant. Measured on VNNI (Zen 4),
-bit-exact: 3x3 convs at 7x7 with a 14-accumulator tile -8.5% (2 of 21 column taps read
-padding). Where the tile covers part of a row the edge tiles' conditions depend on which tile
-runs: some kernels gained (Inception's 1x7 at 17x17 with 12 accumulators -11%, 3x3 at 28x28
--2%), others lost (3x3 at 35x35 with 14 accumulators 1.5x slower, 24 accumulators 2.1x: LLVM
-spills accumulators), so those keep their padding taps.
+vanish from the code (a runtime condition per accumulator would keep them out of registers),
+and only where the register tile spans the whole row, so that every condition is a constant.
+Measured on VNNI (Zen 4), bit-exact: 3x3 convs at 7x7 with a 14-accumulator tile -8.5% (2 of
+21 column taps read padding). Where the tile covers part of a row the edge tiles' conditions
+depend on which tile runs: some kernels gained (Inception's 1x7 at 17x17 with 12 accumulators
+-11%, 3x3 at 28x28 -2%), others lost (3x3 at 35x35 with 14 accumulators 1.5x slower, 24
+accumulators 2.1x: LLVM spills accumulators), so those keep their padding taps.
+
+A conv2d's padding rows, whose loop runs outside the tile, are skipped by one run-time test per
+window row around the tile's updates (`skip_padding_taps`), where the tile is on the stack
+(unit_tvm.lowering): Inception's 7x1 at 17x17 -10%.
 
 Both run inside the strategy's `schedule`, so the tuner times every candidate as it will run
 and can prefer a tile that spans the row where skipping pays."""
