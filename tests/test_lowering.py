@@ -82,6 +82,7 @@ def test_a_row_wide_tile_skips_padding_rows_and_is_exact(c, k, window, pad, row_
 def test_the_row_wide_tile_needs_no_workspace():
     """A 1x1 conv allocates nothing but its tile: TVM's pipeline asks the runtime for it,
     unit-tvm's keeps it on the stack."""
+    require_host("x86.vpdpbusd")
     intrin = intrinsics.get("x86.vpdpbusd")
     func = tensorized_func(_recipe(64, 16, (17, 17), (1, 1), (0, 0)), intrin,
                            unit_tvm.target.host())[0].with_attr("global_symbol", "main")
@@ -94,6 +95,7 @@ def test_the_profile_and_tuner_build_through_the_pipeline(monkeypatch):
     what the model runs)."""
     from unit_tvm.tuner import search
 
+    require_host("x86.vpdpbusd")
     calls = []
     real = lowering.build
     monkeypatch.setattr(lowering, "build", lambda *a: calls.append(a) or real(*a))
