@@ -30,20 +30,30 @@ def _let(name, value, body_fn):
     return tirx.Let(v, value, body_fn(v))
 
 
+def _clamp(x, lo, hi):
+    return tirx.max(tirx.min(x, _c(hi)), _c(lo))
+
+
+def _horner(coefs, t):
+    """coefs[0] + coefs[1] * t + ... in Horner form."""
+    p = _c(coefs[-1])
+    for coef in reversed(coefs[:-1]):
+        p = p * t + _c(coef)
+    return p
+
+
+_EXP_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(8))  # e^r to degree 7
+
+
 def exp(x):
     """exp(x) for a float32 PrimExpr: 2^n * e^r with n = round(x / ln2), |r| <= ln2 / 2."""
     def reduced(xc, n):
         # ln2 split in two so that n * ln2_hi is exact (Cody-Waite reduction)
         return _let("r", xc - n * _c(0.693145751953125) - n * _c(1.4286068203094172e-06),
-                    lambda r: _poly(r) * tirx.reinterpret(_F32, (n.astype("int32") + 127) << 23))
+                    lambda r: _horner(_EXP_TAYLOR, r)
+                    * tirx.reinterpret(_F32, (n.astype("int32") + 127) << 23))
 
-    def _poly(r):
-        p = _c(1.0 / 5040.0)
-        for k in (720, 120, 24, 6, 2, 1, 1):  # Taylor series of e^r in Horner form, degree 7
-            p = p * r + _c(1.0 / k)
-        return p
-
-    return _let("xc", tirx.max(tirx.min(x, _c(88.0)), _c(-87.0)), lambda xc: _let(
+    return _let("xc", _clamp(x, -87.0, 88.0), lambda xc: _let(
         "n", tirx.floor(xc * _c(1.0 / math.log(2.0)) + _c(0.5)), lambda n: reduced(xc, n)))
 
 
@@ -59,17 +69,9 @@ _ERF_Q = (1.0, 0.5287022609165921, 0.12350971796834473, 0.016116291542334783,
 _ERF_CLAMP = 4.0
 
 
-def _horner(coefs, t):
-    """coefs[0] + coefs[1] * t + ... in Horner form."""
-    p = _c(coefs[-1])
-    for coef in reversed(coefs[:-1]):
-        p = p * t + _c(coef)
-    return p
-
-
 def erf(x):
     """erf(x) for a float32 PrimExpr (odd, rational on the clamped argument)."""
-    return _let("xe", tirx.max(tirx.min(x, _c(_ERF_CLAMP)), _c(-_ERF_CLAMP)), lambda xe: _let(
+    return _let("xe", _clamp(x, -_ERF_CLAMP, _ERF_CLAMP), lambda xe: _let(
         "t", xe * xe, lambda t: xe * _horner(_ERF_P, t) / _horner(_ERF_Q, t)))
 
 

@@ -19,6 +19,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.tirx import compilation_pipeline
 
+from .target import is_cpu
 
 # Measured on Zen 4 (vpdpbusd, 2 threads, both variants built and timed alternately in one
 # process): with the tile on the stack (and padding rows skipped behind a run-time test, which
@@ -71,7 +72,7 @@ def pipeline(target) -> str:
     """Name of the TIR pipeline for `target`: "unit_tvm" on CPUs (registered on first use),
     TVM's "default" elsewhere (GPU host code may allocate device memory, which must stay with
     the runtime)."""
-    if target is None or tvm.target.Target(target).kind.name != "llvm":
+    if target is None or not is_cpu(target):
         return "default"
     if PIPELINE not in compilation_pipeline.PIPELINE_MAP:
         compilation_pipeline.register_tir_pipeline(PIPELINE, _unit_tvm_pipeline)
