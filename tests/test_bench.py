@@ -126,7 +126,7 @@ def _result(name, ours, others):
     for engine, (ms, cos) in others.items():
         engines[engine] = {"min_ms": ms, "median_ms": ms, "calls": 3, "cosine": cos,
                            "top1_agreement": 1.0, "precision": "int8"}
-    res = {"model": name, "engines": engines}
+    res = {"model": name, "accuracy_inputs": 32, "engines": engines}
     model._speedups(res, lambda *a: None)
     return res
 
@@ -147,7 +147,9 @@ def test_outputs_and_geomeans(tmp_path):
     assert any(p.endswith(".png") for p in paths)
     data = json.loads((tmp_path / "bench_model.json").read_text())
     assert data["geomean_speedup"]["ORT int8"] == pytest.approx(1.0)
-    assert "strongest other int8 engine ORT int8" in report.summary(res)
+    text = report.summary(res)
+    assert "strongest other int8 engine ORT int8" in text
+    assert "cosine 0.99900 vs 0.99900, top-1 1.000 vs 1.000 over 32 inputs" in text
 
 
 def test_interleaved_timing_gives_every_engine_the_same_calls():
@@ -194,7 +196,7 @@ def test_bench_model_takes_an_onnx_file(tmp_path):
     logged = []
     res = model.run_model(path, engines=("unit-tvm int8", "ORT int8", "PyTorch int8"),
                           n_inputs=2, rounds=1, log=logged.append, tune=False)
-    assert res["model"] == "small.onnx"
+    assert res["model"] == "small.onnx" and res["accuracy_inputs"] == 2
     assert set(res["engines"]) == {"unit-tvm int8", "ORT int8"}
     assert any("PyTorch int8" in line and "skipped" in line for line in logged)
     for engine in res["engines"].values():

@@ -250,7 +250,8 @@ def _add_model_commands(sub):
     p.add_argument("models", nargs="+",
                    help="zoo models (" + " ".join(ZOO_MODELS) + ") or .onnx files (one float32 "
                    "input; the PyTorch engines are skipped for them)")
-    p.add_argument("--inputs", type=int, default=8, help="random inputs for the accuracy check")
+    p.add_argument("--inputs", type=int, help="random inputs for the accuracy check (default: "
+                   "bench.model.ACCURACY_INPUTS; top-1 agreement is noisy with few)")
     _tuning_args(p, "per distinct op")
     p.add_argument("--no-tune", action="store_true", help="database or default configs only")
     p.add_argument("--skip", action="append", help="an engine to leave out (repeatable)")

@@ -65,8 +65,11 @@ def summary(results) -> str:
     lines = []
     for r in results:
         if r.get("strongest"):
+            ours, theirs = r["engines"]["unit-tvm int8"], r["engines"][r["strongest"]]
             lines.append(f"{r['model']}: strongest other int8 engine {r['strongest']}, "
-                         f"unit-tvm {r['vs_strongest']:.2f}x")
+                         f"unit-tvm {r['vs_strongest']:.2f}x; cosine {ours['cosine']:.5f} vs "
+                         f"{theirs['cosine']:.5f}, top-1 {ours['top1_agreement']:.3f} vs "
+                         f"{theirs['top1_agreement']:.3f} over {r.get('accuracy_inputs')} inputs")
     geo = geomean_speedups(results)
     if len(results) > 1 and geo:
         lines.append("geomean speedup of unit-tvm int8: " + ", ".join(
