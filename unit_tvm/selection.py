@@ -30,6 +30,10 @@ RACE_WASTE = 1.75
 # tuned too, RACE_MOST in all.
 RACE_CLOSE = 1.05
 RACE_MOST = 2
+# After the race (or from the database, whose records come from separate tuning runs), a later
+# alternative replaces an earlier one only when it is faster by more than this: two runs of one
+# kernel on the shared VM differ by a few %, and the preference order is the better guess then.
+RACE_KEEP = 1.03
 
 
 @dataclass(frozen=True)

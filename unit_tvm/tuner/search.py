@@ -262,11 +262,12 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
     """Pick the instruction for one op, and its config: alternatives is [(intrin, prepared), ...]
     in preference order. Returns (index into alternatives, TuneResult).
 
-    A database hit for any alternative decides without measuring (the fastest recorded one).
+    A database hit for any alternative decides without measuring (the fastest recorded one, or
+    an earlier alternative within selection.RACE_KEEP of it).
     Without a hit: measure=False takes the first alternative with its default config; else every
     alternative's default config is built, checked against the reference and timed, then the
     fastest — and the next ones within `close` of it, `most` in all — is tuned and the fastest
-    tuned one kept. Padding, register blocking and tile shapes make the static preference a
+    tuned one kept (the same RACE_KEEP margin for an earlier alternative). Padding, register blocking and tile shapes make the static preference a
     guess: at 7x7 or one row, a 16-row AMX tile computes mostly padding and the 512-bit vpdpbusd
     wins by 2x. runner: where candidates run (see `tune`).
     """
@@ -280,8 +281,7 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
             if res.from_database:
                 hits.append((_seconds(prepared, res), i, res))
         if hits:
-            _, i, res = min(hits, key=lambda h: h[0])
-            return i, res
+            return _preferred(hits)
     if not measure or len(alternatives) == 1:
         intrin, prepared = alternatives[0]
         return 0, tune(prepared, intrin, target, trials=trials, database=database,
@@ -299,7 +299,15 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
         res = tune(prepared, intrin, target, trials=trials, database=database, progress=progress,
                    runner=runner)
         tuned.append((_seconds(prepared, res), i, res))
-    _, i, res = min(tuned, key=lambda h: h[0])
+    return _preferred(tuned)
+
+
+def _preferred(entries, keep=selection.RACE_KEEP):
+    """(index, TuneResult) of the earliest alternative whose seconds are within `keep` of the
+    fastest, from [(seconds, index, TuneResult)]: a later one must win by more than the noise
+    between two tuning runs (selection.RACE_KEEP)."""
+    fastest = min(t for t, _, _ in entries)
+    _, i, res = min((e for e in entries if e[0] <= fastest * keep), key=lambda e: e[1])
     return i, res
 
 
