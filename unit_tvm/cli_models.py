@@ -35,8 +35,8 @@ def cmd_bench_model(args):
     results = []
     for name in args.models:
         log(f"{name}:")
-        options = {"n_inputs": args.inputs or model.ACCURACY_INPUTS, "rounds": args.rounds, "trials": args.trials,
-                   "tune": not args.no_tune}
+        options = {"n_inputs": args.inputs or model.ACCURACY_INPUTS, "rounds": args.rounds,
+                   "trials": args.trials, "tune": not args.no_tune}
         if runner is None:
             results.append(model.run_model(name, engines=engines, log=log,
                                            database=args.database, **options))

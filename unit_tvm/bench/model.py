@@ -46,7 +46,8 @@ MIN_COSINE = 0.99
 ACCURACY_INPUTS = 32
 
 
-def make_case(name, n_inputs=ACCURACY_INPUTS, n_calibration=4, threads=None, **options) -> ModelCase:
+def make_case(name, n_inputs=ACCURACY_INPUTS, n_calibration=4, threads=None,
+              **options) -> ModelCase:
     """The zoo model `name` (or the ONNX file `name`) with its calibration and accuracy inputs:
     fixed-seed normal samples of its input shape."""
     threads = threads or host_threads()
@@ -83,7 +84,8 @@ def strongest(engines: dict) -> str:
     return min(rivals, key=lambda n: engines[n]["min_ms"]) if rivals else ""
 
 
-def run_model(name, *, engines=ENGINES, n_inputs=ACCURACY_INPUTS, rounds=10, log=print, **options) -> dict:
+def run_model(name, *, engines=ENGINES, n_inputs=ACCURACY_INPUTS, rounds=10, log=print,
+              **options) -> dict:
     """Build every engine, check its accuracy, time them interleaved; a plain-data result."""
     case = make_case(name, n_inputs, **options)
     refs = _references(case)

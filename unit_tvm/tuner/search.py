@@ -263,12 +263,13 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
     in preference order. Returns (index into alternatives, TuneResult).
 
     A database hit for any alternative decides without measuring (the fastest recorded one, or
-    an earlier alternative within selection.RACE_KEEP of it).
-    Without a hit: measure=False takes the first alternative with its default config; else every
-    alternative's default config is built, checked against the reference and timed, then the
-    fastest — and the next ones within `close` of it, `most` in all — is tuned and the fastest
-    tuned one kept (the same RACE_KEEP margin for an earlier alternative). Padding, register blocking and tile shapes make the static preference a
-    guess: at 7x7 or one row, a 16-row AMX tile computes mostly padding and the 512-bit vpdpbusd
+    an earlier alternative within selection.RACE_KEEP of it). Without a hit: measure=False takes
+    the first alternative with its default config; else every alternative's default config is
+    built, checked against the reference and timed, then the fastest — and the next ones within
+    `close` of it, `most` in all — is tuned and the fastest tuned one kept (with the same
+    RACE_KEEP margin for an earlier one). Padding, register blocking and tile shapes make the
+    static preference a guess: at 7x7 or one row, a 16-row AMX tile computes mostly padding and
+    the 512-bit vpdpbusd
     wins by 2x. runner: where candidates run (see `tune`).
     """
     target = target_for(target, runner)
