@@ -612,6 +612,35 @@ def test_blocked_residual_keeps_the_write_back_vectorised(name):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("vectorized", [False, True])
+def test_requantization_rounds_and_clips_every_float(vectorized):
+    """quantize_value, built as the kernels build it (scalar, and 16 lanes: vcvtps2dq and a
+    saturating narrow on x86, frintx/fcvtzs on ARM): x / scale + zp rounded to nearest even and
+    clipped to [0, 255] for in-range values and ties, values far outside int32, +-inf and
+    denormals; NaN gives 0."""
+    from tvm import te
+
+    from unit_tvm.relax.qarith import quantize_value
+
+    scale, zp = 0.25, 3
+    rng = np.random.default_rng(0)
+    ties = (np.arange(-8, 264) + 0.5 - zp) * scale  # exact halves: rounded to even
+    xs = np.concatenate([rng.uniform(-20, 80, 4000), ties, [np.inf, -np.inf, 3e38, -3e38, 1e10,
+                         -1e10, 2.0 ** 31 * scale, 1e-45, -1e-45, 0.0, -0.0, np.nan]])
+    xs = np.resize(xs.astype("float32"), -(-len(xs) // 16) * 16)
+    x = te.placeholder(xs.shape, "float32", name="x")
+    out = te.compute(xs.shape, lambda i: quantize_value(x[i], scale, zp), name="out")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, out]))
+    if vectorized:
+        sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("out"))[0], [None, 16])[1])
+    got = _call_prim(sch.mod["main"], [xs, np.zeros(xs.shape, "uint8")])
+    with np.errstate(invalid="ignore"):
+        want = np.clip(np.rint(xs.astype(np.float64) / scale + zp), 0, 255)
+    want[np.isnan(xs)] = 0
+    np.testing.assert_array_equal(got, want.astype("uint8"))
+    assert {0, 255} <= set(got.tolist()) and 0.3 < (got % 2 == 0).mean() < 0.7
+
+
 @pytest.mark.parametrize("zp", [0, 7])
 def test_relu_left_to_the_requantization_clip_is_bit_exact(monkeypatch, zp):
     """With a uint8 result of zero point 0 the requantization's clip at 0 does relu's work: the
