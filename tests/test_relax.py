@@ -750,6 +750,44 @@ def test_tuned_model_remembers_its_instruction_choice(tmp_path, monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_changed_kernel_keeps_its_tuned_loops_and_a_missing_one_warns(tmp_path):
+    """A database whose kernel records no longer match (the kernels' arithmetic changed, so
+    their loop nests hash differently) still configures each op from its instruction-choice
+    record; a database with records for other ops only leaves them on default configs, with one
+    warning that says so."""
+    require_host("x86.vpdpbusd")
+    import json
+    import warnings
+
+    from unit_tvm.tuner import Database
+
+    model = nn.Sequential(nn.Conv2d(8, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 16, 1))
+    cal, xs, _ = _prepare(model, (1, 8, 12, 12))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    db = tmp_path / "db.jsonl"
+    tuned = UnitTensorize(tune=True, trials=3, database=str(db))
+    tuned(qmod)
+    lines = [json.loads(line) for line in db.read_text().splitlines()]
+    choices = [r for r in lines if r.get("choice")]
+    assert len(choices) == 2
+    stale = tmp_path / "stale.jsonl"  # only the choices: no kernel record matches any more
+    stale.write_text("".join(json.dumps(r) + "\n" for r in choices))
+    rebuilt = UnitTensorize(database=str(stale))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rebuilt(qmod)
+    assert rebuilt.untuned == []
+    assert [k.config for k in rebuilt.kernels.values()] == [
+        k.config for k in tuned.kernels.values()]
+    other = tmp_path / "other.jsonl"  # records of other ops only
+    other.write_text("".join(json.dumps({**r, "workload": "x" + r["workload"]}) + "\n"
+                             for r in lines))
+    untuned = UnitTensorize(database=str(other))
+    with pytest.warns(UserWarning, match="has no config for 2 ops"):
+        untuned(qmod)
+    assert len(untuned.untuned) == 2 and len(Database(str(other)).records()) == len(lines)
+
+
 @pytest.mark.parametrize("hw", [(17, 17), (17, 31)])
 def test_odd_widths_are_computed_exactly(hw):
     """Inception's 17x17 layers (1x7, 7x1 and a strided 3x3): a 17-column row has no register

@@ -71,8 +71,10 @@ class UnitTensorize:
         self.report = []  # (op, instruction or None, reason) per quantized op
         self.kernels = {}  # function name -> KernelInfo, for profiles
         self._graphs = {}  # (tuning form, instruction) -> prepared graph
+        self.untuned = []  # ops the database had no config for (tune=False): default configs
 
     def transform_module(self, mod, ctx):  # noqa: D401 - tvm pass hook
+        self.untuned = []
         func = mod["main"]
         calls = []
 
@@ -119,6 +121,7 @@ class UnitTensorize:
                                 for avg in pool_readers[pool].avg_pools]
             args = arguments(list(call.args[1].fields))
             replace.append((call, gv, args, relax.TensorType(out_shape(final), out_dtype(final))))
+        self._warn_untuned()
         if not replace:
             return mod
         mod = bb.get()
@@ -155,6 +158,22 @@ class UnitTensorize:
                     functools.partial(_plain_arguments, recipe=recipe), recipe)
         return None
 
+    def _warn_untuned(self):
+        """One warning for the ops a database was given for but that run default configs:
+        only for a database that holds records (for another model, or from an older unit-tvm
+        whose kernels' loop nests differ); an empty or absent one means nothing was tuned yet."""
+        database = self._database()
+        if self.untuned and database is not None and database.records():
+            warnings.warn(f"UnitTensorize: {database.path} has no config for {len(self.untuned)} "
+                          f"ops (e.g. {self.untuned[0]}): they run their default configs; tune "
+                          "them (tune=True, `--tune`) if the database is from another model or "
+                          "an older unit-tvm", stacklevel=3)
+
+    def _note_untuned(self, label, result):
+        """Remember an op that a database was given for but that runs its default config."""
+        if self.database is not None and not self.tune and not result.from_database:
+            self.untuned.append(label)
+
     def _build(self, recipe, packed_out, block=None):
         """(tensorized PrimFunc, (x, y), final recipe, config described), or None with the
         reason reported. Every candidate instruction is an alternative (packed_out: with its own
@@ -190,13 +209,16 @@ class UnitTensorize:
 
         chosen, config = (found[0] if found else None), None
         database = self._database()
-        remembered = _remembered_choice(database, recipe, (packed_out, block), self.target,
-                                        found)
+        remembered, record = _remembered_choice(database, recipe, (packed_out, block),
+                                                self.target, found)
         if remembered is not None and alternative(remembered) is not None:
             # an earlier race decided: only that instruction's graph is built
             chosen = remembered
-            config = tune(alternative(chosen)[2][0], chosen, self.target, database=database,
-                          measure=bool(self.tune), trials=self.trials, runner=self.runner).config
+            result = tune(alternative(chosen)[2][0], chosen, self.target, database=database,
+                          measure=bool(self.tune), trials=self.trials, runner=self.runner,
+                          prior=record)
+            config = result.config
+            self._note_untuned(label, result)
         elif found and (database is not None or self.tune):
             alts = [a for a in map(alternative, found) if a is not None]
             try:
@@ -205,6 +227,7 @@ class UnitTensorize:
                     trials=self.trials, database=database, measure=bool(self.tune),
                     runner=self.runner)
                 chosen, config = alts[index][0], result.config
+                self._note_untuned(label, result)
                 if database is not None and result.gops > 0:  # measured now or before
                     _remember_choice(database, recipe, (packed_out, block), self.target, chosen,
                                      result)
@@ -308,11 +331,12 @@ def _choice_key(recipe, edge):
 
 
 def _remembered_choice(database, recipe, edge, target, found):
-    """The candidate the latest race chose for this op (a database record), or None."""
+    """(candidate, record) of the latest race's choice for this op, or (None, None)."""
     if database is None:
-        return None
+        return None, None
     rec = database.latest(_choice_key(recipe, edge), target)
-    return next((i for i in found if rec is not None and i.name == rec["intrinsic"]), None)
+    chosen = next((i for i in found if rec is not None and i.name == rec["intrinsic"]), None)
+    return chosen, rec if chosen is not None else None
 
 
 def _remember_choice(database, recipe, edge, target, intrin, result):

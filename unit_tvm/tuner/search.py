@@ -95,7 +95,8 @@ def device_for(target):
 
 
 def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=True,
-         progress=None, seed=0, top_k=6, patience=3, initial=10, runner=None) -> TuneResult:
+         progress=None, seed=0, top_k=6, patience=3, initial=10, runner=None,
+         prior=None) -> TuneResult:
     """Tune the strategy of a Prepared op for `target` (CPU or CUDA); returns a TuneResult.
 
     database: a Database or a path; a hit returns its config without measuring anything.
@@ -103,7 +104,10 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
     returns the default config when the database has no entry. progress: show a tqdm bar
     (default: on unless UNIT_TVM_QUIET is set). runner: where candidates run (default: this
     machine; a unit_tvm.fleet.RpcRunner measures them on the servers of a TVM RPC tracker, in
-    parallel, and `target` defaults to theirs).
+    parallel, and `target` defaults to theirs). prior: a database record of the same op whose
+    loop nest may differ (the model pass's instruction choice); with measure=False and no record
+    of this loop nest, its config is taken when this loop nest has it (a kernel whose arithmetic
+    changed keeps its tuned loops).
     """
     if not isinstance(prepared, Prepared):
         raise TypeError(f"unit_tvm.tune takes the Prepared op from unit_tvm.prepare.prepare(op, "
@@ -125,6 +129,9 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
         # space
         hit = database.lookup(key, target, intrin.name,
                               accept=lambda rec: _config_of(strategy, rec) in space)
+        if (hit is None and not measure and prior is not None
+                and prior.get("intrinsic") == intrin.name and _config_of(strategy, prior) in space):
+            hit = prior
         if hit is not None:
             return TuneResult(_config_of(strategy, hit), hit["gops"], True,
                               seconds=time.time() - t0)
