@@ -150,6 +150,11 @@ def test_outputs_and_geomeans(tmp_path):
     text = report.summary(res)
     assert "strongest other int8 engine ORT int8" in text
     assert "cosine 0.99900 vs 0.99900, top-1 1.000 vs 1.000 over 32 inputs" in text
+    engines = _result("c", 1.0, {"ORT int8": (2.0, 0.999)})["engines"]
+    del engines["unit-tvm int8"]
+    rivals_only = {"model": "c", "accuracy_inputs": 32, "engines": engines}
+    model._speedups(rivals_only, lambda *a: None)  # `--engines` without unit-tvm
+    assert rivals_only["strongest"] == "ORT int8" and report.summary([rivals_only]) == ""
 
 
 def test_interleaved_timing_gives_every_engine_the_same_calls():

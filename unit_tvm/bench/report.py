@@ -64,7 +64,7 @@ def summary(results) -> str:
     """The lines printed after the per-engine log: geomeans and the strongest rival per model."""
     lines = []
     for r in results:
-        if r.get("strongest"):
+        if r.get("strongest") and "vs_strongest" in r:  # not when unit-tvm was left out
             ours, theirs = r["engines"]["unit-tvm int8"], r["engines"][r["strongest"]]
             lines.append(f"{r['model']}: strongest other int8 engine {r['strongest']}, "
                          f"unit-tvm {r['vs_strongest']:.2f}x; cosine {ours['cosine']:.5f} vs "
