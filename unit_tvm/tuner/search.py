@@ -276,8 +276,7 @@ def tune_instruction(alternatives, target=None, *, trials=None, database=None, m
     `close` of it, `most` in all — is tuned and the fastest tuned one kept (with the same
     RACE_KEEP margin for an earlier one). Padding, register blocking and tile shapes make the
     static preference a guess: at 7x7 or one row, a 16-row AMX tile computes mostly padding and
-    the 512-bit vpdpbusd
-    wins by 2x. runner: where candidates run (see `tune`).
+    the 512-bit vpdpbusd wins by 2x. runner: where candidates run (see `tune`).
     """
     target = target_for(target, runner)
     if database is not None and not isinstance(database, Database):
