@@ -12,10 +12,10 @@ from unit_tvm.fuzz.worker import run_cases
 from . import fuzz_jobs
 
 FUZZ_SEED = 2026
-FUZZ_CASES = 300
+FUZZ_CASES = 200  # ~30 s on 2 cores; `unit-tvm fuzz` runs thousands
 
 
-def test_a_few_hundred_random_ops_give_no_wrong_answer_and_no_crash(capsys):
+def test_two_hundred_random_ops_give_no_wrong_answer_and_no_crash(capsys):
     report = fuzz.fuzz(FUZZ_CASES, FUZZ_SEED, workers=2, timeout=600)
     with capsys.disabled():
         print("\n" + fuzz.table(report))
