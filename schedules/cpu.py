@@ -18,6 +18,7 @@ import numpy as np
 from tvm import s_tir, te
 
 from .. import intrinsics
+from ..prefetch import PREFETCH_ATTR
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)
 from .padding_taps import skip_padding
@@ -215,6 +216,8 @@ def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_b
     units = [lp for lp in outer if int(sch.get(lp).extent) == 1]
     outer = [lp for lp in outer if int(sch.get(lp).extent) != 1] + units
     sch.reorder(*outer, *reduce_loops, *inner, *intrin_loops)
+    if reduce_loops:  # prefetch the next tile's weights while this one runs (unit_tvm.prefetch)
+        sch.annotate(reduce_loops[0], PREFETCH_ATTR, 1)
     n_par = min(config.parallel, len(outer) - len(units)) if len(outer) > len(units) else 1
     if n_par > 1:
         outer = [sch.fuse(*outer[:n_par])] + outer[n_par:]

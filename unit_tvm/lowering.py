@@ -19,6 +19,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.tirx import compilation_pipeline
 
+from .prefetch import prefetch_next_panel
 from .target import is_cpu
 
 # Measured on Zen 4 (vpdpbusd, 2 threads, both variants built and timed alternately in one
@@ -61,11 +62,12 @@ def tiles_on_stack(func, _mod, _ctx):
 
 
 def _unit_tvm_pipeline(**kwargs):
-    """TVM's s_tir pipeline, with tiles_on_stack ahead of the host's finalization passes (the
-    first of which, LowerTVMBuiltin, decides stack or workspace)."""
+    """TVM's s_tir pipeline, with prefetch_next_panel (prefetch.py) and tiles_on_stack ahead of
+    the host's finalization passes (the first of which, LowerTVMBuiltin, decides stack or
+    workspace)."""
     lower, finalize_host, finalize_device = compilation_pipeline.get_tir_pipeline("s_tir", **kwargs)
-    return (lower, lambda: tvm.ir.transform.Sequential([tiles_on_stack, finalize_host()]),
-            finalize_device)
+    return (lower, lambda: tvm.ir.transform.Sequential(
+        [prefetch_next_panel, tiles_on_stack, finalize_host()]), finalize_device)
 
 
 def pipeline(target) -> str:

@@ -1,0 +1,167 @@
+"""Software prefetch of the operand a tensorized kernel streams: the next panel of weights.
+
+A tensorized CPU kernel reads its weights one panel per register tile: the lines the tile's
+reduction touches (a dense layer's 2 column blocks x 768 rows, 24 KB; a conv's output-channel
+block over its whole window, 36 KB for 256 -> 256 3x3). Every tile of a panel but the first
+finds it in cache; the first waits for memory, line by line, because the instruction issues
+faster than one core's share of DRAM bandwidth can feed it (16 vpdpbusd per 128 bytes of a
+2-block dense tile: ~30 GB/s at 4 GHz). Where the weights do not stay in cache between calls
+(BERT-base's 85 MB, ResNet-50's 25 MB on a shared 32 MB L3) that wait is not hidden: measured
+on Zen 4, the FFN-up dense (768 -> 3072) ran 721 us with its weights in cache and 775 us with
+them evicted; with this prefetch 729 us evicted, in cache unchanged.
+
+The strategy (schedules/cpu.py) marks the outermost reduction loop around the instruction with
+PREFETCH_ATTR; `prefetch_next_panel`, a TIR pass run after TVM's lowering (flat buffers), finds
+the vector loads of at least MIN_VECTOR_BYTES in that loop (the instruction's streamed operand;
+the broadcast operand is a 4-byte load), measures the span the loop nest reads of each such
+buffer (the panel), and issues a prefetch of the line one panel ahead of each load, into L2.
+The panel after a tile's is the one the same thread uses next whatever the loop order: packed
+weights hold each output-channel block's reduction contiguously. A load whose span is not a
+compile-time constant (a window clipped at run time) gets no prefetch.
+"""
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+PREFETCH_ATTR = "unit_tvm.prefetch_next_panel"
+MIN_VECTOR_BYTES = 32  # a ymm or zmm operand; 4-byte broadcasts and scalars are left alone
+# Instruction updates per streamed vector below which a tile gets no prefetch: measured on Zen 4,
+# a prefetch per update slowed the classifier of mobilenet_v2 (1 row: 1280 -> 1000) from 7.7 to
+# 10.8 us, where the hardware prefetcher already follows a stream read once.
+MIN_REUSE = 4
+# Smaller operands are left alone: they stay in a core's L2 (1-2 MB on these servers) from one
+# call to the next in small models, and inside big ones their first tile is a short wait; the
+# extra address arithmetic also kept LLVM from unrolling small windows (a 3x3 conv with 9 KB of
+# weights compiled to a loop instead of straight code).
+MIN_STREAM_BYTES = 64 * 1024
+_LOCALITY_L2 = 2  # llvm.prefetch locality 2: prefetcht1 on x86 (measured: L1 gained less)
+
+
+def _substitute(expr, binds):
+    """expr with every variable bound in `binds` ((var, value) pairs) replaced by its value."""
+
+    def on_var(var, _mutator):
+        return next((value for bound, value in binds if bound.same_as(var)), var)
+
+    return tvm_ffi.structural_mutate(expr, [(tirx.Var, on_var)])
+
+
+def _stream_loads(body):
+    """(TensorLoad, its base with the loop's Binds substituted) of every wide vector load in
+    `body` from a buffer the body does not write (an accumulator tile is written), the loops
+    inside it: [(var, min, extent)], and how many stores it holds (instruction updates)."""
+    binds, loads, loops, written = [], [], [], []
+
+    def on_bind(stmt):
+        binds.append((stmt.var, _substitute(stmt.value, binds)))
+
+    def on_for(loop):
+        loops.append((loop.loop_var, loop.min, loop.extent))
+
+    def on_store(store):
+        written.append(store.buffer.name)
+
+    def on_load(load):
+        if _is_stream(load):
+            loads.append((load, _substitute(load.indices[0].base, binds)))
+
+    tvm_ffi.structural_walk(body, [(tirx.Bind, on_bind), (tirx.For, on_for),
+                                   (tirx.BufferStore, on_store),
+                                   (tvm.ir.expr.TensorLoad, on_load)], order="pre")
+    loads = [(load, base) for load, base in loads if load.source.name not in written]
+    return loads, loops, len(written)
+
+
+def _is_stream(load) -> bool:
+    """A load of MIN_VECTOR_BYTES or more consecutive elements of a flat buffer."""
+    dtype = tvm.runtime.DataType(str(load.ty.dtype))
+    return (len(load.indices) == 1 and isinstance(load.indices[0], tirx.Ramp)
+            and dtype.bits * dtype.lanes // 8 >= MIN_VECTOR_BYTES)
+
+
+def _buffer_bytes(buf):
+    dtype = tvm.runtime.DataType(str(buf.dtype))
+    return int(buf.shape[0]) * dtype.bits * dtype.lanes // 8
+
+
+def _lanes(load):
+    return tvm.runtime.DataType(str(load.ty.dtype)).lanes
+
+
+def _panels(loop):
+    """{buffer name: elements one pass of `loop` reads of it, first lane to last} for each
+    buffer streamed in `loop`; a buffer whose span is not a constant is left out, and all are
+    when the tile uses each streamed vector fewer than MIN_REUSE times."""
+    loads, loops, updates = _stream_loads(loop.body)
+    distinct = {(load.source.name, tvm_ffi.structural_hash(base)) for load, base in loads}
+    if updates < MIN_REUSE * len(distinct):
+        return {}
+    loops.append((loop.loop_var, loop.min, loop.extent))
+    dom = {v: tvm.sym.IntervalSet(lo, lo + ext - 1) for v, lo, ext in loops}
+    ana = tvm.sym.Analyzer()
+    by_buffer = {}
+    for load, base in loads:
+        if _buffer_bytes(load.source) < MIN_STREAM_BYTES:
+            continue
+        bounds = ana.int_set(base, dom)
+        by_buffer.setdefault(load.source.name, []).append(
+            (bounds.min_value, bounds.max_value + _lanes(load)))
+    panels = {}
+    for name, spans in by_buffer.items():
+        ref = spans[0][0]
+        offsets = [ana.simplify(x - ref) for span in spans for x in span]
+        if all(isinstance(x, tirx.IntImm) for x in offsets):
+            panels[name] = max(int(x) for x in offsets) - min(int(x) for x in offsets)
+    return panels
+
+
+def _prefetch(load, panel):
+    """Evaluate: prefetch the line `panel` elements after `load`'s first lane (clamped to the
+    buffer: an address past it would be undefined in LLVM's eyes)."""
+    buf, base = load.source, load.indices[0].base
+    last = int(buf.shape[0]) - _lanes(load)
+    ahead = tirx.min(base + panel, last)
+    address = tirx.address_of(tirx.BufferLoad(buf, [ahead]))
+    return tirx.Evaluate(tirx.call_llvm_intrin(
+        "void", "llvm.prefetch.p0", address, tirx.const(0, "int32"),
+        tirx.const(_LOCALITY_L2, "int32"), tirx.const(1, "int32")))
+
+
+def _with_prefetches(loop):
+    panels = _panels(loop)
+    done = set()
+
+    def on_store(store, mutator):
+        fetches = []
+
+        def on_load(load):
+            if not _is_stream(load) or load.source.name not in panels:
+                return
+            key = (load.source.name, tvm_ffi.structural_hash(load.indices[0].base))
+            if key not in done:
+                done.add(key)
+                fetches.append(_prefetch(load, panels[load.source.name]))
+
+        tvm_ffi.structural_walk(store.value, [(tvm.ir.expr.TensorLoad, on_load)], order="pre")
+        return tirx.SeqStmt(fetches + [store]) if fetches else store
+
+    if not panels:
+        return loop
+    body = tvm_ffi.structural_mutate(loop.body, [(tirx.BufferStore, on_store)])
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body,
+                    loop.thread_binding, loop.annotations)
+
+
+@tirx.transform.prim_func_pass(opt_level=0, name="unit_tvm.PrefetchNextPanel")
+def prefetch_next_panel(func, _mod, _ctx):
+    """Prefetch, in every loop marked with PREFETCH_ATTR, the next panel of each streamed
+    operand (module docstring)."""
+
+    def on_for(loop, mutator):
+        loop = mutator.default_mutate(loop)
+        return _with_prefetches(loop) if PREFETCH_ATTR in loop.annotations else loop
+
+    return func.with_body(tvm_ffi.structural_mutate(func.body, [(tirx.For, on_for)]))
+
+
