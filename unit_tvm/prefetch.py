@@ -74,20 +74,16 @@ def _stream_loads(body):
     return loads, loops, len(written)
 
 
+def _bytes(dtype) -> int:
+    """Bytes of one value of `dtype` (all its lanes)."""
+    dtype = tvm.runtime.DataType(str(dtype))
+    return dtype.bits * dtype.lanes // 8
+
+
 def _is_stream(load) -> bool:
     """A load of MIN_VECTOR_BYTES or more consecutive elements of a flat buffer."""
-    dtype = tvm.runtime.DataType(str(load.ty.dtype))
     return (len(load.indices) == 1 and isinstance(load.indices[0], tirx.Ramp)
-            and dtype.bits * dtype.lanes // 8 >= MIN_VECTOR_BYTES)
-
-
-def _buffer_bytes(buf):
-    dtype = tvm.runtime.DataType(str(buf.dtype))
-    return int(buf.shape[0]) * dtype.bits * dtype.lanes // 8
-
-
-def _lanes(load):
-    return tvm.runtime.DataType(str(load.ty.dtype)).lanes
+            and _bytes(load.ty.dtype) >= MIN_VECTOR_BYTES)
 
 
 def _panels(loop):
@@ -103,11 +99,12 @@ def _panels(loop):
     ana = tvm.sym.Analyzer()
     by_buffer = {}
     for load, base in loads:
-        if _buffer_bytes(load.source) < MIN_STREAM_BYTES:
+        buf = load.source
+        if int(buf.shape[0]) * _bytes(buf.dtype) < MIN_STREAM_BYTES:
             continue
         bounds = ana.int_set(base, dom)
-        by_buffer.setdefault(load.source.name, []).append(
-            (bounds.min_value, bounds.max_value + _lanes(load)))
+        lanes = int(load.indices[0].lanes)
+        by_buffer.setdefault(buf.name, []).append((bounds.min_value, bounds.max_value + lanes))
     panels = {}
     for name, spans in by_buffer.items():
         ref = spans[0][0]
@@ -123,9 +120,8 @@ def _prefetch(load, panel):
     points beyond the buffer, which a prefetch may (it never faults, on x86 or ARM) and which an
     in-bounds index may not; a clamp to the buffer cost 4 instructions per prefetch."""
     buf, base = load.source, load.indices[0].base
-    dtype = tvm.runtime.DataType(str(buf.dtype))
     here = tirx.address_of(tirx.BufferLoad(buf, [base]))
-    ahead = tirx.handle_add_byte_offset(here, panel * dtype.bits * dtype.lanes // 8)
+    ahead = tirx.handle_add_byte_offset(here, panel * _bytes(buf.dtype))
     return tirx.Evaluate(tirx.call_llvm_intrin(
         "void", "llvm.prefetch.p0", ahead, tirx.const(0, "int32"),
         tirx.const(_LOCALITY_L2, "int32"), tirx.const(1, "int32")))
@@ -153,7 +149,7 @@ def _with_prefetches(loop):
         return loop
     body = tvm_ffi.structural_mutate(loop.body, [(tirx.BufferStore, on_store)])
     return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, body,
-                    loop.thread_binding, loop.annotations)
+                    loop.thread_binding, loop.annotations, loop.step)
 
 
 @tirx.transform.prim_func_pass(opt_level=0, name="unit_tvm.PrefetchNextPanel")
