@@ -1122,6 +1122,61 @@ def test_conv3d_shapes_nobody_tuned_for_are_exact():
         assert _cos(got, ref) > 0.99
 
 
+def _conv3d_recipe(window, stride, padding, **extra):
+    """A uint8 -> uint8 conv3d, 16 -> 32 channels over 4 frames of 6 x 7, with a residual."""
+    c, k, (d, h, w_) = 16, 32, (4, 6, 7)
+    out = [(e + sum(padding[a::3]) - t) // st + 1
+           for a, (e, t, st) in enumerate(zip((d, h, w_), window, stride))]
+    recipe = {"kind": "conv3d", "in_shape": [1, c, d, h, w_], "w_shape": [k, c, *window],
+              "out_shape": [1, k, *out], "out_channels": k, "stride": list(stride),
+              "dilation": [1, 1, 1], "padding": list(padding), "x_scale": 0.1, "x_zp": 0,
+              "relu": True, "clip_max": None, "residual": True, "residual_q": [0.1, 5],
+              "in_u8": True, "out_q": [0.05, 0]}
+    recipe.update(extra)
+    return Recipe.from_dict(recipe)
+
+
+@pytest.mark.parametrize("window, stride, padding", [
+    ((3, 3, 3), (1, 1, 1), (1, 1, 1, 1, 1, 1)),  # the producer's blocks copied padded
+    ((1, 1, 1), (2, 2, 2), (0,) * 6),  # a shortcut reading the blocks in place
+])
+def test_conv3d_on_blocked_edges_is_exact(window, stride, padding):
+    """A conv3d reading its input and residual in NCDHW16c and writing NCDHW16c (the uint8
+    edges between conv3d ops), tensorized and as the plain int8 loop nest (the fallback),
+    equals the plain NCDHW op bit for bit."""
+    require_host("x86.vpdpbusd")
+    from unit_tvm import intrinsics
+    from unit_tvm.relax.qops import plain_func, tensorized_func
+    from unit_tvm.relax.weights import pack_weight, plain_weight
+    from unit_tvm.testing.reference import pack_nchwc, unpack_nchwc
+
+    target = unit_tvm.target.host()
+    blocked = _conv3d_recipe(window, stride, padding, in_block=16, out_block=16,
+                             residual_block=16)
+    flat = blocked.replace(in_block=None, out_block=None, residual_block=None)
+    rng = np.random.default_rng(1)
+    x = rng.integers(0, 256, flat.in_shape).astype("uint8")
+    w = rng.integers(-127, 128, flat.w_shape).astype("int8")
+    comp = np.zeros(32, "int32")  # x_zp = 0
+    mult = rng.uniform(0.001, 0.004, 32).astype("float32")
+    bias = rng.uniform(-1, 1, 32).astype("float32")
+    res = rng.integers(0, 256, flat.out_shape).astype("uint8")
+    want = _call_prim(plain_func(flat), [x, w, comp, mult, bias, res,
+                                         np.zeros(flat.out_shape, "uint8")])
+    assert 0 < want.mean() < 255  # neither all clipped nor all zero
+    out = np.zeros(pack_nchwc(want, 16).shape, "uint8")
+    intrin = intrinsics.get("x86.vpdpbusd")
+    func, blocks, _ = tensorized_func(blocked, intrin, target)
+    got = _call_prim(func, [pack_nchwc(x, 16), pack_weight(blocked, w, blocks), comp, mult,
+                            bias, pack_nchwc(res, 16), out])
+    np.testing.assert_array_equal(unpack_nchwc(got), want)
+    got = _call_prim(plain_func(blocked), [pack_nchwc(x, 16), plain_weight(blocked, w), comp,
+                                           mult, bias, pack_nchwc(res, 16), out])
+    np.testing.assert_array_equal(unpack_nchwc(got), want)
+    # the shortcut reads the producer's blocks as they are: no copy of its input
+    assert ('T.sblock("xq")' in func.script()) == any(padding)
+
+
 class OutlierProduct(nn.Module):
     """(x * mask) @ (x^T * s): one entry of s is 10^4 times the others, in the row of the second
     operand that the masked feature of the first multiplies by zero. Per-tensor int8 of the

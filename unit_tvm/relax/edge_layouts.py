@@ -10,7 +10,7 @@ import tvm
 from tvm import relax
 
 from .graph import is_nchw_max_pool, readers as binding_readers, uses
-from .recipe import candidates
+from .recipe import CONV_KINDS, candidates
 from .u8_pools import POOL_ATTR
 from .u8_values import is_channel_concat
 
@@ -28,15 +28,16 @@ def producers(func, calls):
 
 def packed_consumers(func, calls, recipes):
     """{producer index: [(consumer index, "x" | "residual")]} of the edges that become
-    NCHW[y]c: where a conv's uint8 result (requantized) goes only to quantized convs, as their
-    input or as the residual they add, the producer writes NCHW[y]c (y: its instruction's
-    output block, e.g. 16 for VNNI and AMX) and every reader reads the blocks, so neither a
-    scatter to NCHW nor a repack sits between two int8 convs."""
+    NCHW[y]c (NCDHW[y]c between conv3d ops): where a conv's uint8 result (requantized) goes
+    only to quantized convs of its own kind, as their input or as the residual they add, the
+    producer writes NCHW[y]c (y: its instruction's output block, e.g. 16 for VNNI and AMX) and
+    every reader reads the blocks, so neither a scatter to NCHW nor a repack sits between two
+    int8 convs."""
     bindings, producer_of = producers(func, calls)
     count = uses(bindings, func)
     out = {}
     for j, (call, recipe) in enumerate(zip(calls, recipes)):
-        if recipe.kind != "conv2d":
+        if recipe.kind not in CONV_KINDS:
             continue
         fields = list(call.args[1].fields)
         roles = [(fields[0], "x", recipe.in_u8)]
@@ -44,7 +45,7 @@ def packed_consumers(func, calls, recipes):
             roles.append((fields[-1], "residual", recipe.residual_q))
         for arg, role, is_u8 in roles:
             i = producer_of.get(arg) if isinstance(arg, relax.Var) else None
-            if (i is not None and is_u8 and recipes[i].kind == "conv2d"
+            if (i is not None and is_u8 and recipes[i].kind == recipe.kind
                     and recipes[i].out_q):
                 out.setdefault(i, []).append((j, role))
     var_of = {i: v for v, i in producer_of.items()}

@@ -7,7 +7,7 @@ from tvm import te, tirx
 
 from .. import fastmath
 from ..shift import SHIFT
-from .recipe import dtypes, is_bf16, packed_shape
+from .recipe import blocked_index, dtypes, is_bf16, packed_shape
 
 
 def quantize_value(x, scale, zp):
@@ -59,8 +59,7 @@ def epilogue_fn(recipe, comp, mult, bias, residual):
         if residual is not None:
             rb = recipe.residual_block
             if rb:  # a residual in NCHW[rb]c blocks (a shared uint8 edge)
-                b, f, i, j = out_idx
-                r = residual(b, f // rb, i, j, f % rb)
+                r = residual(*blocked_index(out_idx, rb))
             else:
                 r = residual(*out_idx)
             if recipe.residual_q:  # a uint8 residual (a pool's or conv's): dequantized here
@@ -94,10 +93,8 @@ def _clamped_at_zero(recipe):
 def load_input(x, recipe, idx):
     """The uint8 activation at the logical (NCHW or [rows, k]) index idx, whatever x's layout:
     x itself when the producer already requantized it, else quantized here."""
-    blk = recipe.in_block
-    if blk:
-        b, c, i, j = idx
-        idx = (b, c // blk, i, j, c % blk)
+    if recipe.in_block:
+        idx = blocked_index(idx, recipe.in_block)
     return quantized(x(*idx), recipe)
 
 
@@ -114,17 +111,20 @@ def quantized(value, recipe):
 
 
 def packed_output(recipe, fn, acc_at):
-    """te body of a NCHW[out_block]c uint8 result: channel f = ko * block + ki from
-    fn(acc_at(f), f, nchw index); the padding channels hold the output's zero point (real 0)."""
+    """te body of a NCHW[out_block]c (NCDHW[out_block]c) uint8 result: channel
+    f = ko * block + ki from fn(acc_at(b, ko, *spatial, ki, f), f, logical index); the padding
+    channels hold the output's zero point (real 0)."""
     blk, k = recipe.out_block, recipe.out_channels
     zp = tirx.const(int(recipe.out_q[1]), "uint8")
 
-    def body(b, ko, i, j, ki):
+    def body(b, ko, *rest):
+        *spatial, ki = rest
         f = ko * blk + ki
         if k % blk == 0:  # no padding channel: straight-line code that vectorises
-            return fn(acc_at(b, ko, i, j, ki, f), f, (b, f, i, j))
+            return fn(acc_at(b, ko, *spatial, ki, f), f, (b, f, *spatial))
         fc = tirx.min(f, k - 1)  # parameters of a padding channel are never used, but read
-        return tirx.if_then_else(f < k, fn(acc_at(b, ko, i, j, ki, fc), fc, (b, fc, i, j)), zp)
+        return tirx.if_then_else(f < k, fn(acc_at(b, ko, *spatial, ki, fc), fc,
+                                           (b, fc, *spatial)), zp)
 
     return body
 

@@ -11,8 +11,8 @@ from ..prepare import ZeroPadding, prepare
 from ..schedules.cpu import tiled_extent
 from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
                      quantized, round_up)
-from .recipe import (blocks_of, dtypes, fits_groups, folds_width, group_channels, in_shape,
-                     is_depthwise, out_dtype, out_shape, pads_with_zero)
+from .recipe import (blocked_index, blocks_of, dtypes, fits_groups, folds_width, group_channels,
+                     in_shape, is_depthwise, out_dtype, out_shape, pads_with_zero)
 
 
 class _Graph(NamedTuple):
@@ -184,45 +184,64 @@ def _width_folded_graph(recipe, blocks):
 
 
 def _conv3d_graph(recipe, blocks):
-    """An (ungrouped) conv3d: its NCDHW input quantized, padded and packed to NCDHW[x]c in one
-    pass, KCTRS[x/word]c[y]k[word]c weights, NCDHW[y]c accumulators, an NCDHW result."""
+    """An (ungrouped) conv3d over NCDHW[x]c input (the producer's NCDHW[y]c blocks read in
+    place or padded as they are, else the NCDHW input quantized, padded and packed in one
+    pass), KCTRS[x/word]c[y]k[word]c weights, NCDHW[y]c accumulators, an NCDHW result (or
+    NCDHW[y]c for conv readers)."""
     x_blk, y_blk, word = blocks
     acc_t = dtypes(recipe)[2]
-    n, c, d, h, w_ = recipe.in_shape
     k, _, t, r, s = recipe.w_shape
     (st, sh, sw), (dt, dh, dw) = recipe.stride, recipe.dilation
-    pf, pt, pl, pk, pb, pr = recipe.padding
-    cp, kp = round_up(c, x_blk), round_up(k, y_blk)
-    _, _, od, oh, ow = recipe.out_shape
+    cp, kp = round_up(recipe.in_shape[1], x_blk), round_up(k, y_blk)
+    n, _, od, oh, ow = recipe.out_shape
     x, w, comp, mult, bias, res = placeholders(
-        recipe, recipe.in_shape, (kp // y_blk, cp // x_blk, t, r, s, x_blk // word, y_blk, word))
+        recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, t, r, s, x_blk // word, y_blk, word))
     owp = tiled_extent(ow)  # padded output columns, as for a conv2d
-    wp = max(w_ + pl + pr, (owp - 1) * sw + (s - 1) * dw + 1)
+    xq, ib = _conv3d_input(recipe, x, x_blk, (owp - 1) * sw + (s - 1) * dw + 1)
+    rc, rt, rr, rs = (te.reduce_axis((0, e), name=nm)
+                      for e, nm in ((cp, "rc"), (t, "rt"), (r, "rr"), (s, "rs")))
+    acc = te.compute((n, kp // y_blk, od, oh, owp, y_blk), lambda b, ko, z, i, j, ki: te.sum(
+        xq[b, rc // ib, z * st + rt * dt, i * sh + rr * dh, j * sw + rs * dw, rc % ib]
+        .astype(acc_t)
+        * w[ko, rc // x_blk, rt, rr, rs, rc % x_blk // word, ki, rc % word].astype(acc_t),
+        axis=[rc, rt, rr, rs]), name="acc")
+    epi = _conv_epilogue(recipe, epilogue_fn(recipe, comp, mult, bias, res), y_blk)
+    # the depth taps that read only padding frames may be skipped (schedules/padding_taps.py)
+    skip = ((ZeroPadding("xq", 2, recipe.padding[0], recipe.padding[0] + recipe.in_shape[2],
+                         per_update=True),)
+            if xq is not x and pads_with_zero(recipe) else ())
+    return _Graph(x, w, comp, mult, bias, res, acc, epi, skip)
 
-    def xq_body(b, co, z, i, j, ci):
+
+def _conv3d_input(recipe, x, x_blk, min_width):
+    """(uint8 NCDHW[block]c input a conv3d's instruction reads, its channel block): the
+    producer's blocks read in place (no padding) or copied padded as whole channel vectors,
+    else the NCDHW input quantized, padded and packed to NCDHW[x_blk]c in one pass."""
+    n, c, d, h, w_ = recipe.in_shape
+    pf, pt, pl, pk, pb, pr = recipe.padding
+    wp = max(w_ + pl + pr, min_width)
+    ib = recipe.in_block
+    blocked = recipe.in_u8 and ib and ib % x_blk == 0 and c % ib == 0
+    if blocked and not any(recipe.padding) and wp == w_ and not recipe.x_signed:
+        return x, ib
+    padded = (d + pf + pk, h + pt + pb, wp)
+    if blocked:
+        def copy_body(b, co, z, i, j, ci):
+            inside, at = _unpadded((z, i, j), (pf, pt, pl), (d, h, w_))
+            return tirx.if_then_else(tirx.all(*inside), quantized(x[(b, co, *at, ci)], recipe),
+                                     pad_value(recipe))
+
+        return te.compute((n, c // ib, *padded, ib), copy_body, name="xq"), ib
+
+    def pack_body(b, co, z, i, j, ci):
         ch = co * x_blk + ci
         inside, at = _unpadded((z, i, j), (pf, pt, pl), (d, h, w_))
         return tirx.if_then_else(tirx.all(*inside, ch < c),
                                  load_input(x, recipe, (b, tirx.min(ch, c - 1), *at)),
                                  pad_value(recipe))
 
-    xq = te.compute((n, cp // x_blk, d + pf + pk, h + pt + pb, wp, x_blk), xq_body, name="xq")
-    rc, rt, rr, rs = (te.reduce_axis((0, e), name=nm)
-                      for e, nm in ((cp, "rc"), (t, "rt"), (r, "rr"), (s, "rs")))
-    acc = te.compute((n, kp // y_blk, od, oh, owp, y_blk), lambda b, ko, z, i, j, ki: te.sum(
-        xq[b, rc // x_blk, z * st + rt * dt, i * sh + rr * dh, j * sw + rs * dw, rc % x_blk]
-        .astype(acc_t)
-        * w[ko, rc // x_blk, rt, rr, rs, rc % x_blk // word, ki, rc % word].astype(acc_t),
-        axis=[rc, rt, rr, rs]), name="acc")
-    fn = epilogue_fn(recipe, comp, mult, bias, res)
-
-    def epi(value, idx):
-        b, f, z, i, j = idx
-        return fn(value((b, f // y_blk, z, i, j, f % y_blk)), f, idx)
-
-    # the depth taps that read only padding frames may be skipped (schedules/padding_taps.py)
-    skip = (ZeroPadding("xq", 2, pf, pf + d, per_update=True),) if pads_with_zero(recipe) else ()
-    return _Graph(x, w, comp, mult, bias, res, acc, epi, skip)
+    return te.compute((n, round_up(c, x_blk) // x_blk, *padded, x_blk), pack_body,
+                      name="xq"), x_blk
 
 
 def _input_channel(group, rc, cg, ib, groups):
@@ -295,8 +314,8 @@ def _bmm_graph(recipe, blocks):
 
 
 def _conv_epilogue(recipe, fn, y_blk):
-    """epilogue fn of prepare for a conv whose accumulators are NCHW[y_blk]c: the output is
-    NCHW, or NCHW[out_block]c read in place (out_block must then be y_blk)."""
+    """epilogue fn of prepare for a conv whose accumulators are NCHW[y_blk]c (NCDHW[y_blk]c):
+    the output is NCHW, or NCHW[out_block]c read in place (out_block must then be y_blk)."""
     ob = recipe.out_block
     if ob and ob != y_blk:
         # one output block would mix accumulator blocks; TVM's reverse_compute_at then
@@ -307,10 +326,8 @@ def _conv_epilogue(recipe, fn, y_blk):
     def epi(value, idx):
         if ob:
             # the same blocking as the accumulators: read in place
-            return packed_output(recipe, fn, lambda b, ko, i, j, ki, f: value(
-                (b, ko, i, j, ki)))(*idx)
-        b, f, i, j = idx
-        return fn(value((b, f // y_blk, i, j, f % y_blk)), f, idx)
+            return packed_output(recipe, fn, lambda *at: value(at[:-1]))(*idx)
+        return fn(value(blocked_index(idx, y_blk)), idx[1], idx)
 
     return epi
 

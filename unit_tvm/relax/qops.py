@@ -96,12 +96,15 @@ def plain_func(recipe):
 
 
 def _plain_conv3d(recipe):
-    """plain_func of an (ungrouped) conv3d: NCDHW input and output, KCTRS weights."""
+    """plain_func of an (ungrouped) conv3d: NCDHW input and output, KCTRS weights; on a packed
+    edge the input (residual, result) in NCDHW[block]c and the weights KCTRS[block]k."""
     n, c, d, h, w_ = recipe.in_shape
     k, _, t, r, s = recipe.w_shape
     (st, sh, sw), (dt, dh, dw) = recipe.stride, recipe.dilation
     pf, pt, pl, pk, pb, pr = recipe.padding
-    x, w, comp, mult, bias, res = placeholders(recipe, recipe.in_shape, recipe.w_shape)
+    ob = recipe.out_block
+    x, w, comp, mult, bias, res = placeholders(recipe, in_shape(recipe),
+                                                plain_weight_shape(recipe))
 
     def xq_body(b, ch, z, i, j):
         inside = tirx.all(z >= pf, z < d + pf, i >= pt, i < h + pt, j >= pl, j < w_ + pl)
@@ -112,12 +115,20 @@ def _plain_conv3d(recipe):
     rc, rt, rr, rs = (te.reduce_axis((0, e), name=nm)
                       for e, nm in ((c, "rc"), (t, "rt"), (r, "rr"), (s, "rs")))
     acc_t = dtypes(recipe)[2]
+
+    def weight(f):
+        return (w[f // ob, rc, rt, rr, rs, f % ob] if ob else w[f, rc, rt, rr, rs]).astype(acc_t)
+
     acc = te.compute(recipe.out_shape, lambda b, f, z, i, j: te.sum(
         xq[b, rc, z * st + rt * dt, i * sh + rr * dh, j * sw + rs * dw].astype(acc_t)
-        * w[f, rc, rt, rr, rs].astype(acc_t), axis=[rc, rt, rr, rs]), name="acc")
+        * weight(f), axis=[rc, rt, rr, rs]), name="acc")
     fn = epilogue_fn(recipe, comp, mult, bias, res)
-    out = te.compute(recipe.out_shape, lambda b, f, z, i, j: fn(
-        acc[b, f, z, i, j], f, (b, f, z, i, j)), name="out")
+    if ob:  # channel f of block ko reads the NCDHW accumulator (f clamped on padding lanes)
+        out = te.compute(out_shape(recipe), packed_output(
+            recipe, fn, lambda b, ko, z, i, j, ki, f: acc[b, f, z, i, j]), name="out")
+    else:
+        out = te.compute(recipe.out_shape, lambda b, f, z, i, j: fn(
+            acc[b, f, z, i, j], f, (b, f, z, i, j)), name="out")
     args = arguments(x, w, comp, mult, bias, res, out)
     return te.create_prim_func(args).with_attr(ATTR, recipe.to_json())
 

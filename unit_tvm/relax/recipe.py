@@ -185,9 +185,16 @@ def out_dtype(recipe):
 
 
 def packed_shape(shape, block):
-    """NCHW -> NCHW[block]c: (n, ceil(c / block), h, w, block)."""
-    n, c, h, w = shape
-    return [n, -(-c // block), h, w, block]
+    """NCHW -> NCHW[block]c: (n, ceil(c / block), h, w, block); any number of spatial axes
+    (NCDHW -> NCDHW[block]c)."""
+    n, c, *spatial = shape
+    return [n, -(-c // block), *spatial, block]
+
+
+def blocked_index(idx, block):
+    """The NCHW[block]c index of the logical NC... index idx (any number of spatial axes)."""
+    b, c, *spatial = idx
+    return (b, c // block, *spatial, c % block)
 
 
 def in_shape(recipe):

@@ -15,24 +15,27 @@ def rebased_comp(comp, w):
 
 
 def plain_weight_shape(recipe):
-    """Weight layout of plain_func: [K, C/groups, R, S] (or [N, K]); KCRS[b]k with b = out_block
-    on a packed edge, so that its lanes are output channels like the accumulators'."""
+    """Weight layout of plain_func: [K, C/groups, R, S] (KCTRS, or [N, K]); KCRS[b]k with
+    b = out_block on a packed edge, so that its lanes are output channels like the
+    accumulators'."""
     ob = recipe.out_block
     if not ob:
         return recipe.w_shape
-    k, cg, r, s = recipe.w_shape
-    return [-(-k // ob), cg, r, s, ob]
+    k, cg, *window = recipe.w_shape
+    return [-(-k // ob), cg, *window, ob]
 
 
 def plain_weight(recipe, w):
-    """int8 (bf16) weights [K, C/groups, R, S] -> plain_weight_shape(recipe), zero-padded."""
+    """int8 (bf16) weights [K, C/groups, R, S] (KCTRS) -> plain_weight_shape(recipe),
+    zero-padded."""
     ob = recipe.out_block
     if not ob:
         return w
-    k, cg, r, s = w.shape
-    wp = np.zeros((_round_up(k, ob), cg, r, s), w.dtype)
+    k, *rest = w.shape  # rest: C/groups and the window
+    wp = np.zeros((_round_up(k, ob), *rest), w.dtype)
     wp[:k] = w
-    return np.ascontiguousarray(wp.reshape(-1, ob, cg, r, s).transpose(0, 2, 3, 4, 1))
+    order = (0, *range(2, 2 + len(rest)), 1)
+    return np.ascontiguousarray(wp.reshape(-1, ob, *rest).transpose(order))
 
 
 def _round_up(v, m):

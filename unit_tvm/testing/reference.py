@@ -13,15 +13,17 @@ def pack_dense_weight(b, lanes=16, width=4):
 
 
 def pack_nchwc(data, x=4):
-    """[n, c, h, w] -> [n, c/x, h, w, x]."""
-    n, c, h, w = data.shape
-    return np.ascontiguousarray(data.reshape(n, c // x, x, h, w).transpose(0, 1, 3, 4, 2))
+    """[n, c, h, w] -> [n, c/x, h, w, x]; any number of spatial axes ([n, c, d, h, w] too)."""
+    n, c, *spatial = data.shape
+    order = (0, 1, *range(3, 3 + len(spatial)), 2)
+    return np.ascontiguousarray(data.reshape(n, c // x, x, *spatial).transpose(order))
 
 
 def unpack_nchwc(out):
-    """[n, c/y, h, w, y] -> [n, c, h, w]."""
-    n, co, h, w, y = out.shape
-    return np.ascontiguousarray(out.transpose(0, 1, 4, 2, 3).reshape(n, co * y, h, w))
+    """[n, c/y, h, w, y] -> [n, c, h, w]; any number of spatial axes."""
+    n, co, *spatial, y = out.shape
+    order = (0, 1, 2 + len(spatial), *range(2, 2 + len(spatial)))
+    return np.ascontiguousarray(out.transpose(order).reshape(n, co * y, *spatial))
 
 
 def pack_kcrs(weight, y=16, x=4):
