@@ -10,11 +10,11 @@ from torch import nn
 from tvm import relax
 
 import unit_tvm
-from unit_tvm import frontends
+from unit_tvm import frontends, intrinsics
 from unit_tvm.testing import zoo
 from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
-from unit_tvm.relax.recipe import Recipe
+from unit_tvm.relax.recipe import Recipe, blocks_of, folds_width
 
 from .conftest import require_host
 
@@ -581,7 +581,6 @@ def test_blocked_residual_keeps_the_write_back_vectorised(name):
     vectorised it anyway: 0.4% on ResNet-50's adders, A/B), and the result equals the plain
     NCHW int8 op's."""
     require_host(name)
-    from unit_tvm import intrinsics
     from unit_tvm.relax.qops import plain_func, tensorized_func
     from unit_tvm.relax.weights import pack_weight
     from unit_tvm.testing.reference import pack_nchwc
@@ -669,7 +668,6 @@ def test_relu_left_to_the_requantization_clip_is_bit_exact(monkeypatch, zp):
 def test_output_block_follows_the_instruction():
     """A 16-channel output block over 8-lane accumulators would mix accumulator blocks in one
     write-back tile (TVM derived a wrong loop nest for it): refused with a clear error."""
-    from unit_tvm import intrinsics
     from unit_tvm.relax.qgraphs import tensorized_graph
 
     recipe = _conv_recipe(in_block=16, out_block=16)
@@ -1002,7 +1000,6 @@ def test_grouped_convs_tensorized_where_blocks_tile_the_groups():
     """Grouped convs whose groups the instruction's channel blocks tile run on it, and the model
     equals TVM's plain int8 build of the same quantized model exactly."""
     require_host("x86.vpdpbusd")
-    from unit_tvm import intrinsics
 
     model = Grouped()
     cal, xs, refs = _prepare(model, (1, 8, 12, 12))
@@ -1023,13 +1020,13 @@ def test_grouped_convs_tensorized_where_blocks_tile_the_groups():
 
 
 class Video(nn.Module):
-    """A video-ResNet-style block: a (3, 5, 5) stem with stride (1, 2, 2) over 3 channels, a
-    3x3x3 stride-2 conv, a 3x3x3 conv adding a 1x1x1 stride-2 projection shortcut, on odd
-    extents (5 frames of 15x15), then a classifier."""
+    """A video-ResNet-style block: a (3, 7, 7) stem with stride (1, 2, 2) over 3 channels (its
+    columns folded into the reduction), a 3x3x3 stride-2 conv, a 3x3x3 conv adding a 1x1x1
+    stride-2 projection shortcut, on odd extents (5 frames of 15x15), then a classifier."""
 
     def __init__(self):
         super().__init__()
-        self.stem = nn.Conv3d(3, 16, (3, 5, 5), stride=(1, 2, 2), padding=(1, 2, 2), bias=False)
+        self.stem = nn.Conv3d(3, 16, (3, 7, 7), stride=(1, 2, 2), padding=(1, 3, 3), bias=False)
         self.bn = nn.BatchNorm3d(16)
         self.a = nn.Conv3d(16, 32, 3, stride=2, padding=1)
         self.b = nn.Conv3d(32, 32, 3, padding=1)
@@ -1060,6 +1057,8 @@ def test_conv3d_quantized_and_tensorized_exactly():
     # after a relu the zero point is 0: those kernels skip the depth taps reading only padding
     # (schedules/padding_taps.py), the stem (zero point != 0) computes them
     assert rs[0]["x_zp"] != 0 and rs[1]["x_zp"] == rs[3]["x_zp"] == 0
+    # the stem reads its 7 columns as the reduction lanes (recipe.folds_width)
+    assert folds_width(Recipe.from_dict(rs[0]), blocks_of(intrinsics.get("x86.vpdpbusd")))
     tpass = UnitTensorize()
     tmod = tpass(qmod)
     assert all(instr for _, instr, _ in tpass.report), tpass.report
@@ -1145,7 +1144,6 @@ def test_conv3d_on_blocked_edges_is_exact(window, stride, padding):
     edges between conv3d ops), tensorized and as the plain int8 loop nest (the fallback),
     equals the plain NCDHW op bit for bit."""
     require_host("x86.vpdpbusd")
-    from unit_tvm import intrinsics
     from unit_tvm.relax.qops import plain_func, tensorized_func
     from unit_tvm.relax.weights import pack_weight, plain_weight
     from unit_tvm.testing.reference import pack_nchwc, unpack_nchwc

@@ -99,6 +99,34 @@ def test_width_folded_kernels_equal_plain_int8(name, c, k, window, stride, pad, 
         assert blocks.x == blocks.word
 
 
+def _recipe3d(c, k, window, stride, pad, dhw, **extra):
+    out = [(e + 2 * p - t) // st + 1 for e, t, st, p in zip(dhw, window, stride, pad)]
+    d = {"kind": "conv3d", "in_shape": [1, c, *dhw], "w_shape": [k, c, *window],
+         "out_shape": [1, k, *out], "out_channels": k, "stride": list(stride),
+         "dilation": [1, 1, 1], "padding": list(pad) * 2, "x_scale": 0.03, "x_zp": 9,
+         "relu": True, "clip_max": None, "residual": False, "out_q": [0.05, 0]}
+    d.update(extra)
+    return Recipe.from_dict(d)
+
+
+@pytest.mark.parametrize("name", ["x86.vpdpbusd", "x86.vpdpbusd.256"])
+@pytest.mark.parametrize("c, k, window, stride, pad, dhw, folds", [
+    (3, 16, (3, 7, 7), (1, 2, 2), (1, 3, 3), (3, 14, 17), True),  # a video ResNet's stem
+    (2, 24, (1, 1, 5), (2, 1, 1), (0, 0, 2), (4, 5, 11), True),  # padded output block
+    (3, 16, (3, 3, 3), (1, 1, 1), (1, 1, 1), (3, 6, 7), False),  # 4/3 either way
+])
+def test_width_folded_conv3d_equals_plain_int8(name, c, k, window, stride, pad, dhw, folds,
+                                               rng):
+    """A conv3d over few channels folds its window's columns like a conv2d (same rule), into
+    NCDHW and into NCDHW[y]c for conv readers, and equals the plain int8 loop nest."""
+    require_host(name)
+    intrin = intrinsics.get(name)
+    for out_block in (None, intrin.channel_blocks[1]):
+        recipe = _recipe3d(c, k, window, stride, pad, dhw, out_block=out_block)
+        assert folds_width(recipe, blocks_of(intrin)) is folds
+        _outputs_equal_plain(recipe, intrin, rng)
+
+
 class Stem(nn.Module):
     """ResNet's stem on a small image, then a conv reading its uint8 blocks."""
 

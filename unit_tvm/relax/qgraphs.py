@@ -43,7 +43,7 @@ def tensorized_graph(recipe, intrin):
         epi = _conv_epilogue(recipe, epilogue_fn(recipe, comp, mult, bias, res), blocks.y)
         graph = _Graph(x, w, comp, mult, bias, res, acc, epi)
         blocks = blocks._replace(x=intrin.reduction_width)  # pack_weight's tap group
-    elif recipe.kind == "conv2d" and folds_width(recipe, blocks):
+    elif folds_width(recipe, blocks):
         graph = _width_folded_graph(recipe, blocks)
     elif recipe.kind == "conv2d":
         graph = _conv_graph(recipe, blocks)
@@ -149,36 +149,51 @@ def _window_padding(recipe, xb, x):
     return rows + (ZeroPadding(xb.op.name, 3, pl, pl + w_, static_only=True),)
 
 
+# names of a conv's spatial axes (the loop variables of its stages), by the number of them
+_SPATIAL = {2: ("i", "j"), 3: ("z", "i", "j")}
+_WINDOW = {2: ("rr",), 3: ("rt", "rr")}  # its window's axes before the folded columns
+
+
 def _width_folded_graph(recipe, blocks):
-    """A conv2d over its NCHW input (quantized and padded, channels not padded) whose reduction
-    lanes are `word` neighbouring columns of one channel (recipe.folds_width), with
-    KCR[S/word][y]k[word]s weights: an RGB stem's 7-column window is two words of four columns
-    (8/7 of its work) instead of 3 channels padded to 4 (4/3)."""
+    """A conv2d (conv3d) over its NCHW (NCDHW) input (quantized and padded, channels not
+    padded) whose reduction lanes are `word` neighbouring columns of one channel
+    (recipe.folds_width), with KCR[S/word][y]k[word]s (KCTR[S/word][y]k[word]s) weights: an RGB
+    stem's 7-column window is two words of four columns (8/7 of its work) instead of 3 channels
+    padded to 4 (4/3)."""
     _, y_blk, word = blocks
     acc_t = dtypes(recipe)[2]
-    n, c, h, w_ = recipe.in_shape
-    k, _, r, s = recipe.w_shape
-    (sh, sw), (dh, _) = recipe.stride, recipe.dilation
-    pt, pl, pb, pr = recipe.padding
-    kp, words = round_up(k, y_blk), -(-s // word)
-    _, _, oh, ow = recipe.out_shape
+    n, c, *extents = recipe.in_shape
+    k, _, *window = recipe.w_shape
+    rank = len(extents)
+    before, after = recipe.padding[:rank], recipe.padding[rank:]
+    stride, dilation = recipe.stride, recipe.dilation
+    kp, words = round_up(k, y_blk), -(-window[-1] // word)
+    owp = tiled_extent(recipe.out_shape[-1])
     x, w, comp, mult, bias, res = placeholders(
-        recipe, in_shape(recipe), (kp // y_blk, c, r, words, y_blk, word))
-    owp = tiled_extent(ow)
+        recipe, in_shape(recipe), (kp // y_blk, c, *window[:-1], words, y_blk, word))
     # the last word of the last computed column reaches past the window: more padding columns
-    wp = max(w_ + pl + pr, (owp - 1) * sw + words * word)
+    padded = [e + b + a for e, b, a in zip(extents, before, after)]
+    padded[-1] = max(padded[-1], (owp - 1) * stride[-1] + words * word)
 
-    def xq_body(b, ch, i, j):
-        inside, at = _unpadded((i, j), (pt, pl), (h, w_))
+    def xq_body(b, ch, *at):
+        inside, at = _unpadded(at, before, extents)
         return tirx.if_then_else(tirx.all(*inside), load_input(x, recipe, (b, ch, *at)),
                                  pad_value(recipe))
 
-    xq = te.compute((n, c, h + pt + pb, wp), xq_body, name="xq")
-    rc, rr, rg, rl = (te.reduce_axis((0, e), name=nm)
-                      for e, nm in ((c, "rc"), (r, "rr"), (words, "rg"), (word, "rl")))
-    acc = te.compute((n, kp // y_blk, oh, owp, y_blk), lambda b, ko, i, j, ki: te.sum(
-        xq[b, rc, i * sh + rr * dh, j * sw + rg * word + rl].astype(acc_t)
-        * w[ko, rc, rr, rg, ki, rl].astype(acc_t), axis=[rc, rr, rg, rl]), name="acc")
+    xq = te.compute((n, c, *padded), xq_body, name="xq", varargs_names=list(_SPATIAL[rank]))
+    rc = te.reduce_axis((0, c), name="rc")
+    taps = [te.reduce_axis((0, e), name=nm) for e, nm in zip(window[:-1], _WINDOW[rank])]
+    rg, rl = te.reduce_axis((0, words), name="rg"), te.reduce_axis((0, word), name="rl")
+
+    def acc_body(b, ko, *rest):
+        *at, ki = rest
+        rows = [o * st + t * dl for o, t, st, dl in zip(at, taps, stride, dilation)]
+        col = at[-1] * stride[-1] + rg * word + rl
+        return te.sum(xq[(b, rc, *rows, col)].astype(acc_t)
+                      * w[(ko, rc, *taps, rg, ki, rl)].astype(acc_t), axis=[rc, *taps, rg, rl])
+
+    acc = te.compute((n, kp // y_blk, *recipe.out_shape[2:-1], owp, y_blk), acc_body,
+                     name="acc", varargs_names=[*_SPATIAL[rank], "ki"])
     epi = _conv_epilogue(recipe, epilogue_fn(recipe, comp, mult, bias, res), y_blk)
     return _Graph(x, w, comp, mult, bias, res, acc, epi)
 

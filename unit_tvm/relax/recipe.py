@@ -143,15 +143,16 @@ def blocks_of(intrin):
 
 
 def folds_width(recipe, blocks: Blocks) -> bool:
-    """Whether a conv2d reads its window's columns as the instruction's reduction lanes (a word
-    of neighbouring input pixels of one channel) rather than a word of channels of one pixel.
-    An input with few channels (an RGB stem) padded to a whole word computes 4/3 of its work;
-    a 7-column window padded to two words, 8/7. Only where one word is the whole channel block
-    (the vector instructions; AMX reads 64 channels at once) and the input is NCHW."""
-    if (recipe.kind != "conv2d" or recipe.groups != 1 or recipe.in_block
-            or blocks.x != blocks.word or recipe.dilation[1] != 1):
+    """Whether a conv2d (conv3d) reads its window's columns as the instruction's reduction
+    lanes (a word of neighbouring input pixels of one channel) rather than a word of channels
+    of one pixel. An input with few channels (an RGB stem) padded to a whole word computes 4/3
+    of its work; a 7-column window padded to two words, 8/7. Only where one word is the whole
+    channel block (the vector instructions; AMX reads 64 channels at once) and the input is
+    NCHW (NCDHW)."""
+    if (recipe.kind not in CONV_KINDS or recipe.groups != 1 or recipe.in_block
+            or blocks.x != blocks.word or recipe.dilation[-1] != 1):
         return False
-    c, s, word = recipe.in_shape[1], recipe.w_shape[3], blocks.word
+    c, s, word = recipe.in_shape[1], recipe.w_shape[-1], blocks.word
     return c % word != 0 and -(-s // word) * word * c < -(-c // word) * word * s
 
 

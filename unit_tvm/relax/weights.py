@@ -77,16 +77,18 @@ def pack_conv_weight(w, blocks: Blocks):
 
 
 def pack_width_folded_weight(w, blocks: Blocks):
-    """KCRS -> KCR[S/word][y]k[word]s for a conv whose reduction lanes are a word of window
-    columns (recipe.folds_width): zero weights past the window's last column and the last
-    output channel."""
+    """KCRS -> KCR[S/word][y]k[word]s (KCTRS -> KCTR[S/word][y]k[word]s) for a conv whose
+    reduction lanes are a word of window columns (recipe.folds_width): zero weights past the
+    window's last column and the last output channel."""
     _, y, word = blocks
-    k, c, r, s = w.shape
-    kp, sp = _round_up(k, y), _round_up(s, word)
-    wp = np.zeros((kp, c, r, sp), w.dtype)
-    wp[:k, :, :, :s] = w
-    wp = wp.reshape(kp // y, y, c, r, sp // word, word)
-    return np.ascontiguousarray(wp.transpose(0, 2, 3, 4, 1, 5))
+    k, c, *window = w.shape
+    kp, sp = _round_up(k, y), _round_up(window[-1], word)
+    wp = np.zeros((kp, c, *window[:-1], sp), w.dtype)
+    wp[:k, ..., :window[-1]] = w
+    wp = wp.reshape(kp // y, y, c, *window[:-1], sp // word, word)
+    rows = tuple(range(3, 2 + len(window)))  # the window's axes before its columns
+    last = 2 + len(window)  # the column words
+    return np.ascontiguousarray(wp.transpose((0, 2) + rows + (last, 1, last + 1)))
 
 
 def pack_dense_weight(w, blocks: Blocks):
