@@ -1135,17 +1135,21 @@ def _conv3d_recipe(window, stride, padding, **extra):
     return Recipe.from_dict(recipe)
 
 
-@pytest.mark.parametrize("window, stride, padding", [
-    ((3, 3, 3), (1, 1, 1), (1, 1, 1, 1, 1, 1)),  # the producer's blocks copied padded
-    ((1, 1, 1), (2, 2, 2), (0,) * 6),  # a shortcut reading the blocks in place
+@pytest.mark.parametrize("window, stride, padding, unroll", [
+    ((3, 3, 3), (1, 1, 1), (1, 1, 1, 1, 1, 1), None),  # the producer's blocks copied padded
+    # a tile of one row: the window rows reading only padding are skipped at run time
+    ((3, 3, 3), (1, 1, 1), (1, 1, 1, 1, 1, 1), ((4, 7),)),
+    ((1, 1, 1), (2, 2, 2), (0,) * 6, None),  # a shortcut reading the blocks in place
 ])
-def test_conv3d_on_blocked_edges_is_exact(window, stride, padding):
+def test_conv3d_on_blocked_edges_is_exact(window, stride, padding, unroll):
     """A conv3d reading its input and residual in NCDHW16c and writing NCDHW16c (the uint8
     edges between conv3d ops), tensorized and as the plain int8 loop nest (the fallback),
-    equals the plain NCDHW op bit for bit."""
+    equals the plain NCDHW op bit for bit; with its padding frames and rows skipped (zero
+    point 0) too."""
     require_host("x86.vpdpbusd")
     from unit_tvm.relax.qops import plain_func, tensorized_func
     from unit_tvm.relax.weights import pack_weight, plain_weight
+    from unit_tvm.schedules.cpu import CpuConfig
     from unit_tvm.testing.reference import pack_nchwc, unpack_nchwc
 
     target = unit_tvm.target.host()
@@ -1164,7 +1168,10 @@ def test_conv3d_on_blocked_edges_is_exact(window, stride, padding):
     assert 0 < want.mean() < 255  # neither all clipped nor all zero
     out = np.zeros(pack_nchwc(want, 16).shape, "uint8")
     intrin = intrinsics.get("x86.vpdpbusd")
-    func, blocks, _ = tensorized_func(blocked, intrin, target)
+    config = CpuConfig(unroll=unroll, parallel=2) if unroll else None
+    func, blocks, _ = tensorized_func(blocked, intrin, target, config)
+    if unroll:
+        assert re.search(r"if i\d \+ rr >= 1 and i\d \+ rr < 7", func.script())
     got = _call_prim(func, [pack_nchwc(x, 16), pack_weight(blocked, w, blocks), comp, mult,
                             bias, pack_nchwc(res, 16), out])
     np.testing.assert_array_equal(unpack_nchwc(got), want)
