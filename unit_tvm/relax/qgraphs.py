@@ -59,6 +59,11 @@ def tensorized_graph(recipe, intrin):
     return dataclasses.replace(prepared, zero_padding=graph.zero_padding), blocks
 
 
+# names of a conv's spatial axes (the loop variables of its stages), by the number of them
+_SPATIAL = {2: ("i", "j"), 3: ("z", "i", "j")}
+_WINDOW = {2: ("rr",), 3: ("rt", "rr")}  # its window's axes before the folded columns
+
+
 def _unpadded(padded, before, sizes):
     """(conditions, indices) of padded spatial indices over the unpadded input: each index lies
     inside its real extent, and the input index, clamped as well as guarded (a vectorised
@@ -70,37 +75,49 @@ def _unpadded(padded, before, sizes):
     return inside, tuple(at)
 
 
+def _producer_blocks(recipe, x, x_blk, padded_width):
+    """(uint8 NC..[ib]c input the instruction reads, ib) where the op reads its producer's
+    channel blocks (a conv2d's or conv3d's): read in place, or copied padded as whole channel
+    vectors (the instruction reads x_blk of a block's ib channels in place); None where it
+    does not (the caller quantizes, pads and packs its input)."""
+    n, c, *extents = recipe.in_shape
+    ib = recipe.in_block
+    if not (recipe.in_u8 and ib and ib % x_blk == 0 and c % ib == 0):
+        return None
+    if not any(recipe.padding) and padded_width == extents[-1] and not recipe.x_signed:
+        # the producer's NC..[ib]c uint8 already holds every x_blk channels of a pixel
+        # together: the instruction reads it in place, no pass over the input
+        return x, ib
+    rank = len(extents)
+    before, after = recipe.padding[:rank], recipe.padding[rank:]
+    padded = [e + b + a for e, b, a in zip(extents[:-1], before, after)] + [padded_width]
+
+    def copy_body(b, co, *rest):
+        *at, ci = rest
+        inside, at = _unpadded(at, before, extents)
+        return tirx.if_then_else(tirx.all(*inside), quantized(x[(b, co, *at, ci)], recipe),
+                                 pad_value(recipe))
+
+    return te.compute((n, c // ib, *padded, ib), copy_body, name="xq",
+                      varargs_names=[*_SPATIAL[rank], "ci"]), ib
+
+
 def _conv_input(recipe, x, x_blk, padded_width):
     """(uint8 NCHW[block]c input the instruction reads, its channel block): the producer's
     blocks read in place or padded, else the input quantized, padded and packed in one pass."""
+    blocks = _producer_blocks(recipe, x, x_blk, padded_width)
+    if blocks is not None:
+        return blocks
     n, c, h, w_ = recipe.in_shape
     pt, pl, pb, _ = recipe.padding
-    hp, pad = h + pt + pb, pad_value(recipe)
-    ib = recipe.in_block
-    blocked = recipe.in_u8 and ib and ib % x_blk == 0 and c % ib == 0
-    in_place = (not any(recipe.padding) and padded_width == w_
-                and not recipe.x_signed)
-    if blocked and in_place:
-        # the producer's NCHW[ib]c uint8 already holds every x_blk channels of a pixel
-        # together: the instruction reads it in place, no pass over the input
-        return x, ib
-    if blocked:
-        # padded, still in the producer's blocks: a copy of whole channel vectors (the
-        # instruction reads x_blk of a block's ib channels in place)
-        def xb_body(b, co, i, j, ci):
-            inside, (ic, jc) = _unpadded((i, j), (pt, pl), (h, w_))
-            return tirx.if_then_else(tirx.all(*inside), quantized(x[b, co, ic, jc, ci], recipe),
-                                     pad)
-
-        return te.compute((n, c // ib, hp, padded_width, ib), xb_body, name="xq"), ib
     # quantize, pad (with the zero point: real 0.0) and pack NCHW -> NCHW[x]c in one pass
     cp = round_up(c, x_blk)
-    return te.compute((n, cp // x_blk, hp, padded_width, x_blk), lambda b, co, i, j, ci:
+    return te.compute((n, cp // x_blk, h + pt + pb, padded_width, x_blk), lambda b, co, i, j, ci:
                       tirx.if_then_else(
                           tirx.all(i >= pt, i < h + pt, j >= pl, j < w_ + pl,
                                    co * x_blk + ci < c),
                           load_input(x, recipe, (b, co * x_blk + ci, i - pt, j - pl)),
-                          pad), name="xq"), x_blk
+                          pad_value(recipe)), name="xq"), x_blk
 
 
 def _conv_graph(recipe, blocks):
@@ -147,11 +164,6 @@ def _window_padding(recipe, xb, x):
     pt, pl, pb, _ = recipe.padding
     rows = (ZeroPadding(xb.op.name, 2, pt, pt + h),) if pt or pb else ()
     return rows + (ZeroPadding(xb.op.name, 3, pl, pl + w_, static_only=True),)
-
-
-# names of a conv's spatial axes (the loop variables of its stages), by the number of them
-_SPATIAL = {2: ("i", "j"), 3: ("z", "i", "j")}
-_WINDOW = {2: ("rr",), 3: ("rt", "rr")}  # its window's axes before the folded columns
 
 
 def _width_folded_graph(recipe, blocks):
@@ -239,23 +251,14 @@ def _conv3d_padding(recipe, xq, x):
 
 def _conv3d_input(recipe, x, x_blk, min_width):
     """(uint8 NCDHW[block]c input a conv3d's instruction reads, its channel block): the
-    producer's blocks read in place (no padding) or copied padded as whole channel vectors,
-    else the NCDHW input quantized, padded and packed to NCDHW[x_blk]c in one pass."""
+    producer's blocks (`_producer_blocks`), else the NCDHW input quantized, padded and packed
+    to NCDHW[x_blk]c in one pass."""
     n, c, d, h, w_ = recipe.in_shape
     pf, pt, pl, pk, pb, pr = recipe.padding
     wp = max(w_ + pl + pr, min_width)
-    ib = recipe.in_block
-    blocked = recipe.in_u8 and ib and ib % x_blk == 0 and c % ib == 0
-    if blocked and not any(recipe.padding) and wp == w_ and not recipe.x_signed:
-        return x, ib
-    padded = (d + pf + pk, h + pt + pb, wp)
-    if blocked:
-        def copy_body(b, co, z, i, j, ci):
-            inside, at = _unpadded((z, i, j), (pf, pt, pl), (d, h, w_))
-            return tirx.if_then_else(tirx.all(*inside), quantized(x[(b, co, *at, ci)], recipe),
-                                     pad_value(recipe))
-
-        return te.compute((n, c // ib, *padded, ib), copy_body, name="xq"), ib
+    blocks = _producer_blocks(recipe, x, x_blk, wp)
+    if blocks is not None:
+        return blocks
 
     def pack_body(b, co, z, i, j, ci):
         ch = co * x_blk + ci
@@ -264,8 +267,8 @@ def _conv3d_input(recipe, x, x_blk, min_width):
                                  load_input(x, recipe, (b, tirx.min(ch, c - 1), *at)),
                                  pad_value(recipe))
 
-    return te.compute((n, round_up(c, x_blk) // x_blk, *padded, x_blk), pack_body,
-                      name="xq"), x_blk
+    return te.compute((n, round_up(c, x_blk) // x_blk, d + pf + pk, h + pt + pb, wp, x_blk),
+                      pack_body, name="xq"), x_blk
 
 
 def _input_channel(group, rc, cg, ib, groups):
