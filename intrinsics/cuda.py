@@ -86,8 +86,12 @@ def _helpers(in_dtype, acc_dtype):
                 ptr = dst.access_ptr("w", ptr_type=acc_dtype)
             else:
                 # TVM's StorageRewrite may fold this shared buffer into an earlier one of another
-                # dtype, after which a typed access_ptr fails to lower; address_of survives it
+                # dtype, after which a typed access_ptr fails to lower; address_of survives it.
+                # Folded into the operand stages, the partials overwrite tiles that slower
+                # warps may still be loading fragments from: all warps finish those first (a
+                # wrong answer on an H200 without this barrier)
                 ptr = tirx.address_of(dst)
+                T.evaluate(tirx.op.tvm_storage_sync("shared"))
             T.evaluate(tirx.tvm_store_matrix_sync(
                 src.data, M, N, K, fragment_index(src, M, N), ptr, dst.strides[0], "row_major"))
             if dst_scope == "shared":

@@ -10,8 +10,10 @@ The Rewriter's prepared core has the instruction's m x n fragment loops innermos
   one block index with the M/N tiles (off: they go to blockIdx.y); `k_step` reduction fragments
   staged per shared tile; `implicit` inlines each operand's preparation (an im2col gather, a
   pack) into its shared-memory stage, so the stage reads the function's inputs and no gathered
-  copy goes through global memory (implicit GEMM). Fragments span output rows when the graph
-  pass writes a conv as a GEMM over fused pixels (relax/gpu_conv.py);
+  copy goes through global memory (implicit GEMM); `vector_copy` moves 16 bytes per thread per
+  copy step into shared tiles whose rows are padded by 16 bytes, so the fragment loads of a warp
+  do not fall on the same banks. Fragments span output rows when the graph pass writes a conv
+  as a GEMM over fused pixels (relax/gpu_conv.py);
 - split-K: `split_k` groups of warps each accumulate one slice of the reduction (rfactor), store
   their partial fragments to shared memory, and the block's threads sum the slices from there.
 """
@@ -23,10 +25,14 @@ from typing import NamedTuple
 
 import numpy as np
 import tvm
-from tvm import s_tir, te
+import tvm_ffi
+from tvm import s_tir, te, tirx
 
 MAX_THREADS = 1024
 SHARED_LIMIT = 48 * 1024
+# 16 bytes: one vector copy per thread, and the row padding of shared tiles (wmma needs row
+# strides in multiples of 16 bytes; 16 more shift each row by four banks)
+PAD_BYTES = 16
 
 
 class Fragment(NamedTuple):
@@ -53,7 +59,8 @@ class GpuConfig:
     """p: fragments per warp along M and N; warps_m x warps_n warps per block (times split_k);
     k_step: 16-wide reduction fragments per shared-memory stage; split_k: reduction slices, each
     accumulated by its own warps and summed through shared memory; implicit: operand preparation
-    (gathers, packs) done by the shared-memory stages instead of separate passes."""
+    (gathers, packs) done by the shared-memory stages instead of separate passes; vector_copy:
+    16-byte copies into bank-padded shared rows (off: one element per thread, dense rows)."""
 
     p: int = 2
     warps_m: int = 2
@@ -62,27 +69,34 @@ class GpuConfig:
     fuse_spatial: bool = True
     split_k: int = 1
     implicit: bool = False
+    vector_copy: bool = True
 
     def key(self):
         return {"p": self.p, "warps_m": self.warps_m, "warps_n": self.warps_n,
                 "k_step": self.k_step, "fuse_spatial": self.fuse_spatial,
-                "split_k": self.split_k, "implicit": self.implicit}
+                "split_k": self.split_k, "implicit": self.implicit,
+                "vector_copy": self.vector_copy}
 
     @staticmethod
     def from_key(d):
-        """The config a database record's key describes (records from before `implicit`
-        existed describe explicit preparation)."""
-        return GpuConfig(**d)
+        """The config a database record's key describes (records from before `implicit` or
+        `vector_copy` existed describe explicit preparation and element copies)."""
+        return GpuConfig(**{"vector_copy": False, **d})
 
     def threads(self):
         return 32 * self.warps_m * self.warps_n * self.split_k
 
-    def shared_bytes(self, fragment, a_bytes, b_bytes, acc_bytes=4):
+    def shared_bytes(self, fragment, a_bytes, b_bytes, acc_bytes=4, padded=False):
         """Shared memory of one block: the A and B stages of every slice, and with split-K the
-        slices' partial accumulators (fragment: the instruction's Fragment)."""
+        slices' partial accumulators (fragment: the instruction's Fragment); `padded`: at most
+        what the stages take with their rows padded for vector copies."""
         k = self.k_step * fragment.k * self.split_k
-        stages = (self.warps_m * self.p * fragment.m * k * a_bytes
-                  + self.warps_n * self.p * fragment.n * k * b_bytes)
+        a_tile = self.warps_m * self.p * fragment.m * k * a_bytes
+        b_tile = self.warps_n * self.p * fragment.n * k * b_bytes
+        if padded:  # at most 16 bytes more per row, and rows may be as short as a fragment's
+            a_tile += a_tile * PAD_BYTES // (fragment.k * a_bytes)
+            b_tile += b_tile * PAD_BYTES // (fragment.n * b_bytes)
+        stages = a_tile + b_tile
         partial = 0
         if self.split_k > 1:
             partial = (self.split_k * self.warps_m * self.warps_n * self.p ** 2 * fragment.m
@@ -96,12 +110,12 @@ def _largest_divisor(n, limit):
 
 def fit(config, m_tiles, n_tiles, k_tiles):
     """The config clipped to the workload: every factor divides its loop (no predicates)."""
-    p = min(config.p, _largest_divisor(m_tiles, config.p), _largest_divisor(n_tiles, config.p))
+    p = _largest_divisor(math.gcd(m_tiles, n_tiles), config.p)  # divides both
     wm = _largest_divisor(m_tiles // p, config.warps_m)
     wn = _largest_divisor(n_tiles // p, config.warps_n)
     sk = _largest_divisor(k_tiles, config.split_k)
     ks = _largest_divisor(k_tiles // sk, config.k_step)
-    return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk, config.implicit)
+    return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk, config.implicit, config.vector_copy)
 
 
 def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
@@ -113,11 +127,11 @@ def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
 def config_space(m_tiles, n_tiles, k_tiles, fragment, a_bytes=2, b_bytes=2, acc_bytes=4):
     """Distinct fitted configs within the thread and shared-memory limits: p in 1, 2, 4; warps
     1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4; spatial fusion on and off; explicit and
-    implicit operand preparation."""
+    implicit operand preparation; vector and element copies."""
     out = []
-    for p, wm, wn, ks, sk, fuse, implicit in itertools.product(*[(1, 2, 4)] * 5, (True, False),
-                                                               (False, True)):
-        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit), m_tiles, n_tiles, k_tiles)
+    for p, wm, wn, ks, sk, fuse, implicit, vector in itertools.product(
+            *[(1, 2, 4)] * 5, (True, False), (False, True), (True, False)):
+        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit, vector), m_tiles, n_tiles, k_tiles)
         if c not in out and fits_device(c, fragment, a_bytes, b_bytes, acc_bytes):
             out.append(c)
     return out
@@ -188,13 +202,70 @@ def features(config, prepared, target=None):
                      c.p * c.p / (2 * c.p)], np.float32)
 
 
-def _bind_copy(sch, block, threads_y):
-    """All threads of the block copy a tile: fused loops split over threadIdx.y x threadIdx.x."""
+def _bind_copy(sch, block, at, threads_y, vector=1):
+    """All threads of the block copy a tile (its loops under `at`): fused and split over
+    threadIdx.y x threadIdx.x, `vector` contiguous elements per thread and step (the lanes split
+    off first, so a partial last step is predicated on whole vectors)."""
     loops = sch.get_loops(block)
-    fused = sch.fuse(*loops[-2:]) if len(loops) >= 2 else loops[-1]
+    at_loop = sch.get(at)
+    own = loops[next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(at_loop)) + 1:]
+    fused = sch.fuse(*own) if len(own) > 1 else own[0]
+    if vector > 1:
+        fused, lanes = sch.split(fused, [None, vector])
+        sch.vectorize(lanes)
     _, ty, tx = sch.split(fused, [None, threads_y, 32])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
+
+
+def _copy_vector(sch, block):
+    """Elements per 16-byte copy of a shared stage, if its rows hold whole vectors and every
+    value it reads comes from whole aligned vectors (else 1). TVM's CUDA code for a vector
+    gathered from scattered elements (an inlined pack or im2col whose lanes cross a row of its
+    source) does not compile, so such a stage copies element by element."""
+    blk = sch.get(block)
+    buf = blk.writes[0].source
+    vector = PAD_BYTES // (tvm.DataType(str(buf.dtype)).bits // 8)
+    column = blk.iter_vars[-1]
+    if int(column.dom.extent) % vector or int(buf.shape[-1]) % vector:
+        return 1
+    ana = tvm.sym.Analyzer()
+    for iv in blk.iter_vars[:-1]:
+        ana.bind(iv.var, iv.dom)
+    dtype = column.var.ty
+    step, lane = tirx.Var("step", dtype), tirx.Var("lane", dtype)
+    ana.bind(step, tvm.ir.Range(0, int(column.dom.extent) // vector))
+    ana.bind(lane, tvm.ir.Range(0, vector))
+    loads = []
+    tvm_ffi.structural_walk(blk.body, [(tvm.ir.expr.TensorLoad, loads.append)], order="pre")
+    for load in loads:
+        at_first = [_at(i, column.var, step * vector) for i in load.indices]
+        at_nth = [_at(i, column.var, step * vector + lane) for i in load.indices]
+        whole = (int(load.source.shape[-1]) % vector == 0
+                 and ana.can_prove(at_nth[-1] - at_first[-1] == lane)
+                 and ana.can_prove(tirx.floormod(at_first[-1], vector) == 0)
+                 and all(ana.can_prove(a == b) for a, b in zip(at_first[:-1], at_nth[:-1])))
+        if not whole:
+            return 1
+    return vector
+
+
+def _at(expr, var, value):
+    """expr with `var` replaced by `value`."""
+    return tvm_ffi.structural_mutate(
+        expr, [(tirx.Var, lambda v, _mutator: value if v.same_as(var) else v)])
+
+
+def _pad_rows(sch, block, vector):
+    """Pad the rows of a shared stage so that consecutive rows start `vector` elements (16
+    bytes) apart modulo two vectors: a row of 2v, 4v, ... elements gets v more, a row of one
+    vector (16 bytes, already conflict-free) none. wmma needs the stride in 16-byte multiples."""
+    ndim = len(sch.get(block).writes[0].source.shape)
+    if ndim < 2 or vector == 1:
+        return
+    # storage_align holds for the compacted tile too (the rows the stage really copies), where
+    # a stride from the full buffer's shape would not
+    sch.storage_align(block, 0, ndim - 2, factor=2 * vector, offset=vector)
 
 
 def _bind_elementwise(sch, block):
@@ -285,6 +356,9 @@ def apply(sch, prepared, intrin, config):
     warps = wm * wn * sk
 
     frag = _fragment(prepared)
+    # the padding only where it fits: a config is in the space by its unpadded size
+    pad_rows = config.vector_copy and config.shared_bytes(
+        frag, *_operand_bytes(prepared), padded=True) <= SHARED_LIMIT
     a_op, b_op, d_op = intrin.operands
     k_pos = k_match.op_index
     # the slices interleave per shared stage (k = ((ko * sk + slice) * ks + kk) * K + ki) so the
@@ -331,7 +405,10 @@ def apply(sch, prepared, intrin, config):
         sch.compute_at(shared, ko)
         if config.implicit:
             _inline_preparation(sch, shared)
-        _bind_copy(sch, shared, warps)
+        vector = _copy_vector(sch, shared) if config.vector_copy else 1
+        if pad_rows:
+            _pad_rows(sch, shared, vector)
+        _bind_copy(sch, shared, ko, warps, vector)
         copy = sch.cache_read(block, _read_index(sch, block, shared_name(sch, shared)), frag_scope)
         sch.compute_at(copy, kk)
         _tensorize_tile_copy(sch, copy, intrin.helper(helper), *shape)

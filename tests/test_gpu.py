@@ -92,18 +92,44 @@ def test_gpu_config_space_fits_limits():
 
 @needs_nvcc
 @pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
-@pytest.mark.parametrize("label,intrin,build", [WORKLOADS[0], WORKLOADS[5], WORKLOADS[6]],
-                         ids=["dense_f16", "conv3x3_f16", "conv_gemm_f16"])
+@pytest.mark.parametrize("label,intrin,build", WORKLOADS, ids=[w[0] for w in WORKLOADS])
 def test_gpu_split_k_and_window_configs_compile(config, label, intrin, build):
+    """Every workload under every config compiles with nvcc (an inlined pack once made TVM
+    write a vector gathered from scattered elements, which CUDA rejects; a window of 3
+    fragments once did not divide 4 fragment rows)."""
     op = build()
     sch = unit_tvm.rewrite(op, intrin, config=config, target=_cuda("sm_80"))
     src = _compile_checked(sch, "sm_80")
     if gpu.fit(config, *gpu.tiles(_prepared(op, intrin))).split_k > 1:
-        # partial accumulators go to shared memory, a barrier, then the block sums them there
-        stores = re.findall(r"store_matrix_sync\(\(&\((\w+)\[", src)
-        assert stores and all(s.endswith("_rf_shared_ptr") for s in stores)
-        after = src[src.index("store_matrix_sync"):]
-        assert "__syncthreads()" in after and f"+ {stores[0]}[" in after
+        # partial accumulators go to shared memory between two barriers (the first: they may
+        # overwrite operand tiles other warps still read), then the block sums them there
+        stores = re.findall(r"store_matrix_sync\(\(&\((.*?)\[", src)
+        assert stores and all("shared_ptr" in s for s in stores)
+        body = src[src.index("wmma::mma_sync"):]
+        before, after = body.split("nvcuda::wmma::store_matrix_sync", 1)
+        assert before.rstrip().endswith("__syncthreads();")
+        assert "__syncthreads()" in after
+
+
+def test_gpu_config_window_divides_both_sides():
+    for m, n in ((4, 3), (6, 4), (8, 8), (5, 7)):
+        p = gpu.fit(gpu.GpuConfig(p=4), m, n, 16).p
+        assert m % p == 0 and n % p == 0, (m, n, p)
+    assert gpu.fit(gpu.GpuConfig(p=4), 8, 12, 16).p == 4
+
+
+@needs_nvcc
+def test_gpu_default_copies_16_bytes_into_padded_rows():
+    """The default config stages both operands with 16-byte copies into shared rows padded by
+    16 bytes, and wmma reads them with the padded stride."""
+    label, intrin, build = WORKLOADS[0]  # 256 x 256 x 256 fp16: k tile of 32 -> stride 40
+    src = _compile_checked(unit_tvm.rewrite(build(), intrin, target=_cuda("sm_80")), "sm_80")
+    assert len(re.findall(r"\*\(uint4\*\)\(\w+_shared_ptr \+", src)) >= 2
+    strides = {int(s) for s in re.findall(r"load_matrix_sync\(.*, (\d+)\);", src)}
+    assert strides and all(s % 32 == 8 for s in strides), strides
+    plain = unit_tvm.rewrite(build(), intrin, target=_cuda("sm_80"),
+                             config=gpu.GpuConfig(vector_copy=False))
+    assert "uint4" not in nvcc.cuda_source(tvm.tirx.build(plain.mod, target=_cuda("sm_80")))
 
 
 def _prepared(op, intrin):

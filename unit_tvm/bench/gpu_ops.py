@@ -202,7 +202,8 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
 
 
 # UNIT's GPU ablation (Fig. 11): each step adds one of the strategy's ideas to the one before
-ABLATION = ("1x1 fragments", "+ p x p window", "+ fused H/W", "+ split-K", "tuned")
+ABLATION = ("1x1 fragments", "+ p x p window", "+ fused H/W", "+ split-K", "+ 16B copies",
+            "tuned")
 
 
 def ablation_configs(prepared, tuned):
@@ -210,8 +211,11 @@ def ablation_configs(prepared, tuned):
     divide its loop shrinks: on a layer whose output row is one fragment the window cannot
     apply, and that step equals the one before), the tuned one last."""
     m, n, k = gpu.tiles(prepared)
-    steps = (gpu.GpuConfig(p=1, fuse_spatial=False), gpu.GpuConfig(p=2, fuse_spatial=False),
-             gpu.GpuConfig(p=2, fuse_spatial=True), gpu.GpuConfig(p=2, split_k=4))
+    element = {"vector_copy": False}  # the shared stages copied one element per thread
+    steps = (gpu.GpuConfig(p=1, fuse_spatial=False, **element),
+             gpu.GpuConfig(p=2, fuse_spatial=False, **element),
+             gpu.GpuConfig(p=2, fuse_spatial=True, **element),
+             gpu.GpuConfig(p=2, split_k=4, **element), gpu.GpuConfig(p=2, split_k=4))
     return [gpu.fit(c, m, n, k) for c in steps] + [tuned]
 
 
