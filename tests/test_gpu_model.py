@@ -72,6 +72,25 @@ def test_gpu_int8_model_compiles_with_s8_wmma(resnet18):
     assert sum("wmma.mma.sync" in line and ".s8" in line for line in ptx.splitlines()) >= 12
 
 
+@needs_nvcc
+def test_gpu_int8_transformer_compiles_with_s8_wmma():
+    """An int8 encoder layer on CUDA: its dense layers become s8 wmma kernels and the fp16
+    conversion after quantization goes through (its input clip once stopped ToMixedPrecision
+    on bert_base)."""
+    from unit_tvm import frontends
+    from unit_tvm.testing import zoo
+
+    module = zoo.BertEncoder(layers=1, hidden=64, heads=2, ffn=128).eval()
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 32, 64), np.float32))
+    report = []
+    ex = unit_tvm.compile(frontends.from_torch(module, [x]), _cuda("sm_90"),
+                          quantize={"calibration_data": [x.numpy()]}, report=report)
+    dense = [r for r in report if r[1] == "cuda.wmma.s8s32"]
+    assert len(dense) >= 4  # q/k/v (or their fused form), the output projection, the FFN
+    ptx = nvcc.ptx(nvcc.cuda_source(ex.mod), "sm_90")
+    assert any("wmma.mma.sync" in line and ".s8" in line for line in ptx.splitlines())
+
+
 def test_gpu_int8_options_have_clear_errors(resnet18):
     _, x, mod = resnet18
     for quantize, match in (({"calibration_data": []}, "calibration_data is empty"),
