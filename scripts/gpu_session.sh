@@ -9,6 +9,7 @@
 #   scripts/gpu_session.sh models [ARGS]    bench-model --target cuda on the four zoo models
 #                                           (GPU_MODELS="resnet18 bert_base" for fewer per call)
 #   scripts/gpu_session.sh ablation [TRIALS] reproduce fig11-gpu (the GPU ablation, Table I, fp16)
+#   scripts/gpu_session.sh profile MODEL [ARGS]  time each kernel of unit-tvm's build of MODEL
 #   scripts/gpu_session.sh all [TRIALS]     setup, test, bench float16 and int8, models
 #
 # .gpu/a and .gpu/b come from scripts/gpu_pack.sh on a machine with PyPI: TVM's wheel is larger
@@ -73,6 +74,11 @@ models() {
     cp "$UNIT_TVM_DATABASE" "$OUT/gpu_db.jsonl" 2>/dev/null || true
 }
 
+profile() {
+    $PY -m unit_tvm.bench.gpu_profile "$@" --out "$OUT" 2>&1 | tee -a "$OUT/gpu_profile.log" \
+        | grep -v "it/s\]" | tail -30
+}
+
 case "${1:-all}" in
     stage) stage ;;
     setup) setup ;;
@@ -80,8 +86,9 @@ case "${1:-all}" in
     bench) bench "${2:-float16}" "${3:-24}" ;;
     models) shift; models "$@" ;;
     ablation) ablation "${2:-16}" ;;
+    profile) shift; profile "$@" ;;
     all) setup && run_tests; bench float16 "${2:-24}"; ablation "${2:-24}"; bench int8 "${2:-24}"
          models ;;
-    *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|ablation [TRIALS]|models [ARGS]|all [TRIALS]" >&2
+    *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|ablation [TRIALS]|profile MODEL|models [ARGS]|all [TRIALS]" >&2
        exit 2 ;;
 esac

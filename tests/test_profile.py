@@ -107,3 +107,26 @@ def test_macs_count_only_products_of_real_input():
     dense = Recipe(kind="dense", in_shape=(3, 32), w_shape=(10, 32), out_shape=(3, 10),
                    out_channels=10)
     assert macs(dense) == 3 * 10 * 32
+
+
+def test_vm_call_timer_counts_every_call_of_a_run():
+    """The GPU profiler's timer (any target): each function the VM calls, how often per run,
+    its mean time and share; the instrument is removed afterwards."""
+    import tvm
+    from tvm import relax
+
+    from unit_tvm.bench.gpu_profile import time_vm_calls
+
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 16, 8, 8), np.float32))
+    mod = frontends.from_torch(_Block().eval(), [x])
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), dev)
+    rows = time_vm_calls(vm, [tvm.runtime.tensor(x.numpy(), dev)], dev, runs=3)
+    names = [r.name for r in rows]
+    assert len(names) == len(set(names)) and any("conv2d" in n for n in names)
+    assert all(r.calls >= 1 and r.mean_us > 0 for r in rows)
+    assert abs(sum(r.share for r in rows) - 1.0) < 1e-6
+    assert [r.mean_us * r.calls for r in rows] == sorted((r.mean_us * r.calls for r in rows),
+                                                         reverse=True)
+    out = vm["main"](tvm.runtime.tensor(x.numpy(), dev))  # runs without the instrument
+    assert out is not None

@@ -85,7 +85,16 @@ def _report_leftovers(mod, report):
 def _compile_cuda(mod, target, quantize, database, tune, trials, report):
     """The GPU path: fp16 NHWC, Tensor Core kernels (fp16, or int8 with quantize) for convs and
     dense layers, TVM's GPU pipeline for the rest (unit_tvm.relax.gpu)."""
+    mod = scheduled_for_cuda(mod, target, quantize=quantize, database=database, tune=tune,
+                             trials=trials, report=report)
+    return compile_cuda_graph(mod, target)
 
+
+def scheduled_for_cuda(mod: tvm.IRModule, target, *, quantize: dict | None = None,
+                       database=None, tune: bool = False, trials: int | None = None,
+                       report: list | None = None) -> tvm.IRModule:
+    """The GPU path up to tvm.compile: every kernel scheduled (the profiler builds this without
+    CUDA graphs, to time each kernel)."""
     if quantize is None:
         tensorize = UnitTensorizeGPU(target, database=database, tune=tune, trials=trials)
         mod = tensorize(to_fp16_nhwc(mod))
@@ -97,7 +106,7 @@ def _compile_cuda(mod, target, quantize, database, tune, trials, report):
         mod = to_fp16(tensorize(to_nhwc(mod)))
     if report is not None:
         report.extend((k.op, k.intrinsic or None, k.reason) for k in tensorize.report)
-    return compile_cuda_graph(default_gpu_schedule(mod, target), target)
+    return default_gpu_schedule(mod, target)
 
 
 def compile_cuda_graph(mod, target):

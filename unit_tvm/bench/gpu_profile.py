@@ -1,0 +1,104 @@
+"""Per-kernel times of a zoo model compiled by unit-tvm for the first CUDA GPU.
+
+    python -m unit_tvm.bench.gpu_profile MODEL [--int8] [--calls N] [--top K] [--out DIR]
+
+The model is built as `unit_tvm.compile(mod, cuda)` builds it, without CUDA graphs, and each
+call the VM makes (one PrimFunc: a gather, a Tensor Core GEMM, a TVM-scheduled leftover) is timed
+between two device synchronizations. The times include one launch each (a few microseconds),
+so their sum exceeds the CUDA-graph latency of `bench-model --target cuda`; they say which
+functions take the time, not what the model costs.
+"""
+
+import argparse
+import json
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass
+class KernelTime:
+    """One VM-called function: calls per model run and mean microseconds per call."""
+
+    name: str
+    calls: int
+    mean_us: float
+    share: float
+
+
+def profile_model(name: str, *, int8: bool = False, calls: int = 10, database=None,
+                  log=print) -> list[KernelTime]:
+    """KernelTimes of zoo model `name` on cuda(0), slowest total first."""
+    import torch
+    import tvm
+    from tvm import relax
+
+    from .. import frontends
+    from ..compiler import scheduled_for_cuda
+    from ..relax.frontend_fixes import frontend_fixes
+    from ..testing import zoo
+
+    module, shape = zoo.get(name)
+    x = zoo.inputs(shape, 1)[0]
+    mod = frontend_fixes(frontends.from_torch(module.cpu(), [torch.from_numpy(x)]))
+    dev = tvm.cuda(0)
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_" + dev.compute_version.replace(
+        ".", "")})
+    quantize = {"calibration_data": zoo.inputs(shape, 4)} if int8 else None
+    mod = scheduled_for_cuda(mod, target, quantize=quantize, database=database)
+    vm = relax.VirtualMachine(tvm.compile(mod, target=target), dev)
+    rows = time_vm_calls(vm, [tvm.runtime.tensor(x, dev)], dev, calls)
+    whole = sum(r.mean_us * r.calls for r in rows)
+    log(f"{name}{' int8' if int8 else ''}: {whole / 1e3:.3f} ms per run in "
+        f"{sum(r.calls for r in rows)} timed calls")
+    return rows
+
+
+def time_vm_calls(vm, args: list, dev, runs: int = 10) -> list[KernelTime]:
+    """KernelTimes of every call `vm["main"](*args)` makes, each timed between two
+    synchronizations of `dev`, over `runs` runs after one warm-up (any target)."""
+    vm["main"](*args)  # warm-up: module loading, first launches
+    totals, counts, started = defaultdict(float), defaultdict(int), {}
+
+    def instrument(func, symbol, before_run, ret_value, *call_args):
+        dev.sync()
+        if before_run:
+            started[symbol] = time.perf_counter()
+        else:
+            totals[symbol] += time.perf_counter() - started.pop(symbol)
+            counts[symbol] += 1
+        return 0  # VMInstrumentReturnKind.kNoOp: run the call as usual
+
+    vm.set_instrument(instrument)
+    try:
+        for _ in range(runs):
+            vm["main"](*args)
+    finally:
+        vm.set_instrument(None)
+    whole = sum(totals.values()) or 1.0
+    return sorted((KernelTime(s, counts[s] // runs, 1e6 * totals[s] / counts[s],
+                              totals[s] / whole) for s in totals),
+                  key=lambda r: -r.mean_us * r.calls)
+
+
+def main(argv=None):
+    """CLI: print the slowest functions and write DIR/gpu_profile_MODEL.json."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("--int8", action="store_true")
+    ap.add_argument("--calls", type=int, default=10)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--database")
+    ap.add_argument("--out", default=".")
+    a = ap.parse_args(argv)
+    rows = profile_model(a.model, int8=a.int8, calls=a.calls, database=a.database)
+    for r in rows[:a.top]:
+        print(f"  {r.mean_us:9.1f} us x{r.calls:<3} {100 * r.share:5.1f}%  {r.name}")
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    path = Path(a.out) / f"gpu_profile_{a.model}{'_int8' if a.int8 else ''}.json"
+    path.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+
+
+if __name__ == "__main__":
+    main()
