@@ -14,10 +14,13 @@ The Rewriter's prepared core has the instruction's m x n fragment loops innermos
   copy step into shared tiles whose rows are padded by 16 bytes, so the fragment loads of a warp
   do not fall on the same banks. Fragments span output rows when the graph pass writes a conv
   as a GEMM over fused pixels (relax/gpu_conv.py);
+- `pipeline`: the shared stages are doubled and the next k step's tiles arrive by cp.async
+  while the warps multiply the current ones (TVM's software pipelining);
 - split-K: `split_k` groups of warps each accumulate one slice of the reduction (rfactor), store
   their partial fragments to shared memory, and the block's threads sum the slices from there.
 """
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -60,7 +63,10 @@ class GpuConfig:
     k_step: 16-wide reduction fragments per shared-memory stage; split_k: reduction slices, each
     accumulated by its own warps and summed through shared memory; implicit: operand preparation
     (gathers, packs) done by the shared-memory stages instead of separate passes; vector_copy:
-    16-byte copies into bank-padded shared rows (off: one element per thread, dense rows)."""
+    16-byte copies into bank-padded shared rows (off: one element per thread, dense rows);
+    pipeline: two shared stages per operand, the next k step's filled by cp.async while the
+    warps multiply the current one (only with vector copies, and only where both operands'
+    stages copy whole vectors)."""
 
     p: int = 2
     warps_m: int = 2
@@ -70,18 +76,19 @@ class GpuConfig:
     split_k: int = 1
     implicit: bool = False
     vector_copy: bool = True
+    pipeline: bool = False
 
     def key(self):
         return {"p": self.p, "warps_m": self.warps_m, "warps_n": self.warps_n,
                 "k_step": self.k_step, "fuse_spatial": self.fuse_spatial,
                 "split_k": self.split_k, "implicit": self.implicit,
-                "vector_copy": self.vector_copy}
+                "vector_copy": self.vector_copy, "pipeline": self.pipeline}
 
     @staticmethod
     def from_key(d):
-        """The config a database record's key describes (records from before `implicit` or
-        `vector_copy` existed describe explicit preparation and element copies)."""
-        return GpuConfig(**{"vector_copy": False, **d})
+        """The config a database record's key describes (records from before `implicit`,
+        `vector_copy` or `pipeline` existed describe what the schedule did then)."""
+        return GpuConfig(**{"vector_copy": False, "pipeline": False, **d})
 
     def threads(self):
         return 32 * self.warps_m * self.warps_n * self.split_k
@@ -89,14 +96,15 @@ class GpuConfig:
     def shared_bytes(self, fragment, a_bytes, b_bytes, acc_bytes=4, padded=False):
         """Shared memory of one block: the A and B stages of every slice, and with split-K the
         slices' partial accumulators (fragment: the instruction's Fragment); `padded`: at most
-        what the stages take with their rows padded for vector copies."""
+        what the stages take with their rows padded for vector copies; a pipelined config
+        holds two stages of each operand."""
         k = self.k_step * fragment.k * self.split_k
         a_tile = self.warps_m * self.p * fragment.m * k * a_bytes
         b_tile = self.warps_n * self.p * fragment.n * k * b_bytes
         if padded:  # at most 16 bytes more per row, and rows may be as short as a fragment's
             a_tile += a_tile * PAD_BYTES // (fragment.k * a_bytes)
             b_tile += b_tile * PAD_BYTES // (fragment.n * b_bytes)
-        stages = a_tile + b_tile
+        stages = (a_tile + b_tile) * (2 if self.pipeline else 1)  # pipelined: two of each
         partial = 0
         if self.split_k > 1:
             partial = (self.split_k * self.warps_m * self.warps_n * self.p ** 2 * fragment.m
@@ -115,7 +123,8 @@ def fit(config, m_tiles, n_tiles, k_tiles):
     wn = _largest_divisor(n_tiles // p, config.warps_n)
     sk = _largest_divisor(k_tiles, config.split_k)
     ks = _largest_divisor(k_tiles // sk, config.k_step)
-    return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk, config.implicit, config.vector_copy)
+    return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk, config.implicit, config.vector_copy,
+                     config.pipeline and config.vector_copy)
 
 
 def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
@@ -127,11 +136,12 @@ def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
 def config_space(m_tiles, n_tiles, k_tiles, fragment, a_bytes=2, b_bytes=2, acc_bytes=4):
     """Distinct fitted configs within the thread and shared-memory limits: p in 1, 2, 4; warps
     1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4; spatial fusion on and off; explicit and
-    implicit operand preparation; vector and element copies."""
+    implicit operand preparation; vector and element copies; vector copies pipelined or not."""
     out = []
-    for p, wm, wn, ks, sk, fuse, implicit, vector in itertools.product(
-            *[(1, 2, 4)] * 5, (True, False), (False, True), (True, False)):
-        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit, vector), m_tiles, n_tiles, k_tiles)
+    for p, wm, wn, ks, sk, fuse, implicit, vector, pipe in itertools.product(
+            *[(1, 2, 4)] * 5, (True, False), (False, True), (True, False), (False, True)):
+        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit, vector, pipe), m_tiles, n_tiles,
+                k_tiles)
         if c not in out and fits_device(c, fragment, a_bytes, b_bytes, acc_bytes):
             out.append(c)
     return out
@@ -185,7 +195,9 @@ def describe(config, prepared=None):
     """e.g. 'p2, warps 2x2, k_step 2, split_k 1, fused HW, implicit' (for `unit-tvm profile`)."""
     return (f"p{config.p}, warps {config.warps_m}x{config.warps_n}, k_step {config.k_step}, "
             f"split_k {config.split_k}" + (", fused HW" if config.fuse_spatial else "")
-            + (", implicit" if config.implicit else ""))
+            + (", implicit" if config.implicit else "")
+            + (", element copies" if not config.vector_copy else "")
+            + (", cp.async pipeline" if config.pipeline else ""))
 
 
 def features(config, prepared, target=None):
@@ -197,7 +209,8 @@ def features(config, prepared, target=None):
     steps = k_tiles // (c.k_step * c.split_k)
     shared = c.shared_bytes(_fragment(prepared), *_operand_bytes(prepared))
     return np.array([c.p, c.warps_m, c.warps_n, c.k_step, c.split_k, float(c.fuse_spatial),
-                     float(c.implicit), c.threads(), shared / 1024.0,
+                     float(c.implicit), float(c.vector_copy), float(c.pipeline),
+                     c.threads(), shared / 1024.0,
                      math.log2(max(blocks, 1)), math.log2(max(steps, 1)),
                      c.p * c.p / (2 * c.p)], np.float32)
 
@@ -248,6 +261,16 @@ def _copy_vector(sch, block):
         if not whole:
             return 1
     return vector
+
+
+def _pipeline_stages(sch, k_loop):
+    """Two shared-memory stages per operand: while the warps multiply the tiles of one k step,
+    cp.async copies the next step's (TVM's InjectSoftwarePipeline doubles the buffers; the
+    copies become cp.async where the build enables async copies, lowering.build does for CUDA).
+    The k loop's children are the A copy, the B copy and the fragment loop, in that order."""
+    sch.annotate(k_loop, "software_pipeline_stage", [0, 0, 1])
+    sch.annotate(k_loop, "software_pipeline_order", [0, 1, 2])
+    sch.annotate(k_loop, "software_pipeline_async_stages", [0])
 
 
 def _at(expr, var, value):
@@ -356,9 +379,12 @@ def apply(sch, prepared, intrin, config):
     warps = wm * wn * sk
 
     frag = _fragment(prepared)
-    # the padding only where it fits: a config is in the space by its unpadded size
-    pad_rows = config.vector_copy and config.shared_bytes(
-        frag, *_operand_bytes(prepared), padded=True) <= SHARED_LIMIT
+    # the pipeline's second stages, then the padding, only where they fit (a config given
+    # directly need not be in the space, which holds those whose unpadded size fits)
+    sizes = _operand_bytes(prepared)
+    if config.pipeline and config.shared_bytes(frag, *sizes) > SHARED_LIMIT:
+        config = dataclasses.replace(config, pipeline=False)
+    pad_rows = config.vector_copy and config.shared_bytes(frag, *sizes, padded=True) <= SHARED_LIMIT
     a_op, b_op, d_op = intrin.operands
     k_pos = k_match.op_index
     # the slices interleave per shared stage (k = ((ko * sk + slice) * ks + kk) * K + ki) so the
@@ -398,6 +424,7 @@ def apply(sch, prepared, intrin, config):
     if write_back is not None:
         _sum_slices(sch, write_back, bx, warps)
     op_tensor = {o.intrin_operand: o.op_tensor for o in mapping.operands}
+    vectors = []  # elements per copy of each operand's shared stage
     for operand, helper, shape in ((a_op, "load_a", (frag.m, frag.k)),
                                    (b_op, "load_b", (frag.k, frag.n))):
         name, frag_scope = op_tensor[operand], intrin.scopes[operand]
@@ -406,12 +433,17 @@ def apply(sch, prepared, intrin, config):
         if config.implicit:
             _inline_preparation(sch, shared)
         vector = _copy_vector(sch, shared) if config.vector_copy else 1
+        vectors.append(vector)
         if pad_rows:
             _pad_rows(sch, shared, vector)
         _bind_copy(sch, shared, ko, warps, vector)
         copy = sch.cache_read(block, _read_index(sch, block, shared_name(sch, shared)), frag_scope)
         sch.compute_at(copy, kk)
         _tensorize_tile_copy(sch, copy, intrin.helper(helper), *shape)
+    if config.pipeline and all(v > 1 for v in vectors):
+        _pipeline_stages(sch, ko)
+    elif config.pipeline:  # cp.async moves 4-16 bytes: element copies stay synchronous
+        config = dataclasses.replace(config, pipeline=False)
     init = sch.decompose_reduction(block, red_others[0] if red_others else ko)
     i_loops = sch.get_loops(init)
     sch.tensorize(i_loops[-2], intrin.helper("fill"))

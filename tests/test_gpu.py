@@ -42,11 +42,18 @@ WORKLOADS = [
     ("conv_gemm_s2_s8", "cuda.wmma.s8s32", _gemm(STRIDED_CONV, "int8", "int32")),
 ]
 # configs beyond the default: split-K through shared memory, unfused block index, wide windows,
-# implicit preparation (the gather or pack done by the shared-memory stage)
+# implicit preparation (the gather or pack done by the shared-memory stage), element copies,
+# cp.async pipelines (with implicit preparation and split-K too)
 CONFIGS = [gpu.GpuConfig(split_k=2), gpu.GpuConfig(p=1, split_k=4, fuse_spatial=False),
            gpu.GpuConfig(p=4, warps_m=1, warps_n=1, k_step=4),
-           gpu.GpuConfig(implicit=True, split_k=2)]
-CONFIG_IDS = ["split2", "split4_unfused", "p4", "implicit_split2"]
+           gpu.GpuConfig(implicit=True, split_k=2), gpu.GpuConfig(vector_copy=False),
+           gpu.GpuConfig(pipeline=True), gpu.GpuConfig(pipeline=True, implicit=True, split_k=2)]
+CONFIG_IDS = ["split2", "split4_unfused", "p4", "implicit_split2", "element_copies", "pipeline",
+              "pipeline_implicit_split2"]
+# the compile test runs these in `make test-all` only (their ideas are covered by the others)
+_COMPILE_SLOW = {"split4_unfused", "element_copies"}
+COMPILE_CONFIGS = [pytest.param(c, id=i, marks=[pytest.mark.slow] if i in _COMPILE_SLOW else [])
+                   for c, i in zip(CONFIGS, CONFIG_IDS)]
 
 
 def _cuda(arch):
@@ -92,7 +99,7 @@ def test_gpu_config_space_fits_limits():
 
 
 @needs_nvcc
-@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
+@pytest.mark.parametrize("config", COMPILE_CONFIGS)
 @pytest.mark.parametrize("label,intrin,build", WORKLOADS, ids=[w[0] for w in WORKLOADS])
 def test_gpu_split_k_and_window_configs_compile(config, label, intrin, build):
     """Every workload under every config compiles with nvcc (an inlined pack once made TVM
@@ -110,6 +117,40 @@ def test_gpu_split_k_and_window_configs_compile(config, label, intrin, build):
         before, after = body.split("nvcuda::wmma::store_matrix_sync", 1)
         assert before.rstrip().endswith("__syncthreads();")
         assert "__syncthreads()" in after
+
+
+@needs_nvcc
+def test_gpu_pipeline_fills_the_next_stage_with_cp_async():
+    """A pipelined config doubles the shared stages and copies the next k step with cp.async
+    (lowering.build turns the copies TVM's pipeline marks asynchronous into cp.async); where the
+    doubled stages would not fit, or a stage copies single elements, the kernel is the plain
+    one and the config used says so."""
+    from unit_tvm import lowering
+    from unit_tvm.rewriter import schedule
+
+    label, intrin, build = WORKLOADS[0]
+    prepared = _prepared(build(), intrin)
+    wmma = unit_tvm.intrinsics.get(intrin)
+
+    def compiled(config):
+        sch = schedule(prepared, wmma, config, _cuda("sm_80"))
+        src = nvcc.cuda_source(lowering.build(sch.mod, _cuda("sm_80")))
+        return nvcc.ptx(src, "sm_80"), nvcc.resources(src, "sm_80")
+
+    ptx, res = compiled(gpu.GpuConfig(pipeline=True))
+    plain_ptx, plain_res = compiled(gpu.GpuConfig())
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.wait_group" in ptx
+    assert "cp.async" not in plain_ptx
+    shared = max(r["shared"] for r in res.values())
+    assert shared == 2 * max(r["shared"] for r in plain_res.values())
+    used = gpu.apply(tvm.s_tir.Schedule(tvm.te.create_prim_func(prepared.tensors)), prepared,
+                     wmma, gpu.GpuConfig(pipeline=True, split_k=2))
+    assert not used.pipeline  # 2 x 16 KB of stages and 32 KB of partials: over 48 KB
+    used = gpu.apply(tvm.s_tir.Schedule(tvm.te.create_prim_func(prepared.tensors)), prepared,
+                     wmma, gpu.GpuConfig(pipeline=True, vector_copy=False))
+    assert not used.pipeline
+    space = gpu.space(prepared)
+    assert any(c.pipeline for c in space) and all(c.vector_copy for c in space if c.pipeline)
 
 
 def test_gpu_config_window_divides_both_sides():

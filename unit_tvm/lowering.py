@@ -14,13 +14,15 @@ marks global allocations of at most STACK_TILE_BYTES with TVM's `disable_lower_b
 annotation (LowerTVMBuiltin then leaves them as stack allocas); other targets get TVM's default.
 """
 
+import contextlib
+
 import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.tirx import compilation_pipeline
 
 from .prefetch import prefetch_next_panel
-from .target import is_cpu
+from .target import is_cpu, is_gpu
 
 # Measured on Zen 4 (vpdpbusd, 2 threads, both variants built and timed alternately in one
 # process): with the tile on the stack (and padding rows skipped behind a run-time test, which
@@ -81,11 +83,30 @@ def pipeline(target) -> str:
     return PIPELINE
 
 
+def gpu_pass_config(target) -> dict:
+    """PassContext settings a build for `target` needs: on CUDA, the copies a software pipeline
+    marks asynchronous become cp.async (schedules/gpu.py `pipeline`); nothing else changes, a
+    kernel without such marks compiles as before."""
+    return {"tirx.use_async_copy": True} if target is not None and is_gpu(target) else {}
+
+
+def _context(target):
+    """The current PassContext with gpu_pass_config(target) added."""
+    extra = gpu_pass_config(target)
+    if not extra:
+        return contextlib.nullcontext()
+    current = tvm.transform.PassContext.current()
+    return tvm.transform.PassContext(opt_level=current.opt_level,
+                                     config={**dict(current.config), **extra})
+
+
 def build(mod, target) -> tvm.runtime.Module:
     """tvm.tirx.build of a PrimFunc or IRModule through `pipeline(target)`."""
-    return tvm.tirx.build(mod, target=target, pipeline=pipeline(target))
+    with _context(target):
+        return tvm.tirx.build(mod, target=target, pipeline=pipeline(target))
 
 
 def compile_relax(mod, target) -> tvm.runtime.Executable:
     """tvm.compile of a Relax module, its TIR functions through `pipeline(target)`."""
-    return tvm.compile(mod, target=target, tir_pipeline=pipeline(target))
+    with _context(target):
+        return tvm.compile(mod, target=target, tir_pipeline=pipeline(target))

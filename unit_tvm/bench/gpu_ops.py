@@ -26,7 +26,7 @@ import tvm
 from tvm import te
 from tvm.s_tir import dlight
 
-from .. import intrinsics, measure, ops
+from .. import intrinsics, lowering, measure, ops
 from ..prepare import prepare
 from ..relax import gpu_conv
 from ..rewriter import schedule
@@ -177,7 +177,7 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
         result = tune(case.prepared, intrin, target, trials=trials, database=db,
                       progress=progress)
         seconds = time.time() - t0
-        lib = tvm.tirx.build(schedule(case.prepared, intrin, result.config, target).mod,
+        lib = lowering.build(schedule(case.prepared, intrin, result.config, target).mod,
                              target=target)
         rounds = measure.round_seconds(lib, case.args, dev, number=20, repeat=repeat)
         plain = tvm_default_build(case.direct[-1], target)
@@ -203,7 +203,7 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
 
 # UNIT's GPU ablation (Fig. 11): each step adds one of the strategy's ideas to the one before
 ABLATION = ("1x1 fragments", "+ p x p window", "+ fused H/W", "+ split-K", "+ 16B copies",
-            "tuned")
+            "+ cp.async pipeline", "tuned")
 
 
 def ablation_configs(prepared, tuned):
@@ -215,7 +215,8 @@ def ablation_configs(prepared, tuned):
     steps = (gpu.GpuConfig(p=1, fuse_spatial=False, **element),
              gpu.GpuConfig(p=2, fuse_spatial=False, **element),
              gpu.GpuConfig(p=2, fuse_spatial=True, **element),
-             gpu.GpuConfig(p=2, split_k=4, **element), gpu.GpuConfig(p=2, split_k=4))
+             gpu.GpuConfig(p=2, split_k=4, **element), gpu.GpuConfig(p=2, split_k=4),
+             gpu.GpuConfig(p=2, split_k=4, pipeline=True))
     return [gpu.fit(c, m, n, k) for c in steps] + [tuned]
 
 
@@ -235,7 +236,7 @@ def ablation(quick=False, trials=None, database=None, repeat=7, log=print):
         args = measure.to_device(arrays, dev)
         ms = []
         for config in ablation_configs(prepared, tuned.config):
-            lib = tvm.tirx.build(schedule(prepared, intrin, config, target).mod, target=target)
+            lib = lowering.build(schedule(prepared, intrin, config, target).mod, target)
             ms.append(min(measure.round_seconds(lib, args, dev, number=20, repeat=repeat)) * 1e3)
         torch_t = time_torch_cudnn(c, h, k, r, s, repeat)
         row = {"workload": f"L{i}", "shape": [c, h, k, r, s], "cudnn_ms": 1e3 * min(

@@ -34,7 +34,7 @@ def profile_model(name: str, *, int8: bool = False, calls: int = 10, database=No
     import tvm
     from tvm import relax
 
-    from .. import frontends
+    from .. import frontends, lowering
     from ..compiler import scheduled_for_cuda
     from ..relax.frontend_fixes import frontend_fixes
     from ..testing import zoo
@@ -47,7 +47,7 @@ def profile_model(name: str, *, int8: bool = False, calls: int = 10, database=No
         ".", "")})
     quantize = {"calibration_data": zoo.inputs(shape, 4)} if int8 else None
     mod = scheduled_for_cuda(mod, target, quantize=quantize, database=database)
-    vm = relax.VirtualMachine(tvm.compile(mod, target=target), dev)
+    vm = relax.VirtualMachine(lowering.compile_relax(mod, target), dev)
     rows = time_vm_calls(vm, [tvm.runtime.tensor(x, dev)], dev, calls)
     whole = sum(r.mean_us * r.calls for r in rows)
     log(f"{name}{' int8' if int8 else ''}: {whole / 1e3:.3f} ms per run in "
