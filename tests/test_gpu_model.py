@@ -128,16 +128,23 @@ def test_gpu_model_matches_pytorch_fp32(name, int8):
 
 
 class _OddConvs(torch.nn.Module):
-    """Convs nobody tuned for: a dilated window with unequal strides over 5 channels, then a
-    pointwise conv over 16-pixel rows (which stays direct), on a batch of 2."""
+    """Convs nobody tuned for: a dilated window with unequal strides over 5 channels and a
+    batch norm (folded into its weights: TVM folds one only after a conv without bias), then
+    a pointwise conv over 16-pixel rows (which stays direct), on a batch of 2."""
 
     def __init__(self):
         super().__init__()
-        self.a = torch.nn.Conv2d(5, 24, 3, stride=(1, 2), padding=2, dilation=2)
+        self.a = torch.nn.Conv2d(5, 24, 3, stride=(1, 2), padding=2, dilation=2, bias=False)
+        self.norm = torch.nn.BatchNorm2d(24)
         self.b = torch.nn.Conv2d(24, 32, 1)
+        with torch.no_grad():  # statistics far from the identity, so a wrong fold shows
+            self.norm.running_mean.uniform_(-0.5, 0.5)
+            self.norm.running_var.uniform_(0.2, 3.0)
+            self.norm.weight.uniform_(0.5, 2.0)
+            self.norm.bias.uniform_(-0.5, 0.5)
 
     def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
+        return self.b(torch.relu(self.norm(self.a(x))))
 
 
 def _odd_model():
@@ -245,6 +252,9 @@ def test_gpu_graph_around_the_kernels_is_exact_on_cpu(monkeypatch, int8):
     out_mod = (gpu.to_fp16(tensorize(gpu.to_nhwc(mod))) if int8
                else tensorize(gpu.to_fp16_nhwc(mod)))
     assert [k.form for k in tensorize.report] == ["gemm", "direct"]
+    # the batch norm folded into the first conv's weights: no elementwise (x - mean) / std left
+    text = out_mod["main"].script()
+    assert "R.subtract" not in text and "R.divide" not in text
     vm = relax.VirtualMachine(build_relax(out_mod, host()), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cpu()))
     got = (got if hasattr(got, "numpy") else got[0]).numpy().astype(np.float64)
