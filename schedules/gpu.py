@@ -74,7 +74,10 @@ class GpuConfig:
     k_step: int = 2
     fuse_spatial: bool = True
     split_k: int = 1
-    implicit: bool = False
+    # on an H200 (RESULTS 2026-11-26) the tuner kept implicit preparation on all four layers
+    # it tuned with the choice open: the explicit form writes a gathered copy (9x the input
+    # for a 3x3 window) to global memory in a kernel of its own, then reads it back
+    implicit: bool = True
     vector_copy: bool = True
     pipeline: bool = False
 
@@ -88,7 +91,7 @@ class GpuConfig:
     def from_key(d):
         """The config a database record's key describes (records from before `implicit`,
         `vector_copy` or `pipeline` existed describe what the schedule did then)."""
-        return GpuConfig(**{"vector_copy": False, "pipeline": False, **d})
+        return GpuConfig(**{"implicit": False, "vector_copy": False, "pipeline": False, **d})
 
     def threads(self):
         return 32 * self.warps_m * self.warps_n * self.split_k
@@ -235,7 +238,8 @@ def _copy_vector(sch, block):
     """Elements per 16-byte copy of a shared stage, if its rows hold whole vectors and every
     value it reads comes from whole aligned vectors (else 1). TVM's CUDA code for a vector
     gathered from scattered elements (an inlined pack or im2col whose lanes cross a row of its
-    source) does not compile, so such a stage copies element by element."""
+    source) does not compile, so such a stage copies element by element; a 16-lane int8 select
+    (an int8 gather with padding) does not either, so such a stage copies 4 bytes."""
     blk = sch.get(block)
     buf = blk.writes[0].source
     vector = PAD_BYTES // (tvm.DataType(str(buf.dtype)).bits // 8)
@@ -249,8 +253,13 @@ def _copy_vector(sch, block):
     step, lane = tirx.Var("step", dtype), tirx.Var("lane", dtype)
     ana.bind(step, tvm.ir.Range(0, int(column.dom.extent) // vector))
     ana.bind(lane, tvm.ir.Range(0, vector))
-    loads = []
-    tvm_ffi.structural_walk(blk.body, [(tvm.ir.expr.TensorLoad, loads.append)], order="pre")
+    loads, selects = [], []
+    tvm_ffi.structural_walk(blk.body, [(tvm.ir.expr.TensorLoad, loads.append),
+                                       (tvm.ir.expr.Call, selects.append)], order="pre")
+    if vector > 8 and any(c.op.name == "prim.if_then_else" for c in selects):
+        # TVM writes a 16-lane int8 zero as make_int4 of 16 values, which CUDA rejects; four
+        # lanes are one char4
+        vector = 4
     for load in loads:
         at_first = [_at(i, column.var, step * vector) for i in load.indices]
         at_nth = [_at(i, column.var, step * vector + lane) for i in load.indices]
@@ -279,16 +288,17 @@ def _at(expr, var, value):
         expr, [(tirx.Var, lambda v, _mutator: value if v.same_as(var) else v)])
 
 
-def _pad_rows(sch, block, vector):
-    """Pad the rows of a shared stage so that consecutive rows start `vector` elements (16
-    bytes) apart modulo two vectors: a row of 2v, 4v, ... elements gets v more, a row of one
-    vector (16 bytes, already conflict-free) none. wmma needs the stride in 16-byte multiples."""
-    ndim = len(sch.get(block).writes[0].source.shape)
-    if ndim < 2 or vector == 1:
+def _pad_rows(sch, block):
+    """Pad the rows of a shared stage so that consecutive rows start 16 bytes apart modulo 32:
+    a row of 32, 64, ... bytes gets 16 more, a row of 16 bytes (already conflict-free) none.
+    wmma needs the stride in 16-byte multiples, whatever the stage's copies move."""
+    buf = sch.get(block).writes[0].source
+    if len(buf.shape) < 2:
         return
+    pad = PAD_BYTES // (tvm.DataType(str(buf.dtype)).bits // 8)
     # storage_align holds for the compacted tile too (the rows the stage really copies), where
     # a stride from the full buffer's shape would not
-    sch.storage_align(block, 0, ndim - 2, factor=2 * vector, offset=vector)
+    sch.storage_align(block, 0, len(buf.shape) - 2, factor=2 * pad, offset=pad)
 
 
 def _bind_elementwise(sch, block):
@@ -435,7 +445,7 @@ def apply(sch, prepared, intrin, config):
         vector = _copy_vector(sch, shared) if config.vector_copy else 1
         vectors.append(vector)
         if pad_rows:
-            _pad_rows(sch, shared, vector)
+            _pad_rows(sch, shared)
         _bind_copy(sch, shared, ko, warps, vector)
         copy = sch.cache_read(block, _read_index(sch, block, shared_name(sch, shared)), frag_scope)
         sch.compute_at(copy, kk)

@@ -203,7 +203,7 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
 
 # UNIT's GPU ablation (Fig. 11): each step adds one of the strategy's ideas to the one before
 ABLATION = ("1x1 fragments", "+ p x p window", "+ fused H/W", "+ split-K", "+ 16B copies",
-            "+ cp.async pipeline", "tuned")
+            "+ implicit GEMM", "+ cp.async pipeline", "tuned")
 
 
 def ablation_configs(prepared, tuned):
@@ -211,12 +211,15 @@ def ablation_configs(prepared, tuned):
     divide its loop shrinks: on a layer whose output row is one fragment the window cannot
     apply, and that step equals the one before), the tuned one last."""
     m, n, k = gpu.tiles(prepared)
-    element = {"vector_copy": False}  # the shared stages copied one element per thread
+    # the first steps gather in a pass of their own and copy one element per thread
+    element = {"vector_copy": False, "implicit": False}
     steps = (gpu.GpuConfig(p=1, fuse_spatial=False, **element),
              gpu.GpuConfig(p=2, fuse_spatial=False, **element),
              gpu.GpuConfig(p=2, fuse_spatial=True, **element),
-             gpu.GpuConfig(p=2, split_k=4, **element), gpu.GpuConfig(p=2, split_k=4),
-             gpu.GpuConfig(p=2, split_k=4, pipeline=True))
+             gpu.GpuConfig(p=2, split_k=4, **element),
+             gpu.GpuConfig(p=2, split_k=4, implicit=False),
+             gpu.GpuConfig(p=2, split_k=4, implicit=True),
+             gpu.GpuConfig(p=2, split_k=4, implicit=True, pipeline=True))
     return [gpu.fit(c, m, n, k) for c in steps] + [tuned]
 
 
