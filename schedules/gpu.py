@@ -368,6 +368,43 @@ def prepare_options(target):
     return {"separable": True, "tile_columns": None}
 
 
+class _StageLoops(NamedTuple):
+    """Where an operand's stages go: shared tiles per k step (`k_step_loop`), fragments per
+    reduction fragment (`fragment_loop`), copied by `warps` warps."""
+
+    k_step_loop: object
+    fragment_loop: object
+    warps: int
+
+
+def _within_shared_memory(config, frag, sizes):
+    """(config, pad rows?): the pipeline's second stages, then the rows' padding, only where
+    they fit (a config given directly need not be in the space, which holds those whose
+    unpadded size fits)."""
+    if config.pipeline and config.shared_bytes(frag, *sizes) > SHARED_LIMIT:
+        config = dataclasses.replace(config, pipeline=False)
+    padded = config.shared_bytes(frag, *sizes, padded=True)
+    return config, config.vector_copy and padded <= SHARED_LIMIT
+
+
+def _stage_operand(sch, block, name, frag_scope, load, shape, loops, config, pad_rows):
+    """Stage operand `name` of the core: a shared tile per k step (its preparation inlined when
+    implicit, vector copies where they apply, padded rows), then a fragment per reduction
+    fragment through the `load` helper. Returns the elements per copy of the shared stage."""
+    shared = sch.cache_read(block, _read_index(sch, block, name), "shared")
+    sch.compute_at(shared, loops.k_step_loop)
+    if config.implicit:
+        _inline_preparation(sch, shared)
+    vector = _copy_vector(sch, shared) if config.vector_copy else 1
+    if pad_rows:
+        _pad_rows(sch, shared)
+    _bind_copy(sch, shared, loops.k_step_loop, loops.warps, vector)
+    copy = sch.cache_read(block, _read_index(sch, block, shared_name(sch, shared)), frag_scope)
+    sch.compute_at(copy, loops.fragment_loop)
+    _tensorize_tile_copy(sch, copy, load, *shape)
+    return vector
+
+
 def apply(sch, prepared, intrin, config):
     """Schedule a Prepared graph for a CUDA target; returns the (fitted) config used."""
     mapping = prepared.mapping
@@ -389,12 +426,7 @@ def apply(sch, prepared, intrin, config):
     warps = wm * wn * sk
 
     frag = _fragment(prepared)
-    # the pipeline's second stages, then the padding, only where they fit (a config given
-    # directly need not be in the space, which holds those whose unpadded size fits)
-    sizes = _operand_bytes(prepared)
-    if config.pipeline and config.shared_bytes(frag, *sizes) > SHARED_LIMIT:
-        config = dataclasses.replace(config, pipeline=False)
-    pad_rows = config.vector_copy and config.shared_bytes(frag, *sizes, padded=True) <= SHARED_LIMIT
+    config, pad_rows = _within_shared_memory(config, frag, _operand_bytes(prepared))
     a_op, b_op, d_op = intrin.operands
     k_pos = k_match.op_index
     # the slices interleave per shared stage (k = ((ko * sk + slice) * ks + kk) * K + ki) so the
@@ -434,22 +466,11 @@ def apply(sch, prepared, intrin, config):
     if write_back is not None:
         _sum_slices(sch, write_back, bx, warps)
     op_tensor = {o.intrin_operand: o.op_tensor for o in mapping.operands}
-    vectors = []  # elements per copy of each operand's shared stage
-    for operand, helper, shape in ((a_op, "load_a", (frag.m, frag.k)),
-                                   (b_op, "load_b", (frag.k, frag.n))):
-        name, frag_scope = op_tensor[operand], intrin.scopes[operand]
-        shared = sch.cache_read(block, _read_index(sch, block, name), "shared")
-        sch.compute_at(shared, ko)
-        if config.implicit:
-            _inline_preparation(sch, shared)
-        vector = _copy_vector(sch, shared) if config.vector_copy else 1
-        vectors.append(vector)
-        if pad_rows:
-            _pad_rows(sch, shared)
-        _bind_copy(sch, shared, ko, warps, vector)
-        copy = sch.cache_read(block, _read_index(sch, block, shared_name(sch, shared)), frag_scope)
-        sch.compute_at(copy, kk)
-        _tensorize_tile_copy(sch, copy, intrin.helper(helper), *shape)
+    stages = _StageLoops(ko, kk, warps)
+    vectors = [_stage_operand(sch, block, op_tensor[operand], intrin.scopes[operand],
+                              intrin.helper(helper), shape, stages, config, pad_rows)
+               for operand, helper, shape in ((a_op, "load_a", (frag.m, frag.k)),
+                                              (b_op, "load_b", (frag.k, frag.n)))]
     if config.pipeline and all(v > 1 for v in vectors):
         _pipeline_stages(sch, ko)
     elif config.pipeline:  # cp.async moves 4-16 bytes: element copies stay synchronous
