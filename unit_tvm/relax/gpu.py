@@ -73,7 +73,6 @@ def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
     folded into its weights and a bias (TVM's FoldBatchnormToConv2D), any other one into
     elementwise ops, NHWC x OHWI convs (values still fp32)."""
     return tvm.transform.Sequential([
-        _clip_as_min_max,
         # unfolded, each batch norm was its own kernel after the conv (resnet18 on an H200: 19
         # of them, ~10 us each timed alone); folded, only the bias add is left, which fuses
         # with the relu or residual add that follows
@@ -86,8 +85,11 @@ def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def to_fp16(mod: tvm.IRModule) -> tvm.IRModule:
-    """The module's float32 values in fp16 (TVM's ToMixedPrecision; int8 kernels stay)."""
+    """The module's float32 values in fp16 (TVM's ToMixedPrecision; int8 kernels stay). Clips
+    become a maximum and a minimum first: ToMixedPrecision fails on clip's scalar bounds (the
+    model's ReLU6, the int8 path's input quantization)."""
     return tvm.transform.Sequential([
+        _clip_as_min_max,
         relax.transform.ToMixedPrecision(out_dtype="float16"),
         relax.transform.FoldConstant(),
     ])(mod)

@@ -72,15 +72,12 @@ def weight_s8(weight: np.ndarray, channel_axis: int) -> tuple:
 
 
 def quantized_input(x: relax.Expr, scale: float) -> relax.Expr:
-    """x as int8 at `scale` (clipped to the symmetric range, rounded half up). The clip is a
-    maximum and a minimum with tensor constants: clip's scalar bounds make TVM's
-    ToMixedPrecision, which runs after this pass, fail (seen on bert_base). The rounding is
-    floor(v + 0.5): once that pass makes it fp16, TVM writes round as `hnearbyint`, which CUDA
-    does not have, where floor is `hfloor`."""
+    """x as int8 at `scale` (clipped to the symmetric range, rounded half up). The rounding is
+    floor(v + 0.5): once ToMixedPrecision makes it fp16 (after this pass), TVM writes round as
+    `hnearbyint`, which CUDA does not have, where floor is `hfloor`."""
     dtype = str(x.ty.dtype)
     scaled = relax.op.multiply(x, relax.const(1.0 / scale, dtype))
-    low = relax.op.maximum(scaled, relax.const(-QMAX, dtype))
-    clipped = relax.op.minimum(low, relax.const(QMAX, dtype))
+    clipped = relax.op.clip(scaled, -QMAX, QMAX)
     return relax.op.astype(relax.op.floor(relax.op.add(clipped, relax.const(0.5, dtype))),
                            "int8")
 
