@@ -21,6 +21,12 @@
 # with two TVM builds on the device's CPU (unit-tvm int8 is a third since: split the models over
 # two calls with GPU_MODELS). A call lasts at most 10 minutes and the machine goes
 # back 30 s after a call: stage, then immediately setup + test, then one bench per call.
+# Seen on an H200 (2026-11-26), 15 minutes of device time in all: start ~30 s, setup 12 s,
+# test 75 s (pytest-xdist, 8 workers: used when the machine has it), `reproduce fig11-gpu
+# --quick --trials 4` 46 s, models resnet18 104 s, profile resnet18 26 s, bench float16 with 8
+# trials ~15 s per layer. With .gpu/ in .git/info/exclude, name .gpu/a in the stage call's
+# `carry` and .gpu/b in the next call's (each call then sends only its half), and put all the
+# steps of one lease in that second command.
 set -uo pipefail
 STATE=${UNIT_TVM_GPU_STATE:-/root/unit_tvm_gpu}
 OUT=${OUT:-gpu_out}
@@ -49,7 +55,10 @@ d.exist, d.device_name, d.compute_version, "SMs", d.multi_processor_count)'
 }
 
 run_tests() {
-    $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_model.py \
+    local workers=()
+    $PY -c "import xdist" 2>/dev/null && workers=(-n 8)
+    $PY -m pytest -q -p no:cacheprovider ${workers[@]+"${workers[@]}"} tests/test_gpu.py \
+        tests/test_gpu_model.py \
         tests/test_cli.py -k "gpu" \
         --junitxml "$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 }
