@@ -10,7 +10,11 @@
 #                                           (GPU_MODELS="resnet18 bert_base" for fewer per call)
 #   scripts/gpu_session.sh ablation [TRIALS] reproduce fig11-gpu (the GPU ablation, Table I, fp16)
 #   scripts/gpu_session.sh profile MODEL [ARGS]  time each kernel of unit-tvm's build of MODEL
-#   scripts/gpu_session.sh all [TRIALS]     setup, test, bench float16 and int8, models
+#   scripts/gpu_session.sh all [SECONDS]    one lease's plan in one call of SECONDS (default
+#                                           540): setup, test, models resnet18 bert_base,
+#                                           ablation (4 layers), bench float16, each cut to
+#                                           the time left; everything under $OUT packed into
+#                                           $OUT/gpu_all.tgz (a call returns at most 8 files)
 #
 # .gpu/a and .gpu/b come from scripts/gpu_pack.sh on a machine with PyPI: TVM's wheel is larger
 # than one transfer, so its compiler library travels in two halves (stage, then setup, while the
@@ -88,6 +92,33 @@ profile() {
         | grep -v "it/s\]" | tail -30
 }
 
+within() {
+    # within DEADLINE STEP...: run the step with the seconds left before DEADLINE (epoch s),
+    # keeping 20 s for packing; skipped when under 30 s are left
+    local deadline=$1 left
+    shift
+    left=$(( deadline - $(date +%s) - 20 ))
+    if (( left < 30 )); then echo "== skipped (time): $*"; return 0; fi
+    echo "== $* (at most ${left}s)"
+    timeout "$left" "$@"
+}
+
+all() {
+    # sized for 15 minutes of device time: one call after `stage`, in the order that the
+    # issue's targets need (tests, then models, then kernels)
+    local deadline=$(( $(date +%s) + ${1:-540} ))
+    setup > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; return 1; }
+    tail -3 "$OUT/setup.log"
+    within "$deadline" "$0" test
+    GPU_MODELS="resnet18 bert_base" within "$deadline" "$0" models --no-tune --rounds 10
+    within "$deadline" "$PY" -m unit_tvm.cli reproduce fig11-gpu --quick --trials 4 \
+        --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -8
+    within "$deadline" "$0" bench float16 8
+    (cd "$OUT" && tar czf /tmp/gpu_all.tgz --exclude=gpu_all.tgz . \
+        && find . -mindepth 1 -delete && mv /tmp/gpu_all.tgz .)
+    ls -la "$OUT"
+}
+
 case "${1:-all}" in
     stage) stage ;;
     setup) setup ;;
@@ -96,8 +127,7 @@ case "${1:-all}" in
     models) shift; models "$@" ;;
     ablation) ablation "${2:-16}" ;;
     profile) shift; profile "$@" ;;
-    all) setup && run_tests; bench float16 "${2:-24}"; ablation "${2:-24}"; bench int8 "${2:-24}"
-         models ;;
-    *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|ablation [TRIALS]|profile MODEL|models [ARGS]|all [TRIALS]" >&2
+    all) all "${2:-540}" ;;
+    *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|ablation [TRIALS]|profile MODEL|models [ARGS]|all [SECONDS]" >&2
        exit 2 ;;
 esac
