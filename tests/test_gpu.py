@@ -415,3 +415,12 @@ def test_gpu_implicit_preparation_gathers_in_shared_memory(label, build, gathere
     assert len(implicit) == len(explicit) - 1
     # the kernel with the Tensor Core loop reads the input and the weight themselves
     assert any({"data", "kernel"} <= params for params in implicit.values())
+
+
+def test_cuda_target_names_the_device_architecture():
+    from types import SimpleNamespace
+
+    from unit_tvm.target import cuda_target
+
+    target = cuda_target(SimpleNamespace(compute_version="9.0"))
+    assert target.kind.name == "cuda" and str(target.attrs["arch"]) == "sm_90"

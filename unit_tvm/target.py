@@ -106,6 +106,12 @@ def is_gpu(target) -> bool:
     return as_target(target).kind.name == "cuda"
 
 
+def cuda_target(dev) -> tvm.target.Target:
+    """The CUDA target of GPU `dev` (a tvm.cuda device): its own sm_XY architecture."""
+    return tvm.target.Target({"kind": "cuda", "arch": "sm_" + dev.compute_version.replace(".",
+                                                                                           "")})
+
+
 def is_cpu(target) -> bool:
     """Whether `target` is an LLVM CPU target (x86 or aarch64)."""
     return as_target(target).kind.name == "llvm"

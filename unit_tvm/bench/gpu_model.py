@@ -117,6 +117,7 @@ def run_model(name, *, rounds=10, database=None, tune=False, trials=None, log=pr
     import tvm
 
     from .. import frontends
+    from ..target import cuda_target
     from ..testing import zoo
 
     module, shape = zoo.get(name)
@@ -125,8 +126,7 @@ def run_model(name, *, rounds=10, database=None, tune=False, trials=None, log=pr
         reference = module.cuda()(x.cuda()).float().cpu().numpy()
     mod = frontends.from_torch(module.cpu(), [x])
     dev = tvm.cuda(0)
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_" + dev.compute_version.replace(
-        ".", "")})
+    target = cuda_target(dev)
     calls, results = {}, {}
     int8 = {"calibration_data": zoo.inputs(shape, 4)}
     for engine, unit, quantize in (("unit_tvm_fp16", True, None), ("unit_tvm_int8", True, int8),

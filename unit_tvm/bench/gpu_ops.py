@@ -31,16 +31,13 @@ from ..prepare import prepare
 from ..relax import gpu_conv
 from ..rewriter import schedule
 from ..schedules import gpu
+from ..target import cuda_target
 from ..testing.workloads import TABLE_I
 from ..tuner import Database, default_path, tune
 from ..tuner.search import device_for
 from .op_level import write_csv
 
 DTYPES = {"float16": ("cuda.wmma.f16f32", "float32"), "int8": ("cuda.wmma.s8s32", "int32")}
-
-
-def _arch(dev):
-    return "sm_" + dev.compute_version.replace(".", "")
 
 
 class TorchTimes(NamedTuple):
@@ -167,7 +164,7 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
     intrin_name, acc = DTYPES[dtype]
     intrin = intrinsics.get(intrin_name)
     dev = device_for(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}))
-    target = tvm.target.Target({"kind": "cuda", "arch": _arch(dev)})
+    target = cuda_target(dev)
     db = Database(database or default_path())
     rng = np.random.default_rng(0)
     rows = []
@@ -194,7 +191,7 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
             f"x{row['speedup_vs_cudnn'] or float('nan'):.2f}  TVM "
             f"{row['tvm_ms'] or float('nan'):.4f} ms  tuned {seconds:.0f}s")
     ratios = [r["speedup_vs_cudnn"] for r in rows if r["speedup_vs_cudnn"]]
-    meta = {"device": str(dev.device_name), "arch": _arch(dev), "dtype": dtype,
+    meta = {"device": str(dev.device_name), "arch": str(target.attrs["arch"]), "dtype": dtype,
             "intrinsic": intrin_name, "repeat": repeat, "statistic": "min of 20-call means",
             "geomean_vs_cudnn": (math.exp(sum(map(math.log, ratios)) / len(ratios))
                                  if ratios else None)}
@@ -228,7 +225,7 @@ def ablation(quick=False, trials=None, database=None, repeat=7, log=print):
     CUDA GPU (RuntimeError naming the alternatives otherwise)."""
     intrin = intrinsics.get(DTYPES["float16"][0])
     dev = device_for(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}))
-    target = tvm.target.Target({"kind": "cuda", "arch": _arch(dev)})
+    target = cuda_target(dev)
     db, rng, rows = Database(database or default_path()), np.random.default_rng(0), []
     for i, (c, h, k, r, s) in enumerate(TABLE_I[:4] if quick else TABLE_I, 1):
         op = ops.conv2d_nhwc(c, h, k, r, "float16", "float16", "float32", stride=s)
@@ -248,7 +245,8 @@ def ablation(quick=False, trials=None, database=None, repeat=7, log=print):
         rows.append(row)
         log(f"L{i:<3} " + "  ".join(f"{name} {v:.4f}" for name, v in zip(ABLATION, ms))
             + f"  cuDNN {row['cudnn_ms']:.4f} ms")
-    return rows, {"device": str(dev.device_name), "arch": _arch(dev), "steps": list(ABLATION)}
+    return rows, {"device": str(dev.device_name), "arch": str(target.attrs["arch"]),
+                  "steps": list(ABLATION)}
 
 
 def write_outputs(rows, meta, out_dir):

@@ -37,14 +37,14 @@ def profile_model(name: str, *, int8: bool = False, calls: int = 10, database=No
     from .. import frontends, lowering
     from ..compiler import scheduled_for_cuda
     from ..relax.frontend_fixes import frontend_fixes
+    from ..target import cuda_target
     from ..testing import zoo
 
     module, shape = zoo.get(name)
     x = zoo.inputs(shape, 1)[0]
     mod = frontend_fixes(frontends.from_torch(module.cpu(), [torch.from_numpy(x)]))
     dev = tvm.cuda(0)
-    target = tvm.target.Target({"kind": "cuda", "arch": "sm_" + dev.compute_version.replace(
-        ".", "")})
+    target = cuda_target(dev)
     quantize = {"calibration_data": zoo.inputs(shape, 4)} if int8 else None
     mod = scheduled_for_cuda(mod, target, quantize=quantize, database=database)
     vm = relax.VirtualMachine(lowering.compile_relax(mod, target), dev)
