@@ -104,3 +104,16 @@ def test_the_profile_and_tuner_build_through_the_pipeline(monkeypatch):
     func, _, prepared = tensorized_func(recipe, intrin, unit_tvm.target.host())
     search.candidate_module(prepared, intrin, None, unit_tvm.target.host())
     assert len(calls) == 1
+
+
+def test_cuda_builds_add_async_copies_to_the_callers_pass_context():
+    """lowering.build / compile_relax for CUDA turn on TVM's async copies (the pipeline's
+    cp.async) and keep what the caller's PassContext set; CPU builds get nothing added."""
+    assert lowering.gpu_pass_config(tvm.target.Target("llvm")) == {}
+    with tvm.transform.PassContext(opt_level=2, disabled_pass=["FuseOps"],
+                                   config={"tirx.disable_vectorize": True}):
+        with lowering._context(tvm.target.Target({"kind": "cuda", "arch": "sm_90"})):
+            ctx = tvm.transform.PassContext.current()
+            assert ctx.opt_level == 2 and list(ctx.disabled_pass) == ["FuseOps"]
+            assert dict(ctx.config) == {"tirx.disable_vectorize": True,
+                                        "tirx.use_async_copy": True}

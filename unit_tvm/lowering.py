@@ -91,13 +91,16 @@ def gpu_pass_config(target) -> dict:
 
 
 def _context(target):
-    """The current PassContext with gpu_pass_config(target) added."""
+    """The current PassContext (its level, passes and instruments kept) with
+    gpu_pass_config(target) added to its config."""
     extra = gpu_pass_config(target)
     if not extra:
         return contextlib.nullcontext()
     current = tvm.transform.PassContext.current()
-    return tvm.transform.PassContext(opt_level=current.opt_level,
-                                     config={**dict(current.config), **extra})
+    return tvm.transform.PassContext(
+        opt_level=current.opt_level, required_pass=list(current.required_pass),
+        disabled_pass=list(current.disabled_pass), instruments=list(current.instruments),
+        config={**dict(current.config), **extra})
 
 
 def build(mod, target) -> tvm.runtime.Module:
