@@ -62,6 +62,9 @@ def test_gpu_zoo_model_compiles_with_wmma(resnet18, arch):
 
 
 @needs_nvcc
+# 16 s: `make test-all`; the default suite keeps the int8 encoder below and every s8 conv
+# form's compile (test_gpu.py)
+@pytest.mark.slow
 def test_gpu_int8_model_compiles_with_s8_wmma(resnet18):
     """quantize on CUDA: every conv and the classifier become s8 x s8 -> s32 wmma kernels."""
     _, x, mod = resnet18
