@@ -4,6 +4,7 @@ Tools (Debian): gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user. `missin
 which are absent; `make test` installs them when it can (root + apt).
 """
 
+import atexit
 import functools
 import os
 import shutil
@@ -33,12 +34,19 @@ def missing_tools():
     return out
 
 
+def process_temp_dir(prefix: str) -> str:
+    """A new temp folder for tools built once per process, removed when the process exits."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
 @functools.lru_cache(maxsize=None)
 def harness():
     """Path of the compiled aarch64 harness (built once per process, in a temp folder)."""
     include = os.path.join(os.path.dirname(tvm_ffi.__file__), "include")
     src = os.path.join(os.path.dirname(__file__), "aarch64_harness.c")
-    out = os.path.join(tempfile.mkdtemp(prefix="unit_tvm_arm_"), "harness")
+    out = os.path.join(process_temp_dir("unit_tvm_arm_"), "harness")
     subprocess.run([CC, "-O2", "-I", include, "-o", out, src, "-ldl", "-rdynamic"], check=True,
                    capture_output=True, text=True)
     return out

@@ -148,7 +148,7 @@ def _parse_counts(path) -> InstructionCounts:
 def count_plugin() -> str:
     """Path of the instruction-counting qemu plugin, built once per process with gcc."""
     src = os.path.join(os.path.dirname(__file__), "arm_count_plugin.c")
-    out = os.path.join(tempfile.mkdtemp(prefix="unit_tvm_qemu_"), "count.so")
+    out = os.path.join(aarch64.process_temp_dir("unit_tvm_qemu_"), "count.so")
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", out, src], check=True,
                    capture_output=True, text=True)
     return out
