@@ -17,7 +17,11 @@ The Rewriter's prepared core has the instruction's m x n fragment loops innermos
 - `pipeline`: the shared stages are doubled and the next k step's tiles arrive by cp.async
   while the warps multiply the current ones (TVM's software pipelining);
 - split-K: `split_k` groups of warps each accumulate one slice of the reduction (rfactor), store
-  their partial fragments to shared memory, and the block's threads sum the slices from there.
+  their partial fragments to shared memory, and the block's threads sum the slices from there;
+- `block_epilogue`: the accumulators (or the summed slices) stay in shared memory and the
+  block's threads write its output tile in the op's own layout, so the kernel writes the result
+  once (off: the fragments go to a global buffer of whole fragments and a second kernel copies
+  them into the output, dropping the padding).
 """
 
 import dataclasses
@@ -66,7 +70,8 @@ class GpuConfig:
     16-byte copies into bank-padded shared rows (off: one element per thread, dense rows);
     pipeline: two shared stages per operand, the next k step's filled by cp.async while the
     warps multiply the current one (only with vector copies, and only where both operands'
-    stages copy whole vectors)."""
+    stages copy whole vectors); block_epilogue: the block writes its output tile from shared
+    memory (off: whole fragments to a global buffer, copied to the output by a second kernel)."""
 
     p: int = 2
     warps_m: int = 2
@@ -80,27 +85,34 @@ class GpuConfig:
     implicit: bool = True
     vector_copy: bool = True
     pipeline: bool = False
+    # not measured on a GPU yet (written after the H200 run): off until the ablation's
+    # "+ block epilogue" step shows what it gains
+    block_epilogue: bool = False
 
     def key(self):
         return {"p": self.p, "warps_m": self.warps_m, "warps_n": self.warps_n,
                 "k_step": self.k_step, "fuse_spatial": self.fuse_spatial,
                 "split_k": self.split_k, "implicit": self.implicit,
-                "vector_copy": self.vector_copy, "pipeline": self.pipeline}
+                "vector_copy": self.vector_copy, "pipeline": self.pipeline,
+                "block_epilogue": self.block_epilogue}
 
     @staticmethod
     def from_key(d):
         """The config a database record's key describes (records from before `implicit`,
-        `vector_copy` or `pipeline` existed describe what the schedule did then)."""
-        return GpuConfig(**{"implicit": False, "vector_copy": False, "pipeline": False, **d})
+        `vector_copy`, `pipeline` or `block_epilogue` existed describe what the schedule did
+        then)."""
+        return GpuConfig(**{"implicit": False, "vector_copy": False, "pipeline": False,
+                            "block_epilogue": False, **d})
 
     def threads(self):
         return 32 * self.warps_m * self.warps_n * self.split_k
 
     def shared_bytes(self, fragment, a_bytes, b_bytes, acc_bytes=4, padded=False):
         """Shared memory of one block: the A and B stages of every slice, and with split-K the
-        slices' partial accumulators (fragment: the instruction's Fragment); `padded`: at most
-        what the stages take with their rows padded for vector copies; a pipelined config
-        holds two stages of each operand."""
+        slices' partial accumulators, and with the block epilogue the block's output tile
+        (fragment: the instruction's Fragment); `padded`: at most what the stages take with
+        their rows padded for vector copies; a pipelined config holds two stages of each
+        operand."""
         k = self.k_step * fragment.k * self.split_k
         a_tile = self.warps_m * self.p * fragment.m * k * a_bytes
         b_tile = self.warps_n * self.p * fragment.n * k * b_bytes
@@ -108,11 +120,11 @@ class GpuConfig:
             a_tile += a_tile * PAD_BYTES // (fragment.k * a_bytes)
             b_tile += b_tile * PAD_BYTES // (fragment.n * b_bytes)
         stages = (a_tile + b_tile) * (2 if self.pipeline else 1)  # pipelined: two of each
-        partial = 0
-        if self.split_k > 1:
-            partial = (self.split_k * self.warps_m * self.warps_n * self.p ** 2 * fragment.m
-                       * fragment.n * acc_bytes)
-        return stages + partial
+        tile = self.warps_m * self.warps_n * self.p ** 2 * fragment.m * fragment.n * acc_bytes
+        partial = self.split_k * tile if self.split_k > 1 else 0
+        # the summed tile is a buffer of its own beside the slices' partials
+        output = tile if self.block_epilogue else 0
+        return stages + partial + output
 
 
 def _largest_divisor(n, limit):
@@ -127,7 +139,7 @@ def fit(config, m_tiles, n_tiles, k_tiles):
     sk = _largest_divisor(k_tiles, config.split_k)
     ks = _largest_divisor(k_tiles // sk, config.k_step)
     return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk, config.implicit, config.vector_copy,
-                     config.pipeline and config.vector_copy)
+                     config.pipeline and config.vector_copy, config.block_epilogue)
 
 
 def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
@@ -139,12 +151,14 @@ def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
 def config_space(m_tiles, n_tiles, k_tiles, fragment, a_bytes=2, b_bytes=2, acc_bytes=4):
     """Distinct fitted configs within the thread and shared-memory limits: p in 1, 2, 4; warps
     1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4; spatial fusion on and off; explicit and
-    implicit operand preparation; vector and element copies; vector copies pipelined or not."""
+    implicit operand preparation; vector and element copies; vector copies pipelined or not;
+    the output written by a second kernel or by the block."""
     out = []
-    for p, wm, wn, ks, sk, fuse, implicit, vector, pipe in itertools.product(
-            *[(1, 2, 4)] * 5, (True, False), (False, True), (True, False), (False, True)):
-        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit, vector, pipe), m_tiles, n_tiles,
-                k_tiles)
+    for p, wm, wn, ks, sk, fuse, implicit, vector, pipe, block_out in itertools.product(
+            *[(1, 2, 4)] * 5, (True, False), (False, True), (True, False), (False, True),
+            (False, True)):
+        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit, vector, pipe, block_out), m_tiles,
+                n_tiles, k_tiles)
         if c not in out and fits_device(c, fragment, a_bytes, b_bytes, acc_bytes):
             out.append(c)
     return out
@@ -200,7 +214,8 @@ def describe(config, prepared=None):
             f"split_k {config.split_k}" + (", fused HW" if config.fuse_spatial else "")
             + (", implicit" if config.implicit else "")
             + (", element copies" if not config.vector_copy else "")
-            + (", cp.async pipeline" if config.pipeline else ""))
+            + (", cp.async pipeline" if config.pipeline else "")
+            + (", block epilogue" if config.block_epilogue else ""))
 
 
 def features(config, prepared, target=None):
@@ -213,6 +228,7 @@ def features(config, prepared, target=None):
     shared = c.shared_bytes(_fragment(prepared), *_operand_bytes(prepared))
     return np.array([c.p, c.warps_m, c.warps_n, c.k_step, c.split_k, float(c.fuse_spatial),
                      float(c.implicit), float(c.vector_copy), float(c.pipeline),
+                     float(c.block_epilogue),
                      c.threads(), shared / 1024.0,
                      math.log2(max(blocks, 1)), math.log2(max(steps, 1)),
                      c.p * c.p / (2 * c.p)], np.float32)
@@ -338,12 +354,13 @@ def _inline_preparation(sch, stage):
         sch.compute_inline(producer)
 
 
-def _sum_slices(sch, write_back, block_loop, threads_y):
-    """The split-K write-back (sum of the slices' partials in shared memory) per thread block:
-    every thread sums the slices of some output elements."""
-    sch.reverse_compute_at(write_back, block_loop, preserve_unit_loops=True)
-    loops = sch.get_loops(write_back)
-    kinds = [iv.iter_type for iv in sch.get(write_back).iter_vars]
+def _in_block(sch, consumer, block_loop, threads_y):
+    """A consumer of the block's tile (the split-K sum of the slices' partials, the write of the
+    output) computed by that thread block after the tile: every thread computes some of its
+    elements (a reduction innermost)."""
+    sch.reverse_compute_at(consumer, block_loop, preserve_unit_loops=True)
+    loops = sch.get_loops(consumer)
+    kinds = [iv.iter_type for iv in sch.get(consumer).iter_vars]
     inner = loops[len(loops) - len(kinds):]
     spatial = [lp for lp, kind in zip(inner, kinds) if kind == 0]
     reduce = [lp for lp, kind in zip(inner, kinds) if kind != 0]
@@ -378,9 +395,11 @@ class _StageLoops(NamedTuple):
 
 
 def _within_shared_memory(config, frag, sizes):
-    """(config, pad rows?): the pipeline's second stages, then the rows' padding, only where
-    they fit (a config given directly need not be in the space, which holds those whose
-    unpadded size fits)."""
+    """(config, pad rows?): the block epilogue's tile, the pipeline's second stages, then the
+    rows' padding, only where they fit (a config given directly need not be in the space, which
+    holds those whose unpadded size fits)."""
+    if config.block_epilogue and config.shared_bytes(frag, *sizes) > SHARED_LIMIT:
+        config = dataclasses.replace(config, block_epilogue=False)
     if config.pipeline and config.shared_bytes(frag, *sizes) > SHARED_LIMIT:
         config = dataclasses.replace(config, pipeline=False)
     padded = config.shared_bytes(frag, *sizes, padded=True)
@@ -410,23 +429,24 @@ def apply(sch, prepared, intrin, config):
     mapping = prepared.mapping
     core_op = prepared.core.op
     n_spatial = len(core_op.axis)
-    skip = {core_op.name}
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        if sch.get(block).name_hint not in skip:  # packs, producers and the epilogue
-            _bind_elementwise(sch, block)
-
+    config = fit(config, *tiles(prepared))
+    frag = _fragment(prepared)
+    config, pad_rows = _within_shared_memory(config, frag, _operand_bytes(prepared))
     block = sch.get_sblock(core_op.name)
+    # the ops that read the core's fragments (the output in the op's layout)
+    epilogue = list(sch.get_consumers(block)) if config.block_epilogue else []
+    skip = {core_op.name} | {sch.get(b).name_hint for b in epilogue}
+    for other in sch.get_child_blocks(sch.get_sblock("root")):
+        if sch.get(other).name_hint not in skip:  # packs, producers and the epilogue
+            _bind_elementwise(sch, other)
+
     loops = sch.get_loops(block)
     m_match, n_match, k_match = mapping.loops
     orig = prepared.original_mapping.loops
     m_pos, n_pos = orig[0].op_index, orig[1].op_index  # M/N tile loops of the core
     outer_spatial = [i for i in range(n_spatial) if i not in (m_match.op_index, n_match.op_index)]
-    config = fit(config, *tiles(prepared))
     p, wm, wn, ks, sk = config.p, config.warps_m, config.warps_n, config.k_step, config.split_k
     warps = wm * wn * sk
-
-    frag = _fragment(prepared)
-    config, pad_rows = _within_shared_memory(config, frag, _operand_bytes(prepared))
     a_op, b_op, d_op = intrin.operands
     k_pos = k_match.op_index
     # the slices interleave per shared stage (k = ((ko * sk + slice) * ks + kk) * K + ki) so the
@@ -463,8 +483,15 @@ def apply(sch, prepared, intrin, config):
     # accumulators: a p x p window of fragments per warp, stored back through the helper
     acc = sch.cache_write(block, 0, intrin.scopes[d_op])
     sch.reverse_compute_at(acc, ty)
+    # the block's result tile: global fragments for a second kernel, or shared memory that the
+    # block's own threads write the output from
+    tile = write_back if write_back is not None else acc
+    if epilogue:
+        sch.set_scope(tile, 0, "shared")
     if write_back is not None:
-        _sum_slices(sch, write_back, bx, warps)
+        _in_block(sch, write_back, bx, warps)
+    for consumer in epilogue:
+        _in_block(sch, consumer, bx, warps)
     op_tensor = {o.intrin_operand: o.op_tensor for o in mapping.operands}
     stages = _StageLoops(ko, kk, warps)
     vectors = [_stage_operand(sch, block, op_tensor[operand], intrin.scopes[operand],
@@ -479,8 +506,9 @@ def apply(sch, prepared, intrin, config):
     i_loops = sch.get_loops(init)
     sch.tensorize(i_loops[-2], intrin.helper("fill"))
     sch.tensorize(im, intrin.tensor_intrin)
-    _tensorize_tile_copy(sch, acc, intrin.helper("store_shared" if sk > 1 else "store"), frag.m,
-                         frag.n)
+    to_shared = sk > 1 or bool(epilogue)
+    _tensorize_tile_copy(sch, acc, intrin.helper("store_shared" if to_shared else "store"),
+                         frag.m, frag.n)
     return config
 
 

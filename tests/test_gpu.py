@@ -45,15 +45,17 @@ WORKLOADS = [
 ]
 # configs beyond the default: split-K through shared memory, unfused block index, wide windows,
 # implicit preparation (the gather or pack done by the shared-memory stage), element copies,
-# cp.async pipelines (with implicit preparation and split-K too)
+# cp.async pipelines (with implicit preparation and split-K too), the output written by the
+# block (alone and after a split-K sum)
 CONFIGS = [gpu.GpuConfig(split_k=2), gpu.GpuConfig(p=1, split_k=4, fuse_spatial=False),
            gpu.GpuConfig(p=4, warps_m=1, warps_n=1, k_step=4),
            gpu.GpuConfig(implicit=True, split_k=2), gpu.GpuConfig(vector_copy=False),
-           gpu.GpuConfig(pipeline=True), gpu.GpuConfig(pipeline=True, implicit=True, split_k=2)]
+           gpu.GpuConfig(pipeline=True), gpu.GpuConfig(pipeline=True, implicit=True, split_k=2),
+           gpu.GpuConfig(block_epilogue=True), gpu.GpuConfig(block_epilogue=True, split_k=2)]
 CONFIG_IDS = ["split2", "split4_unfused", "p4", "implicit_split2", "element_copies", "pipeline",
-              "pipeline_implicit_split2"]
+              "pipeline_implicit_split2", "block_epilogue", "block_epilogue_split2"]
 # the compile test runs these in `make test-all` only (their ideas are covered by the others)
-_COMPILE_SLOW = {"split4_unfused", "element_copies"}
+_COMPILE_SLOW = {"split4_unfused", "element_copies", "block_epilogue"}
 COMPILE_CONFIGS = [pytest.param(c, id=i, marks=[pytest.mark.slow] if i in _COMPILE_SLOW else [])
                    for c, i in zip(CONFIGS, CONFIG_IDS)]
 
@@ -302,6 +304,7 @@ def test_gpu_ablation_steps_are_distinct_and_compile():
     base, window, fused, split = steps[:4]
     assert (base.p, window.p) == (1, 2) and not window.fuse_spatial and fused.fuse_spatial
     assert split.split_k > 1 and split.p == fused.p
+    assert steps[-2].block_epilogue and not steps[-3].block_epilogue
     for config in steps[:4]:
         sch = schedule(prepared, unit_tvm.intrinsics.get("cuda.wmma.f16f32"), config,
                        _cuda("sm_80"))
@@ -415,6 +418,31 @@ def test_gpu_implicit_preparation_gathers_in_shared_memory(label, build, gathere
     assert len(implicit) == len(explicit) - 1
     # the kernel with the Tensor Core loop reads the input and the weight themselves
     assert any({"data", "kernel"} <= params for params in implicit.values())
+
+
+@needs_nvcc
+@pytest.mark.parametrize("label,intrin,build,split_k", [
+    ("gemm", "cuda.wmma.f16f32", _gemm(STRIDED_CONV, "float16", "float32"), 1),
+    ("direct", "cuda.wmma.f16f32", lambda: ops.conv2d_nhwc(32, 10, 48, 3, "float16", "float16",
+                                                           "float32"), 2),
+    ("dense_s8", "cuda.wmma.s8s32", lambda: ops.dense(100, 64, 48, "int8", "int8", "int32"), 1)])
+def test_gpu_block_epilogue_writes_the_output_in_one_kernel(label, intrin, build, split_k):
+    """block_epilogue: the accumulators (or the summed slices) stay in shared memory and the
+    block writes the output itself: no kernel takes the fragment buffer, one kernel fewer, and
+    the fragments are stored to shared memory only."""
+    op = build()
+    srcs = {}
+    for block_epilogue in (False, True):
+        config = gpu.GpuConfig(split_k=split_k, block_epilogue=block_epilogue)
+        srcs[block_epilogue] = _compile_checked(
+            unit_tvm.rewrite(op, intrin, config=config, target=_cuda("sm_90")), "sm_90")
+    core = _prepared(op, intrin).core.op.name
+    second, block = _kernel_params(srcs[False]), _kernel_params(srcs[True])
+    assert any(core in params for params in second.values())
+    assert not any(core in params for params in block.values())
+    assert len(block) == len(second) - 1
+    stores = re.findall(r"store_matrix_sync\(\(&\((.*?)\[", srcs[True])
+    assert stores and all("shared_ptr" in s for s in stores)
 
 
 def test_cuda_target_names_the_device_architecture():

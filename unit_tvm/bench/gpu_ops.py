@@ -200,7 +200,7 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
 
 # UNIT's GPU ablation (Fig. 11): each step adds one of the strategy's ideas to the one before
 ABLATION = ("1x1 fragments", "+ p x p window", "+ fused H/W", "+ split-K", "+ 16B copies",
-            "+ implicit GEMM", "+ cp.async pipeline", "tuned")
+            "+ implicit GEMM", "+ cp.async pipeline", "+ block epilogue", "tuned")
 
 
 def ablation_configs(prepared, tuned):
@@ -216,7 +216,8 @@ def ablation_configs(prepared, tuned):
              gpu.GpuConfig(p=2, split_k=4, **element),
              gpu.GpuConfig(p=2, split_k=4, implicit=False),
              gpu.GpuConfig(p=2, split_k=4, implicit=True),
-             gpu.GpuConfig(p=2, split_k=4, implicit=True, pipeline=True))
+             gpu.GpuConfig(p=2, split_k=4, implicit=True, pipeline=True),
+             gpu.GpuConfig(p=2, split_k=4, implicit=True, pipeline=True, block_epilogue=True))
     return [gpu.fit(c, m, n, k) for c in steps] + [tuned]
 
 

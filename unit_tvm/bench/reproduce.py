@@ -13,7 +13,7 @@ fig13  ResNet-18 with every conv 3D, per layer against PyTorch int8 Conv3d (benc
        conv3d)
 fig11-gpu  the GPU ablation on Table I in fp16: 1x1 fragments, + p x p window, + fused H/W,
        + split-K, + 16-byte copies into padded shared rows, + implicit GEMM, + cp.async
-       pipeline, tuned, each against cuDNN (needs a CUDA GPU here)
+       pipeline, + block epilogue, tuned, each against cuDNN (needs a CUDA GPU here)
 """
 
 import csv
