@@ -25,9 +25,7 @@ The Rewriter's prepared core has the instruction's m x n fragment loops innermos
 """
 
 import dataclasses
-import itertools
 import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -35,133 +33,14 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, te, tirx
 
-MAX_THREADS = 1024
-SHARED_LIMIT = 48 * 1024
-# 16 bytes: one vector copy per thread, and the row padding of shared tiles (wmma needs row
-# strides in multiples of 16 bytes; 16 more shift each row by four banks)
-PAD_BYTES = 16
-
-
-class Fragment(NamedTuple):
-    """The instruction's M x N x K: the shape of its accumulator fragment and its reduction."""
-
-    m: int
-    n: int
-    k: int
-
-
-def fragment_of(intrin) -> Fragment:
-    """The Fragment an instruction computes, read off its semantics."""
-    m, n = (int(s) for s in intrin.output.shape)
-    return Fragment(m, n, intrin.reduction_width)
+from .gpu_config import (  # noqa: F401 - also the strategy's public names
+    MAX_THREADS, PAD_BYTES, SHARED_LIMIT, Fragment, GpuConfig, config_space, fit,
+    fits_device, fragment_of)
 
 
 def _fragment(prepared) -> Fragment:
     """The Fragment of the instruction mapped on a Prepared op's core (loops M, N, K)."""
     return Fragment(*(m.intrin_extent for m in prepared.mapping.loops))
-
-
-@dataclass(frozen=True)
-class GpuConfig:
-    """p: fragments per warp along M and N; warps_m x warps_n warps per block (times split_k);
-    k_step: 16-wide reduction fragments per shared-memory stage; split_k: reduction slices, each
-    accumulated by its own warps and summed through shared memory; implicit: operand preparation
-    (gathers, packs) done by the shared-memory stages instead of separate passes; vector_copy:
-    16-byte copies into bank-padded shared rows (off: one element per thread, dense rows);
-    pipeline: two shared stages per operand, the next k step's filled by cp.async while the
-    warps multiply the current one (only with vector copies, and only where both operands'
-    stages copy whole vectors); block_epilogue: the block writes its output tile from shared
-    memory (off: whole fragments to a global buffer, copied to the output by a second kernel)."""
-
-    p: int = 2
-    warps_m: int = 2
-    warps_n: int = 2
-    k_step: int = 2
-    fuse_spatial: bool = True
-    split_k: int = 1
-    # on an H200 (RESULTS 2026-11-26) the tuner kept implicit preparation on all four layers
-    # it tuned with the choice open: the explicit form writes a gathered copy (9x the input
-    # for a 3x3 window) to global memory in a kernel of its own, then reads it back
-    implicit: bool = True
-    vector_copy: bool = True
-    pipeline: bool = False
-    # not measured on a GPU yet (written after the H200 run): off until the ablation's
-    # "+ block epilogue" step shows what it gains
-    block_epilogue: bool = False
-
-    def key(self):
-        return {"p": self.p, "warps_m": self.warps_m, "warps_n": self.warps_n,
-                "k_step": self.k_step, "fuse_spatial": self.fuse_spatial,
-                "split_k": self.split_k, "implicit": self.implicit,
-                "vector_copy": self.vector_copy, "pipeline": self.pipeline,
-                "block_epilogue": self.block_epilogue}
-
-    @staticmethod
-    def from_key(d):
-        """The config a database record's key describes (records from before `implicit`,
-        `vector_copy`, `pipeline` or `block_epilogue` existed describe what the schedule did
-        then)."""
-        return GpuConfig(**{"implicit": False, "vector_copy": False, "pipeline": False,
-                            "block_epilogue": False, **d})
-
-    def threads(self):
-        return 32 * self.warps_m * self.warps_n * self.split_k
-
-    def shared_bytes(self, fragment, a_bytes, b_bytes, acc_bytes=4, padded=False):
-        """Shared memory of one block: the A and B stages of every slice, and with split-K the
-        slices' partial accumulators, and with the block epilogue the block's output tile
-        (fragment: the instruction's Fragment); `padded`: at most what the stages take with
-        their rows padded for vector copies; a pipelined config holds two stages of each
-        operand."""
-        k = self.k_step * fragment.k * self.split_k
-        a_tile = self.warps_m * self.p * fragment.m * k * a_bytes
-        b_tile = self.warps_n * self.p * fragment.n * k * b_bytes
-        if padded:  # at most 16 bytes more per row, and rows may be as short as a fragment's
-            a_tile += a_tile * PAD_BYTES // (fragment.k * a_bytes)
-            b_tile += b_tile * PAD_BYTES // (fragment.n * b_bytes)
-        stages = (a_tile + b_tile) * (2 if self.pipeline else 1)  # pipelined: two of each
-        tile = self.warps_m * self.warps_n * self.p ** 2 * fragment.m * fragment.n * acc_bytes
-        partial = self.split_k * tile if self.split_k > 1 else 0
-        # the summed tile is a buffer of its own beside the slices' partials
-        output = tile if self.block_epilogue else 0
-        return stages + partial + output
-
-
-def _largest_divisor(n, limit):
-    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
-
-
-def fit(config, m_tiles, n_tiles, k_tiles):
-    """The config clipped to the workload: every factor divides its loop (no predicates)."""
-    p = _largest_divisor(math.gcd(m_tiles, n_tiles), config.p)  # divides both
-    wm = _largest_divisor(m_tiles // p, config.warps_m)
-    wn = _largest_divisor(n_tiles // p, config.warps_n)
-    sk = _largest_divisor(k_tiles, config.split_k)
-    ks = _largest_divisor(k_tiles // sk, config.k_step)
-    return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk, config.implicit, config.vector_copy,
-                     config.pipeline and config.vector_copy, config.block_epilogue)
-
-
-def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
-    """Whether a block of this config stays within the thread and shared-memory limits."""
-    return (config.threads() <= MAX_THREADS
-            and config.shared_bytes(fragment, a_bytes, b_bytes, acc_bytes) <= SHARED_LIMIT)
-
-
-def config_space(m_tiles, n_tiles, k_tiles, fragment, a_bytes=2, b_bytes=2, acc_bytes=4):
-    """Distinct fitted configs within the thread and shared-memory limits: p in 1, 2, 4; warps
-    1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4; spatial fusion on and off; explicit and
-    implicit operand preparation; vector and element copies; vector copies pipelined or not;
-    the output written by a second kernel or by the block."""
-    out = []
-    for p, wm, wn, ks, sk, fuse, implicit, vector, pipe, block_out in itertools.product(
-            *[(1, 2, 4)] * 5, (True, False), (False, True), (True, False), (False, True),
-            (False, True)):
-        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit, vector, pipe, block_out), m_tiles,
-                n_tiles, k_tiles)
-        if c not in out and fits_device(c, fragment, a_bytes, b_bytes, acc_bytes):
-            out.append(c)
-    return out
 
 
 def tiles(prepared):
@@ -424,6 +303,30 @@ def _stage_operand(sch, block, name, frag_scope, load, shape, loops, config, pad
     return vector
 
 
+def _bind_other_blocks(sch, core, block_epilogue):
+    """Every block but the core (and, with the block epilogue, the ops that read the core's
+    fragments: the output's write) becomes an elementwise kernel of its own: packs, producers,
+    the output's copy. Returns the blocks left to the core's kernel."""
+    epilogue = list(sch.get_consumers(core)) if block_epilogue else []
+    skip = {sch.get(b).name_hint for b in [core, *epilogue]}
+    for other in sch.get_child_blocks(sch.get_sblock("root")):
+        if sch.get(other).name_hint not in skip:
+            _bind_elementwise(sch, other)
+    return epilogue
+
+
+def _result_tile(sch, acc, write_back, epilogue, block_loop, threads_y):
+    """Where the block's result goes once `acc` stores its fragments: with the block epilogue
+    the tile (the fragments, or the split-K sum of them) stays in shared memory and the block's
+    threads write the output from it; otherwise the tile is a global buffer of whole fragments
+    that a second kernel copies into the output. Returns the store helper's name."""
+    if epilogue:
+        sch.set_scope(write_back if write_back is not None else acc, 0, "shared")
+    for consumer in ([write_back] if write_back is not None else []) + epilogue:
+        _in_block(sch, consumer, block_loop, threads_y)
+    return "store_shared" if write_back is not None or epilogue else "store"
+
+
 def apply(sch, prepared, intrin, config):
     """Schedule a Prepared graph for a CUDA target; returns the (fitted) config used."""
     mapping = prepared.mapping
@@ -433,13 +336,7 @@ def apply(sch, prepared, intrin, config):
     frag = _fragment(prepared)
     config, pad_rows = _within_shared_memory(config, frag, _operand_bytes(prepared))
     block = sch.get_sblock(core_op.name)
-    # the ops that read the core's fragments (the output in the op's layout)
-    epilogue = list(sch.get_consumers(block)) if config.block_epilogue else []
-    skip = {core_op.name} | {sch.get(b).name_hint for b in epilogue}
-    for other in sch.get_child_blocks(sch.get_sblock("root")):
-        if sch.get(other).name_hint not in skip:  # packs, producers and the epilogue
-            _bind_elementwise(sch, other)
-
+    epilogue = _bind_other_blocks(sch, block, config.block_epilogue)
     loops = sch.get_loops(block)
     m_match, n_match, k_match = mapping.loops
     orig = prepared.original_mapping.loops
@@ -483,15 +380,7 @@ def apply(sch, prepared, intrin, config):
     # accumulators: a p x p window of fragments per warp, stored back through the helper
     acc = sch.cache_write(block, 0, intrin.scopes[d_op])
     sch.reverse_compute_at(acc, ty)
-    # the block's result tile: global fragments for a second kernel, or shared memory that the
-    # block's own threads write the output from
-    tile = write_back if write_back is not None else acc
-    if epilogue:
-        sch.set_scope(tile, 0, "shared")
-    if write_back is not None:
-        _in_block(sch, write_back, bx, warps)
-    for consumer in epilogue:
-        _in_block(sch, consumer, bx, warps)
+    store = _result_tile(sch, acc, write_back, epilogue, bx, warps)
     op_tensor = {o.intrin_operand: o.op_tensor for o in mapping.operands}
     stages = _StageLoops(ko, kk, warps)
     vectors = [_stage_operand(sch, block, op_tensor[operand], intrin.scopes[operand],
@@ -506,9 +395,7 @@ def apply(sch, prepared, intrin, config):
     i_loops = sch.get_loops(init)
     sch.tensorize(i_loops[-2], intrin.helper("fill"))
     sch.tensorize(im, intrin.tensor_intrin)
-    to_shared = sk > 1 or bool(epilogue)
-    _tensorize_tile_copy(sch, acc, intrin.helper("store_shared" if to_shared else "store"),
-                         frag.m, frag.n)
+    _tensorize_tile_copy(sch, acc, intrin.helper(store), frag.m, frag.n)
     return config
 
 

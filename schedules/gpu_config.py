@@ -1,0 +1,131 @@
+"""The GPU strategy's search space: a Tensor Core instruction's fragment, the GpuConfig knobs
+around it (schedules/gpu.py says what each does to the kernel), how a config is fitted to a
+workload's tiles, and which configs fit a block's thread and shared-memory limits."""
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+MAX_THREADS = 1024
+SHARED_LIMIT = 48 * 1024
+# 16 bytes: one vector copy per thread, and the row padding of shared tiles (wmma needs row
+# strides in multiples of 16 bytes; 16 more shift each row by four banks)
+PAD_BYTES = 16
+
+
+class Fragment(NamedTuple):
+    """The instruction's M x N x K: the shape of its accumulator fragment and its reduction."""
+
+    m: int
+    n: int
+    k: int
+
+
+def fragment_of(intrin) -> Fragment:
+    """The Fragment an instruction computes, read off its semantics."""
+    m, n = (int(s) for s in intrin.output.shape)
+    return Fragment(m, n, intrin.reduction_width)
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """p: fragments per warp along M and N; warps_m x warps_n warps per block (times split_k);
+    k_step: 16-wide reduction fragments per shared-memory stage; split_k: reduction slices, each
+    accumulated by its own warps and summed through shared memory; implicit: operand preparation
+    (gathers, packs) done by the shared-memory stages instead of separate passes; vector_copy:
+    16-byte copies into bank-padded shared rows (off: one element per thread, dense rows);
+    pipeline: two shared stages per operand, the next k step's filled by cp.async while the
+    warps multiply the current one (only with vector copies, and only where both operands'
+    stages copy whole vectors); block_epilogue: the block writes its output tile from shared
+    memory (off: whole fragments to a global buffer, copied to the output by a second kernel)."""
+
+    p: int = 2
+    warps_m: int = 2
+    warps_n: int = 2
+    k_step: int = 2
+    fuse_spatial: bool = True
+    split_k: int = 1
+    # on an H200 (RESULTS 2026-11-26) the tuner kept implicit preparation on all four layers
+    # it tuned with the choice open: the explicit form writes a gathered copy (9x the input
+    # for a 3x3 window) to global memory in a kernel of its own, then reads it back
+    implicit: bool = True
+    vector_copy: bool = True
+    pipeline: bool = False
+    # not measured on a GPU yet (written after the H200 run): off until the ablation's
+    # "+ block epilogue" step shows what it gains
+    block_epilogue: bool = False
+
+    def key(self):
+        return {"p": self.p, "warps_m": self.warps_m, "warps_n": self.warps_n,
+                "k_step": self.k_step, "fuse_spatial": self.fuse_spatial,
+                "split_k": self.split_k, "implicit": self.implicit,
+                "vector_copy": self.vector_copy, "pipeline": self.pipeline,
+                "block_epilogue": self.block_epilogue}
+
+    @staticmethod
+    def from_key(d):
+        """The config a database record's key describes (records from before `implicit`,
+        `vector_copy`, `pipeline` or `block_epilogue` existed describe what the schedule did
+        then)."""
+        return GpuConfig(**{"implicit": False, "vector_copy": False, "pipeline": False,
+                            "block_epilogue": False, **d})
+
+    def threads(self):
+        return 32 * self.warps_m * self.warps_n * self.split_k
+
+    def shared_bytes(self, fragment, a_bytes, b_bytes, acc_bytes=4, padded=False):
+        """Shared memory of one block: the A and B stages of every slice, and with split-K the
+        slices' partial accumulators, and with the block epilogue the block's output tile
+        (fragment: the instruction's Fragment); `padded`: at most what the stages take with
+        their rows padded for vector copies; a pipelined config holds two stages of each
+        operand."""
+        k = self.k_step * fragment.k * self.split_k
+        a_tile = self.warps_m * self.p * fragment.m * k * a_bytes
+        b_tile = self.warps_n * self.p * fragment.n * k * b_bytes
+        if padded:  # at most 16 bytes more per row, and rows may be as short as a fragment's
+            a_tile += a_tile * PAD_BYTES // (fragment.k * a_bytes)
+            b_tile += b_tile * PAD_BYTES // (fragment.n * b_bytes)
+        stages = (a_tile + b_tile) * (2 if self.pipeline else 1)  # pipelined: two of each
+        tile = self.warps_m * self.warps_n * self.p ** 2 * fragment.m * fragment.n * acc_bytes
+        partial = self.split_k * tile if self.split_k > 1 else 0
+        # the summed tile is a buffer of its own beside the slices' partials
+        output = tile if self.block_epilogue else 0
+        return stages + partial + output
+
+
+def _largest_divisor(n, limit):
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def fit(config, m_tiles, n_tiles, k_tiles):
+    """The config clipped to the workload: every factor divides its loop (no predicates)."""
+    p = _largest_divisor(math.gcd(m_tiles, n_tiles), config.p)  # divides both
+    wm = _largest_divisor(m_tiles // p, config.warps_m)
+    wn = _largest_divisor(n_tiles // p, config.warps_n)
+    sk = _largest_divisor(k_tiles, config.split_k)
+    ks = _largest_divisor(k_tiles // sk, config.k_step)
+    return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk, config.implicit, config.vector_copy,
+                     config.pipeline and config.vector_copy, config.block_epilogue)
+
+
+def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
+    """Whether a block of this config stays within the thread and shared-memory limits."""
+    return (config.threads() <= MAX_THREADS
+            and config.shared_bytes(fragment, a_bytes, b_bytes, acc_bytes) <= SHARED_LIMIT)
+
+
+def config_space(m_tiles, n_tiles, k_tiles, fragment, a_bytes=2, b_bytes=2, acc_bytes=4):
+    """Distinct fitted configs within the thread and shared-memory limits: p in 1, 2, 4; warps
+    1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4; spatial fusion on and off; explicit and
+    implicit operand preparation; vector and element copies; vector copies pipelined or not;
+    the output written by a second kernel or by the block."""
+    out = []
+    for p, wm, wn, ks, sk, fuse, implicit, vector, pipe, block_out in itertools.product(
+            *[(1, 2, 4)] * 5, (True, False), (False, True), (True, False), (False, True),
+            (False, True)):
+        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit, vector, pipe, block_out), m_tiles,
+                n_tiles, k_tiles)
+        if c not in out and fits_device(c, fragment, a_bytes, b_bytes, acc_bytes):
+            out.append(c)
+    return out
