@@ -45,9 +45,8 @@ WORKLOADS = [
 ]
 # configs beyond the default: split-K through shared memory, unfused block index, wide windows,
 # explicit preparation (the gather or pack a kernel of its own; the default does it in the
-# shared-memory stage), element copies,
-# cp.async pipelines (with implicit preparation and split-K too), the output written by the
-# block (alone and after a split-K sum)
+# shared-memory stage), element copies, cp.async pipelines (with split-K too), the output
+# written by the block (alone and after a split-K sum)
 CONFIGS = [gpu.GpuConfig(split_k=2), gpu.GpuConfig(p=1, split_k=4, fuse_spatial=False),
            gpu.GpuConfig(p=4, warps_m=1, warps_n=1, k_step=4),
            gpu.GpuConfig(implicit=False, split_k=2), gpu.GpuConfig(vector_copy=False),
