@@ -3,16 +3,16 @@
     python -m unit_tvm.bench.gpu_profile MODEL [--int8] [--calls N] [--top K] [--out DIR]
 
 The model is built as `unit_tvm.compile(mod, cuda)` builds it, without CUDA graphs, and each
-call the VM makes (one PrimFunc: a gather, a Tensor Core GEMM, a TVM-scheduled leftover) is timed
-between two device synchronizations. The times include one launch each (a few microseconds),
-so their sum exceeds the CUDA-graph latency of `bench-model --target cuda`; they say which
-functions take the time, not what the model costs.
+kernel call the VM makes (one PrimFunc: a gather, a Tensor Core GEMM, a TVM-scheduled leftover)
+is run N times on its own arguments, each between two device synchronizations, and the mean
+kept (`unit_tvm.profile.CallTimer`, the CPU profiler's timer; the VM's builtins are left
+out). The times include one launch each (a few microseconds), so their sum exceeds the
+CUDA-graph latency of `bench-model --target cuda`; they say which functions take the time, not
+what the model costs.
 """
 
 import argparse
 import json
-import time
-from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,29 +56,22 @@ def profile_model(name: str, *, int8: bool = False, calls: int = 10, database=No
 
 
 def time_vm_calls(vm, args: list, dev, runs: int = 10) -> list[KernelTime]:
-    """KernelTimes of every call `vm["main"](*args)` makes, each timed between two
-    synchronizations of `dev`, over `runs` runs after one warm-up (any target)."""
+    """KernelTimes of every kernel `vm["main"](*args)` calls, each call run `runs` times
+    between two synchronizations of `dev` after one warm-up run (any target)."""
+    import statistics
+
+    from ..profile import CallTimer
+
     vm["main"](*args)  # warm-up: module loading, first launches
-    totals, counts, started = defaultdict(float), defaultdict(int), {}
-
-    def instrument(func, symbol, before_run, ret_value, *call_args):
-        dev.sync()
-        if before_run:
-            started[symbol] = time.perf_counter()
-        else:
-            totals[symbol] += time.perf_counter() - started.pop(symbol)
-            counts[symbol] += 1
-        return 0  # VMInstrumentReturnKind.kNoOp: run the call as usual
-
-    vm.set_instrument(instrument)
+    timer = CallTimer(runs, sync=dev.sync, reduce=statistics.mean)
+    vm.set_instrument(timer)
     try:
-        for _ in range(runs):
-            vm["main"](*args)
+        vm["main"](*args)
     finally:
         vm.set_instrument(None)
-    whole = sum(totals.values()) or 1.0
-    return sorted((KernelTime(s, counts[s] // runs, 1e6 * totals[s] / counts[s],
-                              totals[s] / whole) for s in totals),
+    whole = sum(timer.times.values()) or 1.0
+    return sorted((KernelTime(s, timer.calls[s], 1e6 * timer.times[s] / timer.calls[s],
+                              timer.times[s] / whole) for s in timer.times),
                   key=lambda r: -r.mean_us * r.calls)
 
 
