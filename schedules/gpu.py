@@ -33,6 +33,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, te, tirx
 
+from ..te_expr import substitute
 from .gpu_config import (  # noqa: F401 - also the strategy's public names
     MAX_THREADS, PAD_BYTES, SHARED_LIMIT, Fragment, GpuConfig, config_space, fit,
     fits_device, fragment_of)
@@ -156,8 +157,8 @@ def _copy_vector(sch, block):
         # lanes are one char4
         vector = 4
     for load in loads:
-        at_first = [_at(i, column.var, step * vector) for i in load.indices]
-        at_nth = [_at(i, column.var, step * vector + lane) for i in load.indices]
+        at_first = [substitute(i, [(column.var, step * vector)]) for i in load.indices]
+        at_nth = [substitute(i, [(column.var, step * vector + lane)]) for i in load.indices]
         whole = (int(load.source.shape[-1]) % vector == 0
                  and ana.can_prove(at_nth[-1] - at_first[-1] == lane)
                  and ana.can_prove(tirx.floormod(at_first[-1], vector) == 0)
@@ -175,12 +176,6 @@ def _pipeline_stages(sch, k_loop):
     sch.annotate(k_loop, "software_pipeline_stage", [0, 0, 1])
     sch.annotate(k_loop, "software_pipeline_order", [0, 1, 2])
     sch.annotate(k_loop, "software_pipeline_async_stages", [0])
-
-
-def _at(expr, var, value):
-    """expr with `var` replaced by `value`."""
-    return tvm_ffi.structural_mutate(
-        expr, [(tirx.Var, lambda v, _mutator: value if v.same_as(var) else v)])
 
 
 def _pad_rows(sch, block):

@@ -25,6 +25,8 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from .te_expr import substitute
+
 PREFETCH_ATTR = "unit_tvm.prefetch_next_panel"
 MIN_VECTOR_BYTES = 32  # a ymm or zmm operand; 4-byte broadcasts and scalars are left alone
 # Instruction updates per streamed vector below which a tile gets no prefetch: measured on Zen 4,
@@ -39,15 +41,6 @@ MIN_STREAM_BYTES = 64 * 1024
 _LOCALITY_L2 = 2  # llvm.prefetch locality 2: prefetcht1 on x86 (measured: L1 gained less)
 
 
-def _substitute(expr, binds):
-    """expr with every variable bound in `binds` ((var, value) pairs) replaced by its value."""
-
-    def on_var(var, _mutator):
-        return next((value for bound, value in binds if bound.same_as(var)), var)
-
-    return tvm_ffi.structural_mutate(expr, [(tirx.Var, on_var)])
-
-
 def _stream_loads(body):
     """(TensorLoad, its base with the loop's Binds substituted) of every wide vector load in
     `body` from a buffer the body does not write (an accumulator tile is written), the loops
@@ -55,7 +48,7 @@ def _stream_loads(body):
     binds, loads, loops, written = [], [], [], []
 
     def on_bind(stmt):
-        binds.append((stmt.var, _substitute(stmt.value, binds)))
+        binds.append((stmt.var, substitute(stmt.value, binds)))
 
     def on_for(loop):
         loops.append((loop.loop_var, loop.min, loop.extent))
@@ -65,7 +58,7 @@ def _stream_loads(body):
 
     def on_load(load):
         if _is_stream(load):
-            loads.append((load, _substitute(load.indices[0].base, binds)))
+            loads.append((load, substitute(load.indices[0].base, binds)))
 
     tvm_ffi.structural_walk(body, [(tirx.Bind, on_bind), (tirx.For, on_for),
                                    (tirx.BufferStore, on_store),

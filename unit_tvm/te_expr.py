@@ -32,6 +32,16 @@ def mutate_expr(expr, on_load, var_map):
     return tvm_ffi.structural_mutate(expr, [(tvm.ir.expr.Call, on_call), (tirx.Var, on_var)])
 
 
+def substitute(expr, binds):
+    """expr (a PrimExpr, te or TIR) with every variable bound in `binds` ((var, value) pairs)
+    replaced by its value."""
+
+    def on_var(var, _mutator):
+        return next((value for bound, value in binds if bound.same_as(var)), var)
+
+    return tvm_ffi.structural_mutate(expr, [(tirx.Var, on_var)])
+
+
 def loads(expr) -> list:
     """Every tensor read in a te expression, in visit order."""
     found = []
