@@ -8,7 +8,8 @@
 #   scripts/gpu_session.sh bench DTYPE [TRIALS]   bench-gpu Table I (float16 | int8)
 #   scripts/gpu_session.sh models [ARGS]    bench-model --target cuda on the four zoo models
 #                                           (GPU_MODELS="resnet18 bert_base" for fewer per call)
-#   scripts/gpu_session.sh ablation [TRIALS] reproduce fig11-gpu (the GPU ablation, Table I, fp16)
+#   scripts/gpu_session.sh ablation [TRIALS] [--quick]  reproduce fig11-gpu (the GPU ablation,
+#                                           Table I, fp16; --quick: its first four layers)
 #   scripts/gpu_session.sh profile MODEL [ARGS]  time each kernel of unit-tvm's build of MODEL
 #   scripts/gpu_session.sh all [SECONDS]    one lease's plan in one call of SECONDS (default
 #                                           540): setup, test, models resnet18 bert_base,
@@ -75,8 +76,9 @@ bench() {
 }
 
 ablation() {
-    # the configs are tuned from the database bench float16 filled, when it ran first
-    $PY -m unit_tvm.cli reproduce fig11-gpu --trials "${1:-16}" --out "$OUT" 2>&1 \
+    # the configs are tuned from the database bench float16 filled, when it ran first; more
+    # arguments go to `reproduce` (--quick: Table I's first four layers)
+    $PY -m unit_tvm.cli reproduce fig11-gpu --trials "${1:-16}" "${@:2}" --out "$OUT" 2>&1 \
         | tee "$OUT/fig11_gpu.log" | grep -v "it/s\]" | tail -20
 }
 
@@ -111,8 +113,7 @@ all() {
     tail -3 "$OUT/setup.log"
     within "$deadline" "$0" test
     GPU_MODELS="resnet18 bert_base" within "$deadline" "$0" models --no-tune --rounds 10
-    within "$deadline" "$PY" -m unit_tvm.cli reproduce fig11-gpu --quick --trials 4 \
-        --out "$OUT" 2>&1 | grep -v "it/s\]" | tail -8
+    within "$deadline" "$0" ablation 4 --quick
     within "$deadline" "$0" bench float16 8
     (cd "$OUT" && tar czf /tmp/gpu_all.tgz --exclude=gpu_all.tgz . \
         && find . -mindepth 1 -delete && mv /tmp/gpu_all.tgz .)
@@ -125,7 +126,7 @@ case "${1:-all}" in
     test) run_tests ;;
     bench) bench "${2:-float16}" "${3:-24}" ;;
     models) shift; models "$@" ;;
-    ablation) ablation "${2:-16}" ;;
+    ablation) shift; ablation "${1:-16}" "${@:2}" ;;
     profile) shift; profile "$@" ;;
     all) all "${2:-540}" ;;
     *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|ablation [TRIALS]|profile MODEL|models [ARGS]|all [SECONDS]" >&2
