@@ -9,15 +9,20 @@ import tvm
 
 from unit_tvm import frontends
 from unit_tvm.compiler import build_relax
+from unit_tvm.cross import aarch64
 from unit_tvm.relax import UnitTensorize, quantize
+from unit_tvm.relax.quantize import default_attention
+from unit_tvm.target import ISA_LEVELS
 
 from .test_relax import SmallCNN, TinyTransformer, _asm, _prepare
 
 _AMX = ("-amx-tile", "-amx-int8", "-amx-bf16")
+# what `--isa avx512_core_vnni` turns off
+_VNNI_ONLY = [f"-{feature}" for feature in ISA_LEVELS["avx512_core_vnni"]]
 _CLASSES = {
     # name: (target, instruction that must be in the int8 kernels, one that must not)
     "amx": ({"mcpu": "sapphirerapids"}, "tdpbusd", None),
-    "amx_restricted_to_vnni": ({"mcpu": "sapphirerapids", "mattr": list(_AMX)},
+    "amx_restricted_to_vnni": ({"mcpu": "sapphirerapids", "mattr": _VNNI_ONLY},
                                "vpdpbusd", "tdpbusd"),
     "zen4": ({"mcpu": "znver4"}, "vpdpbusd", "tdpbusd"),
 }
@@ -63,3 +68,13 @@ def test_bf16_model_compiles_for_amx_bf16():
     with pytest.warns(UserWarning, match="no instruction for its dtypes"):
         tpass, asm = _compiled(TinyTransformer(), (1, 16, 64), restricted, dtype="bfloat16")
     assert not any(instr for _, instr, _ in tpass.report) and "tdpbf16ps" not in asm
+
+
+def test_attention_defaults_to_bf16_only_where_a_bf16_dot_product_runs_it():
+    """Attention matmuls go bf16 on the classes with a bf16 dot product (AMX Xeons, Zen 4);
+    a Cascade Lake, an AMX Xeon restricted to VNNI and an ARM server keep them fp32, which
+    a bf16 loop nest there would only slow down."""
+    got = {name: default_attention(_target(spec)) for name, (spec, _, _) in _CLASSES.items()}
+    assert got == {"amx": "bf16", "amx_restricted_to_vnni": "fp32", "zen4": "bf16"}
+    assert default_attention(_target({"mcpu": "cascadelake"})) == "fp32"
+    assert default_attention(aarch64.TARGET) == "fp32"

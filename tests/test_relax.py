@@ -15,6 +15,7 @@ from unit_tvm.testing import zoo
 from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
 from unit_tvm.relax.recipe import Recipe, blocks_of, folds_width
+from unit_tvm.relax.quantize import default_attention
 
 from .conftest import require_host
 
@@ -145,11 +146,43 @@ def test_transformer_block_and_percentile_calibration():
     report = []
     ex = unit_tvm.compile(mod, quantize={"calibration_data": cal, "method": "percentile",
                                          "percentile": 99.9}, report=report)
-    # by default the two attention matmuls stay fp32, reported with the reason
+    # by default the two attention matmuls are bf16 where the host has a bf16 dot product,
+    # else they stay fp32, reported with the reason
     left = [reason for op, instr, reason in report if op.startswith("relax.matmul")]
-    assert len(left) == 2 and all("attention='int8'" in reason for reason in left)
+    bmm = [instr for op, instr, _ in report if op.startswith("bmm")]
+    if default_attention(unit_tvm.target.host()) == "bf16":
+        assert not left and bmm and all("bf16" in instr for instr in bmm), report
+    else:
+        assert len(left) == 2 and all("attention='bf16'" in reason for reason in left)
     for got, ref in zip(_run(ex, xs), refs):
         assert got.shape == ref.shape and _cos(got, ref) > 0.99
+
+
+@pytest.mark.parametrize("tokens", [16, 13])
+def test_bf16_attention_tensorized_equals_plain_and_fp32_attention(tokens):
+    """attention="bf16": Q x K^T (with its 1 / sqrt(d) scale) and P x V as bf16 matmuls whose
+    run-time operands are rounded and packed in the kernel; the tensorized build equals TVM's
+    plain one up to float32 summation order, and the model stays as close to fp32 as with fp32
+    attention."""
+    require_host("x86.vdpbf16ps")
+    model = TinyTransformer()
+    cal, xs, refs = _prepare(model, (1, tokens, 64))
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    qmod = quantize(mod, calibration_data=cal, attention="bf16")
+    bmm = [r for _, r in recipes(qmod) if r["kind"] == "bmm"]
+    assert [(r["out_shape"], r["dtype"]) for r in bmm] == [
+        ([4, tokens, tokens], "bfloat16"), ([4, tokens, 16], "bfloat16")]
+    tpass = UnitTensorize()
+    ex = build_relax(tpass(qmod), unit_tvm.target.host())
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    assert "vdpbf16ps" in _asm(ex) or "tdpbf16ps" in _asm(ex)
+    fp32_attention = build_relax(UnitTensorize()(quantize(mod, calibration_data=cal,
+                                                          attention="fp32")),
+                                 unit_tvm.target.host())
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for got, base, other, ref in zip(_run(ex, xs), plain, _run(fp32_attention, xs), refs):
+        np.testing.assert_allclose(got, base, rtol=1e-4, atol=1e-5)
+        assert _cos(got, ref) > _cos(other, ref) - 1e-3 and _cos(got, other) > 0.9999
 
 
 @pytest.mark.parametrize("tokens", [13, 197])
@@ -378,12 +411,13 @@ def test_bf16_dense_model_equals_bf16_arithmetic(rng):
 
 
 def test_bf16_models_tensorized_close_to_fp32():
-    """A conv net (residual, depthwise left fp32), a transformer block and a conv3d net (depth
-    taps on padding skipped: bf16 pads with 0.0) in bf16: every conv/dense on a bf16
-    instruction, equal to TVM's plain bf16 loop nest, close to fp32."""
+    """A conv net (residual, depthwise left fp32), a transformer block (its two attention
+    matmuls bf16 too, the default where bf16 runs) and a conv3d net (depth taps on padding
+    skipped: bf16 pads with 0.0) in bf16: every conv/dense/bmm on a bf16 instruction, equal to
+    TVM's plain bf16 loop nest, close to fp32."""
     require_host("x86.vdpbf16ps")
     for model, shape, n_ops in ((SmallCNN(), (1, 3, 16, 16), 4),
-                                (TinyTransformer(), (1, 16, 64), 4),
+                                (TinyTransformer(), (1, 16, 64), 6),
                                 (Video(), (1, 3, 5, 15, 15), 5)):
         _, xs, refs = _prepare(model, shape)
         mod = frontends.from_torch(model, [torch.tensor(xs[0])])

@@ -79,7 +79,7 @@ def count_model(name: str, log=print) -> list:
     with torch.no_grad():
         fp32 = module(torch.from_numpy(x)).numpy()
     macs = model_macs(mod)
-    qmod = quantize(mod, calibration_data=zoo.inputs(shape, 4))
+    qmod = quantize(mod, calibration_data=zoo.inputs(shape, 4), target=aarch64.TARGET)
     rows = []
     for build, (ex, ops) in _executables(mod, qmod).items():
         run = arm_python.run_model(ex, [x], count=True)

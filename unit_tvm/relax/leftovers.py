@@ -30,8 +30,9 @@ def _reason(call: relax.Call) -> str:
     if str(call.args[0].ty.dtype) != "float32":
         return f"input dtype {call.args[0].ty.dtype} (only float32 models are quantized)"
     if name == "relax.matmul" and not isinstance(weight, tvm.ir.expr.Constant):
-        return ("activation x activation matmul: fp32 by default (quantize(attention='int8') "
-                "takes it where its int8 product stays close to fp32 and its shapes are static)")
+        return ("activation x activation matmul: fp32 (quantize's attention='bf16' takes it "
+                "where the target has a bf16 dot product, the default there; attention='int8' "
+                "where its int8 product stays close to fp32 and its shapes are static)")
     if not isinstance(weight, tvm.ir.expr.Constant):
         return "its weight is not a constant (bind the parameters first)"
     if name == "relax.matmul":

@@ -47,11 +47,12 @@ def pad_value(recipe):
 
 def epilogue_fn(recipe, comp, mult, bias, residual):
     """acc (int32) -> fp32: (acc - zp*wsum[k]) * (s_x*s_w[k]) + bias[k] (+ residual), relu.
-    A bf16 op's acc is float32 already: acc + bias[k] (+ residual), relu."""
+    A bf16 op's acc is float32 already: acc + bias[k] (+ residual), relu; a bf16 bmm's scale
+    (attention's 1 / sqrt(d)) multiplies it first, since its run-time operand cannot hold it."""
 
     def fn(acc, k, out_idx):
         if is_bf16(recipe):
-            v = acc + bias[k]
+            v = (acc * mult[k] if mult is not None else acc) + bias[k]
         else:
             # a bmm's zero-point term depends on its run-time second operand: one per batch row
             zp_term = comp[out_idx[0], k] if recipe.kind == "bmm" else comp[k]
@@ -110,6 +111,12 @@ def quantized(value, recipe):
     return q
 
 
+def second_operand(value, recipe):
+    """A bmm's second operand as the instruction takes it: the int8 values quantized_y made,
+    or (bf16) the float32 activation rounded to bf16 here."""
+    return round_to_bf16(value).astype("bfloat16") if is_bf16(recipe) else value
+
+
 def packed_output(recipe, fn, acc_at):
     """te body of a NCHW[out_block]c (NCDHW[out_block]c) uint8 result: channel
     f = ko * block + ki from fn(acc_at(b, ko, *spatial, ki, f), f, logical index); the padding
@@ -130,14 +137,16 @@ def packed_output(recipe, fn, acc_at):
 
 
 def placeholders(recipe, x_shape, w_shape):
-    """x, w, comp, mult, bias, residual: the op's arguments (comp and mult None for bf16, which
-    has no quantization to undo; residual None without one)."""
+    """x, w, comp, mult, bias, residual: the op's arguments (comp None for bf16, which has no
+    quantization to undo, and mult too but for a bmm's scale; residual None without one)."""
+    bf16, bmm = is_bf16(recipe), recipe.kind == "bmm"
     x = te.placeholder(x_shape, "uint8" if recipe.in_u8 else "float32", name="x")
-    w = te.placeholder(w_shape, dtypes(recipe)[1], name="w")  # a bmm's: its int8 2nd operand
+    # a bmm's w is its second operand: int8 (quantized_y), or float32 rounded in the kernel
+    w = te.placeholder(w_shape, "float32" if bf16 and bmm else dtypes(recipe)[1], name="w")
     k = recipe.out_channels
-    comp_shape = (recipe.in_shape[0], k) if recipe.kind == "bmm" else (k,)
-    comp = None if is_bf16(recipe) else te.placeholder(comp_shape, "int32", name="comp")
-    mult = None if is_bf16(recipe) else te.placeholder((k,), "float32", name="mult")
+    comp_shape = (recipe.in_shape[0], k) if bmm else (k,)
+    comp = None if bf16 else te.placeholder(comp_shape, "int32", name="comp")
+    mult = None if bf16 and not bmm else te.placeholder((k,), "float32", name="mult")
     bias = te.placeholder((k,), "float32", name="bias")
     rb = recipe.residual_block
     residual = te.placeholder(packed_shape(recipe.out_shape, rb) if rb else recipe.out_shape,

@@ -1,5 +1,6 @@
-"""int8 matmuls between two activations (attention's Q x K^T and P x V): how they are quantized,
-checked and fed.
+"""Matmuls between two activations (attention's Q x K^T and P x V) in int8 or bf16: how they are
+quantized, checked and fed. bf16 (`bf16_bmm`) rounds both operands in the kernel and needs
+no calibration; the rest of this note is about int8.
 
 - The first operand is quantized like every activation (per tensor, asymmetric uint8, from the
   calibration range), the second per tensor symmetric int8 (scale max|y| / 127, zero point 0):
@@ -75,25 +76,42 @@ def zero_point_term(yq: relax.Expr, x_zp: int) -> relax.Expr:
     return relax.op.multiply(total, relax.const(np.int32(x_zp)))
 
 
+def _bmm_fields(chain) -> dict:
+    """The recipe fields of a bmm chain that do not depend on its precision: batch dimensions
+    flattened around the kernel, the fused epilogue."""
+    x_shape = [int(s) for s in chain.x.ty.shape]
+    y_shape = [int(s) for s in chain.y.ty.shape]
+    batch = int(np.prod(x_shape[:-2]))
+    m, k, n = x_shape[-2], x_shape[-1], y_shape[-1]
+    fields = dict(kind="bmm", in_shape=[batch, m, k], w_shape=[batch, k, n],
+                  out_shape=[batch, m, n], out_channels=n, relu=bool(chain.relu),
+                  clip_max=chain.clip_max, gelu=bool(chain.gelu))
+    if len(x_shape) != 3:
+        fields["nd_in_shape"] = x_shape
+    if chain.end_shape != [batch, m, n]:
+        fields["nd_out_shape"] = chain.end_shape
+    return fields
+
+
 def quantized_bmm(chain, x_values, y_values, x_scale: float, x_zp: int) -> QuantizedOp | None:
-    """The QuantizedOp of a bmm chain (its recipe: batch dimensions flattened around the
-    kernel; constants: the dequantization multiplier and the bias per output column), or None
-    when its int8 product strays from the fp32 one on the calibration inputs."""
+    """The QuantizedOp of a bmm chain (its recipe; constants: the dequantization multiplier
+    and the bias per output column), or None when its int8 product strays from the fp32 one on
+    the calibration inputs."""
     x_shape = [int(s) for s in chain.x.ty.shape]
     y_shape = [int(s) for s in chain.y.ty.shape]
     q = calibrate(x_values, y_values, x_shape, y_shape, x_scale, x_zp)
     if q.cosine < MIN_COSINE:
         return None
-    batch = int(np.prod(x_shape[:-2]))
-    m, k, n = x_shape[-2], x_shape[-1], y_shape[-1]
-    fields = dict(kind="bmm", in_shape=[batch, m, k], w_shape=[batch, k, n],
-                  out_shape=[batch, m, n], out_channels=n, x_scale=x_scale, x_zp=x_zp,
-                  y_scale=q.y_scale, relu=bool(chain.relu), clip_max=chain.clip_max,
-                  gelu=bool(chain.gelu))
-    if len(x_shape) != 3:
-        fields["nd_in_shape"] = x_shape
-    if chain.end_shape != [batch, m, n]:
-        fields["nd_out_shape"] = chain.end_shape
+    fields = dict(_bmm_fields(chain), x_scale=x_scale, x_zp=x_zp, y_scale=q.y_scale)
     consts = [(x_scale * q.y_scale * chain.scale).astype(np.float32),
               chain.shift.astype(np.float32)]
+    return QuantizedOp(chain, Recipe.from_dict(fields), consts)
+
+
+def bf16_bmm(chain) -> QuantizedOp:
+    """The QuantizedOp of a bmm chain in bf16 (both operands rounded to bf16 in the kernel,
+    float32 sums; constants: the chain's scale and bias per output column). No guard: each
+    operand keeps 8 significant bits and the sum is float32, as in a bf16 dense layer."""
+    fields = dict(_bmm_fields(chain), dtype="bfloat16")
+    consts = [chain.scale.astype(np.float32), chain.shift.astype(np.float32)]
     return QuantizedOp(chain, Recipe.from_dict(fields), consts)

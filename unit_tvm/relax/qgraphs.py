@@ -10,7 +10,7 @@ from tvm import te, tirx
 from ..prepare import ZeroPadding, prepare
 from ..schedules.cpu import tiled_extent
 from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
-                     quantized, round_up)
+                     quantized, round_up, second_operand)
 from .recipe import (blocked_index, blocks_of, dtypes, fits_groups, folds_width, group_channels,
                      in_shape, is_depthwise, out_dtype, out_shape, pads_with_zero)
 
@@ -313,21 +313,23 @@ def _dense_graph(recipe, blocks):
 def _bmm_graph(recipe, blocks):
     """A matmul of two activations per batch row: x [B, M, K] quantized to uint8 and the int8
     y [B, K, N] (qbmm.quantized_y) packed to [B, N/y, K/x, x/word, y, word] inside the kernel
-    (both change every call), rows padded like a dense layer's."""
+    (both change every call), rows padded like a dense layer's; bf16: both float32, rounded to
+    bf16 as they are packed."""
     x_blk, y_blk, word = blocks
     acc_t, pad = dtypes(recipe)[2], pad_value(recipe)
     nb, m, kk = recipe.in_shape
     nn_ = recipe.out_channels
     kp, np_, mp = round_up(kk, x_blk), round_up(nn_, y_blk), tiled_extent(m)
     x, y, comp, mult, bias, res = placeholders(recipe, recipe.in_shape, recipe.w_shape)
+    zero = tirx.const(0.0, "float32").astype(dtypes(recipe)[1])
     xq = te.compute((nb, mp, kp), lambda b, i, j: tirx.if_then_else(
         tirx.all(j < kk, i < m),
         load_input(x, recipe, (b, tirx.min(i, m - 1), tirx.min(j, kk - 1))), pad), name="xq")
 
     def yq_body(b, jo, ro, rw, ji, rr):
         r, j = ro * x_blk + rw * word + rr, jo * y_blk + ji
-        value = y[b, tirx.min(r, kk - 1), tirx.min(j, nn_ - 1)]
-        return tirx.if_then_else(tirx.all(r < kk, j < nn_), value, tirx.const(0, "int8"))
+        value = second_operand(y[b, tirx.min(r, kk - 1), tirx.min(j, nn_ - 1)], recipe)
+        return tirx.if_then_else(tirx.all(r < kk, j < nn_), value, zero)
 
     yq = te.compute((nb, np_ // y_blk, kp // x_blk, x_blk // word, y_blk, word), yq_body,
                     name="yq")

@@ -16,7 +16,8 @@ weights in the kernels' layouts, in numpy, in weights.py.
 from tvm import te, tirx
 
 from ..rewriter import schedule
-from .qarith import arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders
+from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
+                     second_operand)
 from .qgraphs import tensorized_graph
 from .recipe import ATTR, dtypes, in_shape, out_shape
 from .weights import plain_weight_shape
@@ -134,14 +135,16 @@ def _plain_conv3d(recipe):
 
 
 def _plain_bmm(recipe):
-    """plain_func of a bmm: x [B, M, K] to uint8 times the int8 y [B, K, N], epilogue."""
+    """plain_func of a bmm: x [B, M, K] to uint8 times the int8 y [B, K, N] (bf16: both
+    rounded to bf16), epilogue."""
     kk = recipe.in_shape[-1]
     x, y, comp, mult, bias, res = placeholders(recipe, recipe.in_shape, recipe.w_shape)
     xq = te.compute(recipe.in_shape, lambda b, i, j: load_input(x, recipe, (b, i, j)), name="xq")
     r = te.reduce_axis((0, kk), name="k")
     acc_t = dtypes(recipe)[2]
     acc = te.compute(recipe.out_shape, lambda b, i, j: te.sum(
-        xq[b, i, r].astype(acc_t) * y[b, r, j].astype(acc_t), axis=r), name="acc")
+        xq[b, i, r].astype(acc_t) * second_operand(y[b, r, j], recipe).astype(acc_t), axis=r),
+        name="acc")
     fn = epilogue_fn(recipe, comp, mult, bias, res)
     out = te.compute(recipe.out_shape, lambda b, i, j: fn(acc[b, i, j], j, (b, i, j)),
                      name="out")

@@ -17,9 +17,10 @@ a constant becomes one int8 operator:
   carry uint8: relax/requantize.py).
 Grouped and depthwise convs are int8 too (UnitTensorize runs depthwise ones on a lanewise
 instruction, other grouped ones on TVM's plain loop nest), so the activations around them stay
-uint8. Activation x activation matmuls (attention) stay fp32 unless attention="int8" asks for
-them: then they are int8 where their int8 product stays within qbmm.MIN_COSINE of the fp32 one
-on the calibration inputs (relax/qbmm.py). Pooling and softmax stay fp32.
+uint8. Activation x activation matmuls (attention) follow `attention`: fp32; int8 where their
+int8 product stays within qbmm.MIN_COSINE of the fp32 one on the calibration inputs
+(relax/qbmm.py); or bf16 (both operands rounded to bf16 in the kernel, float32 sums), which
+UnitTensorize runs on a bf16 dot-product instruction. Pooling and softmax stay fp32.
 
 dtype="bfloat16" prepares the model for bf16 dot products (x86.vdpbf16ps): the same ops and
 fused epilogues, with weights rounded to bf16 after folding, activations rounded to bf16 inside
@@ -40,7 +41,7 @@ from . import qbmm, u8_pools, u8_values
 from .chains import find_chains
 from .graph import dataflow_bindings, max_pool_on
 from .qops import plain_func
-from .recipe import ATTR, CONV_KINDS, QuantizedOp, Recipe, out_dtype
+from .recipe import ATTR, CONV_KINDS, QuantizedOp, Recipe, candidates, out_dtype
 from .requantize import (
     requantize_edges,
     requantize_shared_edges,
@@ -50,6 +51,8 @@ from .requantize import (
 )
 
 _TMP = "__unit_tvm_main"
+# how quantize computes matmuls between two activations (its `attention` argument)
+ATTENTION = ("fp32", "int8", "bf16")
 
 
 def _as_main(mod):
@@ -127,7 +130,7 @@ def _recipe(chain, **quantization):
 
 
 def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="minmax",
-             percentile=99.99, target=None, attention="fp32"):
+             percentile=99.99, target=None, attention=None):
     """Quantize `mod` (Relax IRModule with fp32 main) to int8 compute; returns the new module.
 
     params: {name: array} bound into main as constants first (None when weights are already
@@ -135,16 +138,18 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     Each quantized op becomes a call_tir of an int8 PrimFunc carrying its recipe (attr
     "unit_tvm.recipe"), scheduled by TVM's defaults; UnitTensorize then tensorizes them.
     dtype="bfloat16": bf16 dot products with float32 accumulation instead (no calibration).
-    attention="int8": matmuls between two activations (attention's) become int8 too where
-    their int8 product stays close to the fp32 one on the calibration inputs (relax/qbmm.py);
-    the default keeps them fp32, which measured as fast at BERT's and ViT's sizes.
+    attention: how matmuls between two activations (attention's) are computed: "fp32";
+    "int8" (int8 models only) where their int8 product stays close to the fp32 one on the
+    calibration inputs (relax/qbmm.py; measured no faster than fp32 at BERT's and ViT's
+    sizes); "bf16": operands rounded to bf16, float32 sums. None: `default_attention(target)`.
     """
 
     if dtype not in ("int8", "bfloat16"):
         raise ValueError(f"dtype must be 'int8' or 'bfloat16', got {dtype!r}")
-    if attention not in ("fp32", "int8"):
-        raise ValueError(f"attention must be 'fp32' or 'int8', got {attention!r}")
+    if attention is not None and attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {ATTENTION} or None, got {attention!r}")
     target = as_target(target)
+    attention = attention or default_attention(target)
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     mod = relax.transform.DecomposeOpsForInference()(mod)
@@ -152,13 +157,14 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     # torch.export's (value, indices)[0] around pools and batch norms becomes the value itself
     mod = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
     func = mod["main"]
-    chains = [c for c in find_chains(func)
-              if c.kind != "bmm" or (attention == "int8" and dtype == "int8")]
+    found = find_chains(func)
+    bf16_bmms = [c for c in found if c.kind == "bmm" and attention == "bf16"]
+    chains = [c for c in found if c.kind != "bmm" or (attention == "int8" and dtype == "int8")]
     if dtype == "bfloat16":
         return _to_bfloat16(mod, [c for c in chains if c.kind == "dense"
-                                  or int(c.attrs.groups) == 1])
+                                  or int(c.attrs.groups) == 1], bf16_bmms)
     if not chains:
-        return mod
+        return _to_bfloat16(mod, [], bf16_bmms)
     samples = list(calibration_data)
     if not samples:
         raise ValueError("calibration_data is empty: at least one input is needed")
@@ -184,8 +190,20 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     requantize_shortcuts(chains, by_end, shortcuts, shortcut_values,
                          lambda v: _activation_qparams(v, method, percentile))
     pools = requantize_through_pools(func, chains, by_end)
-    return _rewrite(mod, chains, by_end, pools,
-                    u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools))
+    plan = u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools)
+    # bf16 matmuls read and write float32: decided after the uint8 edges, which they keep out of
+    return _rewrite(mod, chains + bf16_bmms, {**by_end, **_bf16_bmm_ops(func, bf16_bmms)},
+                    pools, plan)
+
+
+def default_attention(target) -> str:
+    """"bf16" where `target` has an instruction for a bf16 matmul between activations
+    (x86.vdpbf16ps, AMX-BF16), else "fp32". BERT-base at 128 tokens on Zen 4 (vdpbf16ps): 3-4%
+    faster end to end than fp32 attention at the same cosine to fp32 (docs/RESULTS.md
+    2026-11-26); without such an instruction bf16 would run as a slower loop nest."""
+    probe = Recipe(kind="bmm", in_shape=(1, 64, 64), w_shape=(1, 64, 64),
+                   out_shape=(1, 64, 64), out_channels=64, dtype="bfloat16")
+    return "bf16" if candidates(probe, as_target(target)) else "fp32"
 
 
 def _channel_means(chain, values):
@@ -220,21 +238,29 @@ def _quantized_op(chain, x_scale, x_zp, x_mean):
     return QuantizedOp(chain, recipe, consts)
 
 
-def _to_bfloat16(mod, chains):
-    """mod with every chain one bf16 op: weights (per-channel scale folded in) rounded to bf16,
-    the bias (shift) kept in float32; edges between ops stay float32."""
+def _bf16_bmm_ops(func, bmms) -> dict:
+    """{end var: QuantizedOp} of bmm chains computed in bf16 (qbmm.bf16_bmm)."""
+    for chain in bmms:
+        chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
+    return {chain.end: qbmm.bf16_bmm(chain) for chain in bmms}
 
-    if not chains:
+
+def _to_bfloat16(mod, chains, bmms=()):
+    """mod with every chain one bf16 op: weights (per-channel scale folded in) rounded to bf16,
+    the bias (shift) kept in float32; and every bmm chain of `bmms` one bf16 bmm; edges
+    between ops stay float32."""
+
+    if not chains and not bmms:
         return mod
     func = mod["main"]
-    by_end = {}
+    by_end = _bf16_bmm_ops(func, bmms)
     for chain in chains:
         w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
         chain.wq = w.astype(np.float32).astype(ml_dtypes.bfloat16)
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
         by_end[chain.end] = QuantizedOp(chain, _recipe(chain, dtype="bfloat16"),
                                         [chain.wq, chain.shift.astype(np.float32)])
-    return _rewrite(mod, chains, by_end)
+    return _rewrite(mod, list(chains) + list(bmms), by_end)
 
 
 def _struct_shape(func, var):
@@ -389,12 +415,15 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
     if residual is not None and recipe.nd_out_shape is not None:
         residual = bb.emit(relax.op.reshape(residual, recipe.out_shape))
     args = [x_arg]
-    if recipe.kind == "bmm":  # the run-time operand in int8, and its zero-point term
+    if recipe.kind == "bmm":  # the run-time operand (int8: quantized, and its zero-point term)
         y_arg = _sub(chain.y, remap)
         if [int(v) for v in chain.y.ty.shape] != list(recipe.w_shape):
             y_arg = bb.emit(relax.op.reshape(y_arg, recipe.w_shape))
-        yq = bb.emit(qbmm.quantized_y(y_arg, recipe.y_scale))
-        args += [yq, bb.emit(qbmm.zero_point_term(yq, recipe.x_zp))]
+        if recipe.dtype == "bfloat16":
+            args.append(y_arg)
+        else:
+            yq = bb.emit(qbmm.quantized_y(y_arg, recipe.y_scale))
+            args += [yq, bb.emit(qbmm.zero_point_term(yq, recipe.x_zp))]
     args += [relax.const(c) for c in consts]
     if residual is not None:
         args.append(residual)
