@@ -121,6 +121,13 @@ def test_compile_export_and_run_equal_the_in_process_model(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "z.npy"), got)
 
 
+def test_compile_attention_needs_int8_and_a_known_precision():
+    proc = _cli("compile", "bert_layer", "-o", "/tmp/never.so", "--attention", "bf16")
+    assert proc.returncode == 2 and "--attention applies to --int8" in proc.stderr
+    proc = _cli("compile", "bert_layer", "-o", "/tmp/never.so", "--int8", "--attention", "fp16")
+    assert proc.returncode == 2 and "invalid choice: 'fp16'" in proc.stderr
+
+
 def test_compile_names_an_unknown_model():
     proc = _cli("compile", "no_such_model", "-o", "/tmp/never.so")
     assert proc.returncode != 0 and "no_such_model" in proc.stderr

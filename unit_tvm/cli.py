@@ -11,6 +11,7 @@ from .cli_models import cmd_bench_model, cmd_compile, cmd_profile, cmd_reproduce
 from .fleet.cli import add_rpc_arguments, runner_from_args
 from .inspector import explain, inspect
 from .peak import peak
+from .relax.quantize import ATTENTION
 from .runner import LocalRunner, prepare_host
 from .target import ISA_LEVELS, as_target, host
 from .testing import ZOO_MODELS
@@ -179,6 +180,12 @@ def _cmd_fuzz(args):
     return 1 if report.failures else 0
 
 
+def _attention_arg(p, prefix=""):
+    p.add_argument("--attention", choices=ATTENTION,
+                   help=prefix + "how attention's activation x activation matmuls run (default: "
+                   "bf16 where the target has a bf16 dot product, else fp32)")
+
+
 def _tuning_args(p, unit):
     """--trials and --database, shared by the benchmark commands."""
     p.add_argument("--trials", type=int, help=f"most candidates measured {unit}")
@@ -277,6 +284,7 @@ def _add_model_commands(sub):
     p.add_argument("--target", default="cpu",
                    help="cpu (this host), cuda (fp16, Tensor Cores) or a JSON target dict")
     p.add_argument("--arch", default="sm_80", help="CUDA architecture with --target cuda")
+    _attention_arg(p, "with --int8: ")
     p.add_argument("--tune", action="store_true", help="tune what the database lacks")
     _tuning_args(p, "per distinct op")
     add_rpc_arguments(p)
@@ -293,6 +301,7 @@ def _add_model_commands(sub):
     p.add_argument("--tune", action="store_true", help="tune what the database lacks")
     p.add_argument("--repeats", type=int, default=5, help="timed runs of each kernel call")
     p.add_argument("--top", type=int, default=25, help="kernels listed")
+    _attention_arg(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_profile)
     p = sub.add_parser("reproduce", help="one of the UNIT paper's experiments: CSV + plot")

@@ -88,8 +88,12 @@ def cmd_compile(args):
               tvm.target.Target({"kind": "cuda", "arch": args.arch}) if args.target == "cuda"
               else as_target(json.loads(args.target)))
     quantize = None
+    if args.attention and not args.int8:
+        print("unit-tvm compile: --attention applies to --int8 models", file=sys.stderr)
+        return 2
     if args.int8:
-        quantize = {"calibration_data": sources.calibration(args.calibration, source.input_shape)}
+        quantize = {"calibration_data": sources.calibration(args.calibration, source.input_shape),
+                    "attention": args.attention}
     report = []
     ex = unit_compile(source.mod, target, quantize=quantize, database=args.database,
                       tune=args.tune, trials=args.trials, report=report, runner=runner)
@@ -122,7 +126,8 @@ def cmd_run(args):
 def cmd_profile(args):
     """unit-tvm profile MODEL: per-kernel time, GOPS and % of peak of the compiled model."""
     prof = profile.profile_model(args.model, database=args.database, tune=args.tune,
-                                 trials=args.trials, repeats=args.repeats)
+                                 trials=args.trials, repeats=args.repeats,
+                                 attention=args.attention)
     if args.json:
         print(json.dumps({"model": prof.model, "end_to_end_ms": prof.end_to_end_ms,
                           "kernel_ms": prof.kernel_ms, "copy_gbps": prof.copy_gbps,

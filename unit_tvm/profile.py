@@ -135,23 +135,25 @@ def _nbytes(arg):
     return int(np.prod([int(s) for s in shape])) * tvm.runtime.DataType(str(arg.dtype)).bits // 8
 
 
-def profile_model(name, *, database=None, tune=False, trials=None, repeats=5) -> Profile:
+def profile_model(name, *, database=None, tune=False, trials=None, repeats=5,
+                  attention=None) -> Profile:
     """Compile the zoo model `name` as bench-model does (int8, database configs; tuned when
-    tune=True) and profile one inference kernel by kernel."""
+    tune=True; attention as quantize takes it) and profile one inference kernel by kernel."""
     from .bench.engine_tvm import relax_module
     from .bench.model import make_case
 
     case = make_case(name, 2)
     return profile_module(relax_module(case), case.calibration, case.inputs[0], name=name,
-                          database=database, tune=tune, trials=trials, repeats=repeats)
+                          database=database, tune=tune, trials=trials, repeats=repeats,
+                          attention=attention)
 
 
 def profile_module(mod, calibration, x, *, name="model", database=None, tune=False,
-                   trials=None, repeats=5) -> Profile:
-    """Quantize (int8, with `calibration`), tensorize and compile the Relax module `mod`, then
-    profile one inference on input `x` kernel by kernel."""
+                   trials=None, repeats=5, attention=None) -> Profile:
+    """Quantize (int8, with `calibration`; `attention` as quantize takes it), tensorize and
+    compile the Relax module `mod`, then profile one inference on input `x` kernel by kernel."""
     target = _target()
-    qmod = quantize(mod, calibration_data=calibration, target=target)
+    qmod = quantize(mod, calibration_data=calibration, target=target, attention=attention)
     pass_ = UnitTensorize(target, database=Database(database or default_path()), tune=tune,
                           trials=trials)
     tmod = pass_(qmod)
