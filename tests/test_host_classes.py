@@ -14,7 +14,7 @@ from unit_tvm.relax import UnitTensorize, quantize
 from unit_tvm.relax.quantize import default_attention
 from unit_tvm.target import ISA_LEVELS
 
-from .test_relax import SmallCNN, TinyTransformer, _asm, _prepare
+from .test_relax import SmallCNN, TinyTransformer, WideHeads, _asm, _prepare
 
 _AMX = ("-amx-tile", "-amx-int8", "-amx-bf16")
 # what `--isa avx512_core_vnni` turns off
@@ -78,3 +78,19 @@ def test_attention_defaults_to_bf16_only_where_a_bf16_dot_product_runs_it():
     assert got == {"amx": "bf16", "amx_restricted_to_vnni": "fp32", "zen4": "bf16"}
     assert default_attention(_target({"mcpu": "cascadelake"})) == "fp32"
     assert default_attention(aarch64.TARGET) == "fp32"
+
+
+@pytest.mark.parametrize("cls, instruction", [("amx", "tdpbf16ps"), ("zen4", "vdpbf16ps"),
+                                              ("amx_restricted_to_vnni", None)])
+def test_default_attention_compiles_on_each_x86_class(cls, instruction):
+    """BERT-sized heads (64): the attention matmuls on AMX-BF16 tiles on the AMX class, on
+    vdpbf16ps on Zen 4, left fp32 on the Xeon restricted to VNNI."""
+    model = WideHeads()
+    cal, _, _ = _prepare(model, (1, 32, 128))
+    tpass, asm = _compiled(model, (1, 32, 128), _target(_CLASSES[cls][0]), calibration_data=cal)
+    used = [instr for op, instr, _ in tpass.report if op.startswith("bmm")]
+    if instruction is None:
+        assert not used and "dpbf16ps" not in asm
+    else:
+        assert len(used) == 2 and all(i.startswith(f"x86.{instruction}") for i in used), used
+        assert instruction in asm

@@ -52,6 +52,18 @@ class TinyTransformer(nn.Module):
         return self.layer(x)
 
 
+class WideHeads(nn.Module):
+    """Two heads of 64 (BERT's head size): the bf16 attention matmuls go to AMX tiles on an
+    AMX host (TinyTransformer's heads of 16 stay on vdpbf16ps there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = zoo.EncoderLayer(hidden=128, heads=2, ffn=128)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
 def _prepare(model, shape, n_cal=3):
     zoo._randomize(model, 0)
     model.eval()
@@ -158,20 +170,22 @@ def test_transformer_block_and_percentile_calibration():
         assert got.shape == ref.shape and _cos(got, ref) > 0.99
 
 
-@pytest.mark.parametrize("tokens", [16, 13])
-def test_bf16_attention_tensorized_equals_plain_and_fp32_attention(tokens):
+@pytest.mark.parametrize("model_cls, tokens, heads, hidden", [
+    (TinyTransformer, 16, 4, 64), (TinyTransformer, 13, 4, 64), (WideHeads, 24, 2, 128)])
+def test_bf16_attention_tensorized_equals_plain_and_fp32_attention(model_cls, tokens, heads,
+                                                                   hidden):
     """attention="bf16": Q x K^T (with its 1 / sqrt(d) scale) and P x V as bf16 matmuls whose
     run-time operands are rounded and packed in the kernel; the tensorized build equals TVM's
     plain one up to float32 summation order, and the model stays as close to fp32 as with fp32
-    attention."""
+    attention. Token counts that fill no register tile or AMX tile (13, 24) are padded."""
     require_host("x86.vdpbf16ps")
-    model = TinyTransformer()
-    cal, xs, refs = _prepare(model, (1, tokens, 64))
+    model = model_cls()
+    cal, xs, refs = _prepare(model, (1, tokens, hidden))
     mod = frontends.from_torch(model, [torch.tensor(xs[0])])
     qmod = quantize(mod, calibration_data=cal, attention="bf16")
     bmm = [r for _, r in recipes(qmod) if r["kind"] == "bmm"]
     assert [(r["out_shape"], r["dtype"]) for r in bmm] == [
-        ([4, tokens, tokens], "bfloat16"), ([4, tokens, 16], "bfloat16")]
+        ([heads, tokens, tokens], "bfloat16"), ([heads, tokens, hidden // heads], "bfloat16")]
     tpass = UnitTensorize()
     ex = build_relax(tpass(qmod), unit_tvm.target.host())
     assert all(instr for _, instr, _ in tpass.report), tpass.report
