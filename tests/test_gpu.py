@@ -23,6 +23,8 @@ WMMA = gpu.Fragment(16, 16, 16)
 # a dilated window, 5 channels (K 45 -> 48), 7 x 9 outputs per image (126 rows -> 128)
 ODD_CONV = gpu_conv.ConvGeometry(2, 9, 13, 5, 24, 3, 3, (1, 1), (1, 2))
 STRIDED_CONV = gpu_conv.ConvGeometry(1, 17, 17, 32, 48, 3, 3, (2, 2))
+# a 14x14 output: 196 pixels, 13 fragments of M computed as 14
+PAIRED_CONV = gpu_conv.ConvGeometry(1, 16, 16, 8, 24, 3, 3)
 
 
 def _gemm(g, dtype, acc):
@@ -40,6 +42,8 @@ WORKLOADS = [
                                                                      "float16", "float32")),
     ("conv_gemm_odd_f16", "cuda.wmma.f16f32", _gemm(ODD_CONV, "float16", "float32")),
     ("conv_gemm_s2_s8", "cuda.wmma.s8s32", _gemm(STRIDED_CONV, "int8", "int32")),
+    # 13 fragments of M computed as 14: p = 2 fits (the default stays p = 1)
+    ("conv_gemm_paired_f16", "cuda.wmma.f16f32", _gemm(PAIRED_CONV, "float16", "float32")),
     # an int8 gather with padding: TVM cannot write its 16-lane zero, so it copies 4 bytes
     ("conv_gemm_odd_s8", "cuda.wmma.s8s32", _gemm(ODD_CONV, "int8", "int32")),
 ]
@@ -187,24 +191,27 @@ def test_gpu_default_copies_16_bytes_into_padded_rows():
 def _prepared(op, intrin):
     from unit_tvm.prepare import prepare
 
-    return prepare(op, intrin, separable=True)
+    return prepare(op, intrin, **gpu.prepare_options(None))
 
 
-def test_gpu_prepared_conv_is_exact_on_cpu(rng):
+@pytest.mark.parametrize("h, m_tiles", [(9, 1), (35, 4)])
+def test_gpu_prepared_conv_is_exact_on_cpu(rng, h, m_tiles):
     """The GPU's operand preparation (window loops gathered im2col-style so every fragment copy
-    reads single loops) computes the conv exactly; checked by running the prepared graph on CPU."""
-    op = ops.conv2d_nhwc(24, 9, 40, 3, "int8", "int8")
+    reads single loops; a row of 33 pixels computed as 4 fragments, 3 of them paired with one
+    of padding) computes the conv exactly; checked by running the prepared graph on CPU."""
+    op = ops.conv2d_nhwc(24, h, 40, 3, "int8", "int8")
     prepared = _prepared(op, "cuda.wmma.s8s32")
-    assert "data_packed" in prepared.stages
+    assert "data_packed" in prepared.stages and gpu.tiles(prepared)[0] == m_tiles
     lib = tvm.tirx.build(tvm.te.create_prim_func(prepared.tensors), target="llvm")
-    data = rng.integers(-128, 128, (1, 9, 9, 24)).astype("int8")
+    o = h - 2
+    data = rng.integers(-128, 128, (1, h, h, 24)).astype("int8")
     kern = rng.integers(-128, 128, (3, 3, 24, 40)).astype("int8")
-    out = tvm.runtime.tensor(np.zeros((1, 7, 7, 40), "int32"))
+    out = tvm.runtime.tensor(np.zeros((1, o, o, 40), "int32"))
     lib(tvm.runtime.tensor(data), tvm.runtime.tensor(kern), out)
-    ref = np.zeros((7, 7, 40), np.int64)
+    ref = np.zeros((o, o, 40), np.int64)
     for ry in range(3):
         for rx in range(3):
-            ref += data[0, ry:ry + 7, rx:rx + 7].astype(np.int64) @ kern[ry, rx].astype(np.int64)
+            ref += data[0, ry:ry + o, rx:rx + o].astype(np.int64) @ kern[ry, rx].astype(np.int64)
     np.testing.assert_array_equal(out.numpy()[0], ref)
 
 
@@ -351,7 +358,23 @@ def _numpy_conv(data, hwio, g):
     return out
 
 
-@pytest.mark.parametrize("g", [ODD_CONV, STRIDED_CONV], ids=["odd_dilated", "strided"])
+def test_paired_fragments_open_two_per_warp_to_the_tuner_and_keep_the_default():
+    """13 fragments of M (a 14x14 output) admit only p = 1 (p divides both tile counts); the
+    GPU strategy computes them as 14, so the tuner may try p = 2, while the untuned default
+    stays the config the 13 gave."""
+    from unit_tvm.prepare import prepare
+
+    tensors = gpu_conv.gemm_te(PAIRED_CONV, "float16", "float32", WMMA)
+    alone = prepare(tensors[-1], "cuda.wmma.f16f32", params=tensors[:-1], separable=True)
+    paired = prepare(tensors[-1], "cuda.wmma.f16f32", params=tensors[:-1],
+                     **gpu.prepare_options(None))
+    assert gpu.tiles(alone)[0] == 13 and gpu.tiles(paired)[0] == 14
+    assert {c.p for c in gpu.space(alone)} == {1} and 2 in {c.p for c in gpu.space(paired)}
+    assert gpu.default(paired) == gpu.default(alone)
+
+
+@pytest.mark.parametrize("g", [ODD_CONV, STRIDED_CONV, PAIRED_CONV],
+                         ids=["odd_dilated", "strided", "paired_14x14"])
 def test_gpu_gemm_form_is_exact_on_cpu(g, rng):
     """The GEMM form (every image's output rows fused into M, window x channels into K, gathered
     in the kernel and padded to whole fragments) prepared for wmma computes the conv exactly:
@@ -359,9 +382,11 @@ def test_gpu_gemm_form_is_exact_on_cpu(g, rng):
     from unit_tvm.prepare import prepare
 
     tensors = gpu_conv.gemm_te(g, "int8", "int32", WMMA)
-    prepared = prepare(tensors[-1], "cuda.wmma.s8s32", params=tensors[:-1], separable=True)
+    prepared = prepare(tensors[-1], "cuda.wmma.s8s32", params=tensors[:-1],
+                       **gpu.prepare_options(None))
     m_tiles, _, k_tiles = gpu.tiles(prepared)
-    assert m_tiles == -(-g.pixels // 16) and k_tiles == -(-g.window // 16)
+    # an odd count of M fragments is computed paired, the extra rows cropped
+    assert m_tiles == gpu.paired_tiles(-(-g.pixels // 16)) and k_tiles == -(-g.window // 16)
     lib = tvm.tirx.build(tvm.te.create_prim_func(prepared.tensors), target="llvm")
     data = rng.integers(-128, 128, (g.n, g.h, g.w, g.c)).astype("int8")
     hwio = rng.integers(-128, 128, (g.kh, g.kw, g.c, g.k)).astype("int8")

@@ -201,7 +201,8 @@ def test_gpu_database_record_decides_the_form(tmp_path):
     plain(Mod)
     assert plain.report[0].form == "gemm"
     tensors = gpu_conv.direct_te(g, "float16", "float32")
-    prepared = prepare(tensors[-1], "cuda.wmma.f16f32", params=tensors[:-1], separable=True)
+    prepared = prepare(tensors[-1], "cuda.wmma.f16f32", params=tensors[:-1],
+                       **gpu.prepare_options(None))
     db = Database(tmp_path / "db.jsonl")
     key = workload_key(tvm.te.create_prim_func(list(prepared.params) + [prepared.reference]))
     db.append(key, target, "cuda.wmma.f16f32", gpu.default(prepared).key(), 1000.0)

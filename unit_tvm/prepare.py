@@ -76,6 +76,17 @@ def _tile_columns(cop, mapped, tile_columns):
     return (free[-1].var.name, wanted) if wanted != extent else None
 
 
+def _tile_rows(mapping, tile_rows):
+    """(loop name, extent to compute) of the loop mapped to the instruction's first output
+    lanes (its M) when tile_rows pads its count of instruction tiles, else None."""
+    if tile_rows is None:
+        return None
+    m = next(m for m in mapping.loops if m.kind == "S")
+    tiles = (m.op_extent + m.padding) // m.intrin_extent
+    wanted = tile_rows(tiles)
+    return (m.op_loop, wanted * m.intrin_extent) if wanted != tiles else None
+
+
 def _best_form(op, intrin):
     """(Shift or None, Mapping): the op as written, or with its 8-bit operands re-based
     (unit_tvm.shift), whichever the instruction maps best (Inspector rank: least padding, then
@@ -154,10 +165,15 @@ class LoopExtents:
     padded_reduce: frozenset  # reduction loops among them
 
     @staticmethod
-    def of(cop, mapping, tile_columns) -> "LoopExtents":
-        """The extents of compute op `cop` under `mapping` (see prepare's tile_columns)."""
+    def of(cop, mapping, tile_columns, tile_rows=None) -> "LoopExtents":
+        """The extents of compute op `cop` under `mapping` (see prepare's tile_columns and
+        tile_rows)."""
         padded = {m.op_loop: m.op_extent + m.padding for m in mapping.loops}
         padded_loops = {m.op_loop for m in mapping.loops if m.padding}
+        rows = _tile_rows(mapping, tile_rows)
+        if rows is not None:
+            padded[rows[0]] = rows[1]
+            padded_loops.add(rows[0])
         columns = _tile_columns(cop, padded, tile_columns)
         if columns is not None:
             padded[columns[0]] = columns[1]
@@ -216,7 +232,8 @@ def _make_core(cop, intrin, bind, layout, loops, packs, separable, name):
     output in the instruction's layout (CoreLayout)."""
     sp_ext = {ax.var.name: int(ax.dom.extent) for ax in cop.axis}
     split = layout.split
-    shape = [(-(-sp_ext[n] // split[n])) if n in split else loops.padded.get(n, sp_ext[n])
+    computed = {n: loops.padded.get(n, sp_ext[n]) for n in layout.names}
+    shape = [(-(-computed[n] // split[n])) if n in split else computed[n]
              for n in layout.names] + [ext for _, ext in layout.lanes]
     red = cop.body[0]
     source = _in_instruction_order(intrin, bind)
@@ -300,7 +317,7 @@ def _checked_params(params, output, op):
 
 
 def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=None,
-            tile_columns=None) -> Prepared:
+            tile_columns=None, tile_rows=None) -> Prepared:
     """Prepared graph computing `op` (a te.Tensor) with `intrin`, or ValueError why not.
 
     mapping: a Mapping of intrin on op (default: the Inspector's best). params: the order of the
@@ -315,6 +332,9 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     tile_columns: extent -> extent to compute for the innermost data-parallel loop the
     instruction does not map (a register tile's columns, e.g. schedules.cpu.tiled_extent): the
     core computes the extra columns from zero padding and the epilogue crops them.
+    tile_rows: instruction tiles -> tiles to compute along the loop mapped to the
+    instruction's first output lanes (its M; e.g. schedules.gpu_config.paired_tiles: 13 -> 14,
+    so that two fragments per warp fit), padded and cropped the same way.
     """
     intrin = intrinsics.get(intrin) if isinstance(intrin, str) else intrin
     stages, shifted_name, shift, work = [], "", None, op
@@ -326,7 +346,7 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     _check_distinct_names(work.op)
     cop = work.op
     bind = compute_isomorphism(cop, intrin)
-    loops = LoopExtents.of(cop, mapping, tile_columns)
+    loops = LoopExtents.of(cop, mapping, tile_columns, tile_rows)
     packs = _make_packs(bind, mapping, intrin, loops, separable)
     stages += [f"{name}_packed" for name in packs]
     # the working op (shifted or not) has the same axes as op

@@ -126,7 +126,7 @@ def layer_case(c, h, k, r, s, dtype, intrin, dev, rng) -> LayerCase:
     g = gpu_conv.ConvGeometry(1, h, h, c, k, r, r, (s, s))
     form = gpu_conv.choose_form(g, frag)
     tensors = gpu_conv.te_for_form(g, form, dtype, acc, frag)
-    prepared = prepare(tensors[-1], intrin, params=tensors[:-1], separable=True)
+    prepared = prepare(tensors[-1], intrin, params=tensors[:-1], **gpu.prepare_options(None))
     direct = gpu_conv.direct_te(g, dtype, acc)
     data, hwio = (measure.random_array(t.shape, t.dtype, rng) for t in direct[:2])
     weight = hwio if form == "direct" else gpu_conv.gemm_weight(hwio, frag)
@@ -230,7 +230,7 @@ def ablation(quick=False, trials=None, database=None, repeat=7, log=print):
     db, rng, rows = Database(database or default_path()), np.random.default_rng(0), []
     for i, (c, h, k, r, s) in enumerate(TABLE_I[:4] if quick else TABLE_I, 1):
         op = ops.conv2d_nhwc(c, h, k, r, "float16", "float16", "float32", stride=s)
-        prepared = prepare(op, intrin, separable=True)
+        prepared = prepare(op, intrin, **gpu.prepare_options(target))
         tuned = tune(prepared, intrin, target, trials=trials, database=db, progress=False)
         arrays = [measure.random_array(t.shape, t.dtype, rng) for t in prepared.tensors[:-1]]
         arrays.append(np.zeros([int(x) for x in op.shape], "float32"))

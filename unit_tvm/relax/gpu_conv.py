@@ -3,7 +3,8 @@ policy that picks between them.
 
 - "direct": the output row's pixels are the instruction's M, channels its K, the window a
   reduction loop around it (prepare gathers the window one loop per dimension). Each output row is
-  padded to whole fragments: a 7-pixel row computes 16.
+  padded to whole fragments, an odd count of them to an even one (schedules.gpu_config's
+  paired_tiles): a 7-pixel row computes 16, a 112-pixel one 128.
 - "gemm": every output pixel of every row and image is one row of M, and window x channels is one
   reduction of K (UNIT's fused width and height, and oneDNN's im2col): a 7x7 layer computes 64
   rows instead of 112, a 3-channel 7x7 stem reduces 160 values instead of 49 x 16. The window is
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import te, tirx
 
-from ..schedules.gpu import Fragment
+from ..schedules.gpu import Fragment, paired_tiles
 
 FORMS = ("direct", "gemm")
 
@@ -60,9 +61,15 @@ class ConvGeometry:
         return self.kh * self.kw * self.c
 
 
+def _m_rows(n: int, frag: Fragment) -> int:
+    """Rows of M the core computes for n real ones: whole fragments, paired (paired_tiles)."""
+    return paired_tiles(-(-n // frag.m)) * frag.m
+
+
 def padded_work(g: ConvGeometry, form: str, frag: Fragment) -> int:
     """Multiply-adds a form computes, padding to whole fragments included (N is the same in
-    both forms and left out)."""
+    both forms and left out). The fragment that pairs an odd count (`_m_rows`) is not counted
+    as waste: it buys two fragments per warp."""
     if form == "direct":
         rows = g.n * g.out_h * _round_up(g.out_w, frag.m)
         return rows * g.kh * g.kw * _round_up(g.c, frag.k)
@@ -106,8 +113,9 @@ def direct_te(g: ConvGeometry, dtype: str, acc: str) -> list:
 def gemm_te(g: ConvGeometry, dtype: str, acc: str, frag: Fragment) -> list:
     """[data NHWC, kernel (K', k), out (pixels, k)]: the conv as one GEMM over a window gathered
     in the kernel. K' is window x channels rounded up to the fragment's K (`gemm_weight` lays a
-    HWIO weight out so); the gather pads pixels to whole fragments of M and writes zeros past the
-    window, so the core reads it in place. Indices are clamped as well as guarded."""
+    HWIO weight out so); the gather pads pixels to the rows the core computes (`_m_rows`) and
+    writes zeros past the window, so the core reads it in place. Indices are clamped as well
+    as guarded."""
     data = te.placeholder((g.n, g.h, g.w, g.c), dtype, name="data")
     pixels, window = g.pixels, g.window
     plane, width = g.out_h * g.out_w, _round_up(window, frag.k)
@@ -121,7 +129,7 @@ def gemm_te(g: ConvGeometry, dtype: str, acc: str, frag: Fragment) -> list:
         return tirx.if_then_else(tirx.all(p < pixels, q < window),
                                  data[pc // plane, y, x, qc % g.c], zero)
 
-    cols = te.compute((_round_up(pixels, frag.m), width), gathered, name="cols")
+    cols = te.compute((_m_rows(pixels, frag), width), gathered, name="cols")
     kern = te.placeholder((width, g.k), dtype, name="kernel")
     q = te.reduce_axis((0, width), name="q")
     out = te.compute((pixels, g.k), lambda p, f: te.sum(
