@@ -130,3 +130,24 @@ def test_vm_call_timer_counts_every_call_of_a_run():
                                                          reverse=True)
     out = vm["main"](tvm.runtime.tensor(x.numpy(), dev))  # runs without the instrument
     assert out is not None
+
+
+def test_fp32_leftovers_report_their_flops():
+    """Attention left fp32: its matmuls (one kernel, called for both: the same shapes) show
+    GFLOPS (TVM's count of their flops over their time: 2 x 4 heads x 16 x 16 x 16 each) and
+    no % of an instruction's peak."""
+    require_host("x86.vpdpbusd")
+    from .test_relax import TinyTransformer, _prepare
+
+    model = TinyTransformer()
+    cal, xs, _ = _prepare(model, (1, 16, 64), n_cal=2)
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    prof = profile.profile_module(mod, cal, xs[0], name="block", repeats=2, attention="fp32")
+    matmuls = [k for k in prof.kernels if k.category == "fp32 compute"]
+    assert sum(k.calls for k in matmuls) == 2, [(k.name, k.category) for k in prof.kernels]
+    for k in matmuls:
+        assert k.gops * k.us_per_call * 1e3 == pytest.approx(2 * 4 * 16 * 16 * 16, rel=1e-6)
+        assert not k.instruction and k.peak_pct == 0
+    row = next(line for line in profile.table(prof).splitlines()
+               if line.startswith(matmuls[0].name + " "))
+    assert " - " in row
