@@ -112,9 +112,8 @@ def scheduled_for_cuda(mod: tvm.IRModule, target, *, quantize: dict | None = Non
 def compile_cuda_graph(mod, target):
     """tvm.compile for CUDA with the model's static regions captured as CUDA graphs (one launch
     per region instead of one per kernel: at batch 1 the launches cost more than the math)."""
-    config = {"relax.backend.use_cuda_graph": True, **lowering.gpu_pass_config(target)}
-    with tvm.transform.PassContext(opt_level=3, config=config):
-        return tvm.compile(mod, target=target)
+    with tvm.transform.PassContext(opt_level=3, config={"relax.backend.use_cuda_graph": True}):
+        return lowering.compile_relax(mod, target)  # adds what the GPU build needs
 
 
 def build_relax(mod, target):
