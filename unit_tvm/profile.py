@@ -168,7 +168,7 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
     vm.set_instrument(recorder)
     vm["main"](arg)
     copy = copy_bandwidth()
-    peaks, kernels, flops = {}, [], _fp32_flops(tmod, target)
+    peaks, kernels, flops = {}, [], _fp32_flops(tmod)
     for sym, secs in recorder.times.items():
         info = pass_.kernels.get(sym)
         instr = info.instruction if info else ""
@@ -190,7 +190,7 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
     return Profile(name, e2e, tuple(kernels), copy, peaks)
 
 
-def _fp32_flops(tmod, target) -> dict:
+def _fp32_flops(tmod) -> dict:
     """{kernel name: floating-point operations per call} of the leftover fp32 compute ops
     (attention's matmuls where they stay fp32, a grouped conv3d), counted by TVM's
     estimate_tir_flops on the kernels as the model's build legalizes them."""

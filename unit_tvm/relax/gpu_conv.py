@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from tvm import te, tirx
 
-from ..schedules.gpu import Fragment, paired_tiles
+from ..schedules import gpu
+from ..schedules.gpu import Fragment
 
 FORMS = ("direct", "gemm")
 
@@ -62,8 +63,9 @@ class ConvGeometry:
 
 
 def _m_rows(n: int, frag: Fragment) -> int:
-    """Rows of M the core computes for n real ones: whole fragments, paired (paired_tiles)."""
-    return paired_tiles(-(-n // frag.m)) * frag.m
+    """Rows of M the core computes for n real ones: whole fragments, as many as the GPU
+    strategy's preparation pads them to (its tile_rows: paired_tiles)."""
+    return gpu.prepare_options(None)["tile_rows"](-(-n // frag.m)) * frag.m
 
 
 def padded_work(g: ConvGeometry, form: str, frag: Fragment) -> int:
