@@ -157,7 +157,9 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
     qmod = quantize(mod, calibration_data=calibration, target=target, attention=attention)
     pass_ = UnitTensorize(target, database=Database(database or default_path()), tune=tune,
                           trials=trials)
-    tmod = pass_(qmod)
+    # legalized here once: build_relax then finds nothing left to legalize, and the fp32
+    # leftovers' kernels are there to count
+    tmod = relax.transform.LegalizeOps()(pass_(qmod))
     recipes = {gv.name_hint: Recipe.from_json(str(f.attrs[ATTR]))
                for gv, f in tmod.functions.items()
                if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and ATTR in f.attrs}
@@ -190,11 +192,10 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
     return Profile(name, e2e, tuple(kernels), copy, peaks)
 
 
-def _fp32_flops(tmod) -> dict:
+def _fp32_flops(legal) -> dict:
     """{kernel name: floating-point operations per call} of the leftover fp32 compute ops
-    (attention's matmuls where they stay fp32, a grouped conv3d), counted by TVM's
-    estimate_tir_flops on the kernels as the model's build legalizes them."""
-    legal = relax.transform.LegalizeOps()(tmod)
+    (attention's matmuls where they stay fp32, a grouped conv3d) of a legalized module,
+    counted by TVM's estimate_tir_flops."""
     return {gv.name_hint: float(estimate_tir_flops(tvm.IRModule({"main": f})))
             for gv, f in legal.functions.items()
             if isinstance(f, tvm.tirx.PrimFunc) and category(gv.name_hint, "") == "fp32 compute"}
