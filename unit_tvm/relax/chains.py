@@ -161,9 +161,10 @@ def _grow(chain, by_var, users, uses, taken=frozenset()):
                 cur = b.var
                 continue
             break
-        if (name == "relax.reshape" and chain.kind == "dense"
+        if (name == "relax.reshape" and chain.kind in ("dense", "bmm")
                 and int(v.ty.shape[-1]) == int(b.value.args[0].ty.shape[-1])):
-            # [rows, N] <-> [batch, seq, N]: transparent for a per-row epilogue
+            # [rows, N] <-> [batch, seq, N] (a bmm: [B, M, N] <-> [1, heads, M, N]):
+            # transparent for an epilogue per output column
             chain.members.append(b.var)
             cur = b.var
             continue
