@@ -27,7 +27,7 @@ from .target import host
 from .tuner import Database, default_path
 
 _LAYOUT = ("transpose", "permute", "reshape", "strided_slice", "concat", "split",
-           "layout_transform", "squeeze", "expand_dims", "flatten")
+           "layout_transform", "squeeze", "expand_dims", "flatten", "view_copy")
 _FP32_COMPUTE = ("matmul", "conv", "dense")
 
 

@@ -50,6 +50,19 @@ class _Chain:
         self.gelu = False
         self.end = start
         self.members = [start]
+        # a bf16 bmm's operands read through the layout ops before it and its result written
+        # transposed (relax/views.py): views.OperandView per operand, the result's axis order
+        self.x_view = self.y_view = self.out_axes = None
+
+    @property
+    def x_source(self):
+        """The variable the op's kernel reads its first operand from."""
+        return self.x_view.source if self.x_view is not None else self.x
+
+    @property
+    def y_source(self):
+        """The variable a bmm's kernel reads its second operand from."""
+        return self.y_view.source if self.y_view is not None else self.y
 
 
 def _prim_value(expr):

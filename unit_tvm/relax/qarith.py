@@ -117,6 +117,22 @@ def second_operand(value, recipe):
     return round_to_bf16(value).astype("bfloat16") if is_bf16(recipe) else value
 
 
+def operand_at(tensor, view):
+    """idx -> a bmm operand's element: tensor[idx], or (view: (elements, offset, strides), the
+    recipe's x_view / w_view) the element of the flat source the view puts at idx."""
+    if not view:
+        return tensor
+    _, offset, strides = view
+    return lambda *idx: tensor(offset + sum(i * s for i, s in zip(idx, strides) if s))
+
+
+def logical_index(recipe, idx):
+    """The [B, M, N] index of a bmm's result element at idx of its output (out_axes order)."""
+    if not recipe.out_axes:
+        return tuple(idx)
+    return tuple(idx[recipe.out_axes.index(d)] for d in range(len(idx)))
+
+
 def packed_output(recipe, fn, acc_at):
     """te body of a NCHW[out_block]c (NCDHW[out_block]c) uint8 result: channel
     f = ko * block + ki from fn(acc_at(b, ko, *spatial, ki, f), f, logical index); the padding

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 from tvm import relax
 
+from . import views
 from .recipe import QuantizedOp, Recipe
 
 # cosine between the int8 and the fp32 product on the calibration inputs below which a
@@ -88,8 +89,24 @@ def _bmm_fields(chain) -> dict:
                   clip_max=chain.clip_max, gelu=bool(chain.gelu))
     if len(x_shape) != 3:
         fields["nd_in_shape"] = x_shape
-    if chain.end_shape != [batch, m, n]:
+    written = [[batch, m, n][a] for a in chain.out_axes] if chain.out_axes else [batch, m, n]
+    if chain.end_shape != written:
         fields["nd_out_shape"] = chain.end_shape
+    return fields
+
+
+def _view_fields(chain) -> dict:
+    """The recipe fields of the layouts a bmm chain folded in (relax/views.py): its operands'
+    views of their flat sources, its result's axis order."""
+    fields = {}
+    for key, found in (("x_view", chain.x_view), ("w_view", chain.y_view)):
+        if found is not None and views.read_in_kernel(found.view):
+            size = int(np.prod([int(s) for s in found.source.ty.shape]))
+            fields[key] = [size, found.view.offset, list(found.view.strides)]
+    if chain.x_view is not None:  # x arrives flat or gathered, not in its own N-D shape
+        fields["nd_in_shape"] = None
+    if chain.out_axes is not None:
+        fields["out_axes"] = list(chain.out_axes)
     return fields
 
 
@@ -112,6 +129,6 @@ def bf16_bmm(chain) -> QuantizedOp:
     """The QuantizedOp of a bmm chain in bf16 (both operands rounded to bf16 in the kernel,
     float32 sums; constants: the chain's scale and bias per output column). No guard: each
     operand keeps 8 significant bits and the sum is float32, as in a bf16 dense layer."""
-    fields = dict(_bmm_fields(chain), dtype="bfloat16")
+    fields = dict(_bmm_fields(chain), dtype="bfloat16", **_view_fields(chain))
     consts = [chain.scale.astype(np.float32), chain.shift.astype(np.float32)]
     return QuantizedOp(chain, Recipe.from_dict(fields), consts)

@@ -9,10 +9,10 @@ from tvm import te, tirx
 
 from ..prepare import ZeroPadding, prepare
 from ..schedules.cpu import tiled_extent
-from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
-                     quantized, round_up, second_operand)
+from .qarith import (arguments, epilogue_fn, load_input, logical_index, operand_at, packed_output,
+                     pad_value, placeholders, quantized, round_up, second_operand)
 from .recipe import (blocked_index, blocks_of, dtypes, fits_groups, folds_width, group_channels,
-                     in_shape, is_depthwise, out_dtype, out_shape, pads_with_zero)
+                     in_shape, is_depthwise, out_dtype, out_shape, pads_with_zero, w_arg_shape)
 
 
 class _Graph(NamedTuple):
@@ -320,15 +320,16 @@ def _bmm_graph(recipe, blocks):
     nb, m, kk = recipe.in_shape
     nn_ = recipe.out_channels
     kp, np_, mp = round_up(kk, x_blk), round_up(nn_, y_blk), tiled_extent(m)
-    x, y, comp, mult, bias, res = placeholders(recipe, recipe.in_shape, recipe.w_shape)
+    x, y, comp, mult, bias, res = placeholders(recipe, in_shape(recipe), w_arg_shape(recipe))
+    x_at, y_at = operand_at(x, recipe.x_view), operand_at(y, recipe.w_view)
     zero = tirx.const(0.0, "float32").astype(dtypes(recipe)[1])
     xq = te.compute((nb, mp, kp), lambda b, i, j: tirx.if_then_else(
         tirx.all(j < kk, i < m),
-        load_input(x, recipe, (b, tirx.min(i, m - 1), tirx.min(j, kk - 1))), pad), name="xq")
+        load_input(x_at, recipe, (b, tirx.min(i, m - 1), tirx.min(j, kk - 1))), pad), name="xq")
 
     def yq_body(b, jo, ro, rw, ji, rr):
         r, j = ro * x_blk + rw * word + rr, jo * y_blk + ji
-        value = second_operand(y[b, tirx.min(r, kk - 1), tirx.min(j, nn_ - 1)], recipe)
+        value = second_operand(y_at(b, tirx.min(r, kk - 1), tirx.min(j, nn_ - 1)), recipe)
         return tirx.if_then_else(tirx.all(r < kk, j < nn_), value, zero)
 
     yq = te.compute((nb, np_ // y_blk, kp // x_blk, x_blk // word, y_blk, word), yq_body,
@@ -339,7 +340,12 @@ def _bmm_graph(recipe, blocks):
         * yq[b, j // y_blk, r // x_blk, r % x_blk // word, j % y_blk, r % word].astype(acc_t),
         axis=r), name="acc")
     fn = epilogue_fn(recipe, comp, mult, bias, res)
-    return _Graph(x, y, comp, mult, bias, res, acc, lambda value, idx: fn(value(idx), idx[-1], idx))
+
+    def epilogue(value, idx):  # idx: of the output, whose axes may be permuted (out_axes)
+        at = logical_index(recipe, idx)
+        return fn(value(at), at[-1], at)
+
+    return _Graph(x, y, comp, mult, bias, res, acc, epilogue)
 
 
 def _conv_epilogue(recipe, fn, y_blk):

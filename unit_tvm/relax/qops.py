@@ -16,10 +16,10 @@ weights in the kernels' layouts, in numpy, in weights.py.
 from tvm import te, tirx
 
 from ..rewriter import schedule
-from .qarith import (arguments, epilogue_fn, load_input, packed_output, pad_value, placeholders,
-                     second_operand)
+from .qarith import (arguments, epilogue_fn, load_input, logical_index, operand_at, packed_output,
+                     pad_value, placeholders, second_operand)
 from .qgraphs import tensorized_graph
-from .recipe import ATTR, dtypes, in_shape, out_shape
+from .recipe import ATTR, dtypes, in_shape, out_shape, w_arg_shape
 from .weights import plain_weight_shape
 
 
@@ -138,16 +138,22 @@ def _plain_bmm(recipe):
     """plain_func of a bmm: x [B, M, K] to uint8 times the int8 y [B, K, N] (bf16: both
     rounded to bf16), epilogue."""
     kk = recipe.in_shape[-1]
-    x, y, comp, mult, bias, res = placeholders(recipe, recipe.in_shape, recipe.w_shape)
-    xq = te.compute(recipe.in_shape, lambda b, i, j: load_input(x, recipe, (b, i, j)), name="xq")
+    x, y, comp, mult, bias, res = placeholders(recipe, in_shape(recipe), w_arg_shape(recipe))
+    x_at, y_at = operand_at(x, recipe.x_view), operand_at(y, recipe.w_view)
+    xq = te.compute(recipe.in_shape, lambda b, i, j: load_input(x_at, recipe, (b, i, j)),
+                    name="xq")
     r = te.reduce_axis((0, kk), name="k")
     acc_t = dtypes(recipe)[2]
     acc = te.compute(recipe.out_shape, lambda b, i, j: te.sum(
-        xq[b, i, r].astype(acc_t) * second_operand(y[b, r, j], recipe).astype(acc_t), axis=r),
-        name="acc")
+        xq[b, i, r].astype(acc_t) * second_operand(y_at(b, r, j), recipe).astype(acc_t),
+        axis=r), name="acc")
     fn = epilogue_fn(recipe, comp, mult, bias, res)
-    out = te.compute(recipe.out_shape, lambda b, i, j: fn(acc[b, i, j], j, (b, i, j)),
-                     name="out")
+
+    def out_body(*idx):  # of the output, whose axes may be permuted (out_axes)
+        b, i, j = logical_index(recipe, idx)
+        return fn(acc[b, i, j], j, (b, i, j))
+
+    out = te.compute(out_shape(recipe), out_body, name="out")
     return te.create_prim_func(arguments(x, y, comp, mult, bias, res, out)).with_attr(
         ATTR, recipe.to_json())
 

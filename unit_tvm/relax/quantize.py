@@ -37,11 +37,12 @@ import tvm_ffi
 from tvm import relax
 
 from ..target import as_target, host, is_host
-from . import qbmm, u8_pools, u8_values
+from . import qbmm, u8_pools, u8_values, views
 from .chains import find_chains
 from .graph import dataflow_bindings, max_pool_on
+from .graph import uses as count_uses
 from .qops import plain_func
-from .recipe import ATTR, CONV_KINDS, QuantizedOp, Recipe, candidates, out_dtype
+from .recipe import ATTR, CONV_KINDS, QuantizedOp, Recipe, candidates, out_dtype, out_shape
 from .requantize import (
     requantize_edges,
     requantize_shared_edges,
@@ -192,7 +193,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     pools = requantize_through_pools(func, chains, by_end)
     plan = u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools)
     # bf16 matmuls read and write float32: decided after the uint8 edges, which they keep out of
-    return _rewrite(mod, chains + bf16_bmms, {**by_end, **_bf16_bmm_ops(func, bf16_bmms)},
+    return _rewrite(mod, chains + bf16_bmms, {**by_end, **_bf16_bmm_ops(func, bf16_bmms, chains)},
                     pools, plan)
 
 
@@ -238,8 +239,11 @@ def _quantized_op(chain, x_scale, x_zp, x_mean):
     return QuantizedOp(chain, recipe, consts)
 
 
-def _bf16_bmm_ops(func, bmms) -> dict:
-    """{end var: QuantizedOp} of bmm chains computed in bf16 (qbmm.bf16_bmm)."""
+def _bf16_bmm_ops(func, bmms, chains=()) -> dict:
+    """{end var: QuantizedOp} of bmm chains computed in bf16 (qbmm.bf16_bmm), with the layout
+    ops around them folded in (relax/views.py; `chains`: the model's other quantized ops)."""
+    bindings = dataflow_bindings(func)
+    views.fold_bmm_layouts(bindings, count_uses(bindings, func), bmms, [*chains, *bmms])
     for chain in bmms:
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
     return {chain.end: qbmm.bf16_bmm(chain) for chain in bmms}
@@ -253,7 +257,7 @@ def _to_bfloat16(mod, chains, bmms=()):
     if not chains and not bmms:
         return mod
     func = mod["main"]
-    by_end = _bf16_bmm_ops(func, bmms)
+    by_end = _bf16_bmm_ops(func, bmms, chains)
     for chain in chains:
         w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
         chain.wq = w.astype(np.float32).astype(ml_dtypes.bfloat16)
@@ -358,7 +362,7 @@ class _Rewriter:
         if var in self.by_end:
             op = self.by_end[var]
             chain, recipe, consts = op.chain, op.recipe, op.consts
-            deps = ([chain.x] + ([chain.y] if chain.y is not None else [])
+            deps = ([chain.x_source] + ([chain.y_source] if chain.y is not None else [])
                     + ([chain.residual] if chain.residual is not None else []))
         else:
             deps = _free_vars(b.value)
@@ -404,7 +408,7 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
     name = f"q{recipe.kind}_{counter[0]}"
     counter[0] += 1
     gv = bb.add_func(plain_func(recipe).with_attr("global_symbol", name), name)
-    x_arg = u8_of[chain.x][0] if recipe.in_u8 and chain.x in u8_of else _sub(chain.x,
+    x_arg = u8_of[chain.x][0] if recipe.in_u8 and chain.x in u8_of else _sub(chain.x_source,
                                                                                        remap)
     residual = None
     if chain.residual is not None:
@@ -412,12 +416,16 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
                     and chain.residual in u8_of else _sub(chain.residual, remap))
     if recipe.nd_in_shape is not None:  # N-D dense: rows flattened around the kernel
         x_arg = bb.emit(relax.op.reshape(x_arg, recipe.in_shape))
+    elif chain.x_view is not None:  # through the layout ops before it (relax/views.py)
+        x_arg = views.emit_operand(bb, x_arg, chain.x_view, recipe.in_shape)
     if residual is not None and recipe.nd_out_shape is not None:
         residual = bb.emit(relax.op.reshape(residual, recipe.out_shape))
     args = [x_arg]
     if recipe.kind == "bmm":  # the run-time operand (int8: quantized, and its zero-point term)
-        y_arg = _sub(chain.y, remap)
-        if [int(v) for v in chain.y.ty.shape] != list(recipe.w_shape):
+        y_arg = _sub(chain.y_source, remap)
+        if chain.y_view is not None:
+            y_arg = views.emit_operand(bb, y_arg, chain.y_view, recipe.w_shape)
+        elif [int(v) for v in chain.y.ty.shape] != list(recipe.w_shape):
             y_arg = bb.emit(relax.op.reshape(y_arg, recipe.w_shape))
         if recipe.dtype == "bfloat16":
             args.append(y_arg)
@@ -427,7 +435,7 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
     args += [relax.const(c) for c in consts]
     if residual is not None:
         args.append(residual)
-    call = relax.call_tir(gv, args, relax.TensorType(recipe.out_shape, out_dtype(recipe)))
+    call = relax.call_tir(gv, args, relax.TensorType(out_shape(recipe), out_dtype(recipe)))
     if recipe.nd_out_shape is not None:
         call = relax.op.reshape(bb.emit(call), recipe.nd_out_shape)
     return bb.emit(call) if isinstance(var, relax.DataflowVar) else bb.emit_output(call)

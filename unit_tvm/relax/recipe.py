@@ -53,6 +53,12 @@ class Recipe:
     in_block: int | None = None  # NCHW[block]c edges: input, output, residual
     out_block: int | None = None
     residual_block: int | None = None
+    # bf16 bmm (relax/views.py): an operand read where its producer left it, as (source
+    # elements, offset, strides of in_shape's / w_shape's axes) of a flat source; the result
+    # written with its [B, M, N] axes in out_axes order
+    x_view: tuple | None = None
+    w_view: tuple | None = None
+    out_axes: tuple | None = None
 
     # always written to JSON, even when unset (the keys recipes have always had)
     _ALWAYS = ("kind", "in_shape", "w_shape", "out_shape", "out_channels", "relu", "clip_max",
@@ -199,13 +205,24 @@ def blocked_index(idx, block):
 
 
 def in_shape(recipe):
-    """Shape of the op's activation argument: NCHW, or NCHW[in_block]c on a packed edge."""
+    """Shape of the op's activation argument: NCHW, or NCHW[in_block]c on a packed edge, or
+    the flat source a bmm reads its first operand from (x_view)."""
+    if recipe.x_view:
+        return [recipe.x_view[0]]
     blk = recipe.in_block
     return packed_shape(recipe.in_shape, blk) if blk else list(recipe.in_shape)
 
 
+def w_arg_shape(recipe):
+    """Shape of a bmm's second-operand argument: w_shape, or its flat source (w_view)."""
+    return [recipe.w_view[0]] if recipe.w_view else list(recipe.w_shape)
+
+
 def out_shape(recipe):
-    """Shape of the op's result: NCHW (or [rows, n]), or NCHW[out_block]c on a packed edge."""
+    """Shape of the op's result: NCHW (or [rows, n]), or NCHW[out_block]c on a packed edge, or
+    a bmm's [B, M, N] in out_axes order."""
+    if recipe.out_axes:
+        return [recipe.out_shape[a] for a in recipe.out_axes]
     blk = recipe.out_block
     return packed_shape(recipe.out_shape, blk) if blk else list(recipe.out_shape)
 

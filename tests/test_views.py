@@ -1,0 +1,170 @@
+"""Attention's layout ops folded into its bf16 matmuls (relax/views.py): the view algebra
+against numpy, and models whose heads are split and merged in two different spellings."""
+
+import numpy as np
+import pytest
+import torch
+import tvm
+from torch import nn
+from tvm import relax
+
+import unit_tvm
+from unit_tvm import frontends
+from unit_tvm.compiler import build_relax
+from unit_tvm.relax import UnitTensorize, quantize, recipes
+from unit_tvm.relax.views import StridedView
+from unit_tvm.testing import zoo
+
+from .conftest import require_host
+
+
+def _read(source, view):
+    idx = np.indices(view.shape).reshape(len(view.shape), -1)
+    flat = view.offset + sum(i * s for i, s in zip(idx, view.strides))
+    return source.reshape(-1)[flat].reshape(view.shape)
+
+
+def _random_layout_step(rng, a, view):
+    """One numpy layout op on `a` and the same on `view` (None: the view needs a copy)."""
+    op = rng.integers(0, 4)
+    if op == 0:
+        axes = [int(v) for v in rng.permutation(a.ndim)]
+        return a.transpose(axes), view.permute(axes)
+    if op == 1:
+        axis = int(rng.integers(0, a.ndim))
+        lo = int(rng.integers(0, a.shape[axis]))
+        hi, step = int(rng.integers(lo + 1, a.shape[axis] + 1)), int(rng.integers(1, 3))
+        index = [slice(None)] * a.ndim
+        index[axis] = slice(lo, hi, step)
+        return a[tuple(index)], view.slice(axis, lo, hi, step)
+    if op == 2:
+        axis = int(rng.integers(0, a.ndim + 1))
+        return np.expand_dims(a, axis), view.expand(axis)
+    dims, left = [], a.size
+    while left > 1:
+        d = int(rng.choice([x for x in range(2, left + 1) if left % x == 0]))
+        dims.append(d)
+        left //= d
+    dims = [int(v) for v in rng.permutation(dims or [1])]
+    return a.reshape(dims), view.reshape(dims)
+
+
+def test_strided_views_read_what_numpy_layout_ops_give():
+    """Random chains of transposes, strided slices, new axes and reshapes: wherever the view
+    algebra says the result is still a view of the source, reading the source through it gives
+    numpy's result; where it refuses (a reshape that needs a copy) the chain stops."""
+    rng = np.random.default_rng(7)
+    checked = refused = 0
+    for _ in range(400):
+        shape = tuple(int(v) for v in rng.choice([1, 2, 3, 4, 6], size=rng.integers(1, 5)))
+        source = np.arange(np.prod(shape)).reshape(shape)
+        a, view = source, StridedView.contiguous(shape)
+        for _ in range(4):
+            a, view = _random_layout_step(rng, a, view)
+            if view is None:
+                refused += 1
+                break
+            np.testing.assert_array_equal(_read(source, view), a)
+            checked += 1
+    assert checked > 1000 and refused > 10
+
+
+def test_reshape_of_a_transpose_that_needs_a_copy_is_refused():
+    """Merging a transposed pair of axes is not a view (numpy copies); splitting one is."""
+    t = StridedView.contiguous((4, 6)).permute((1, 0))
+    assert t.reshape((24,)) is None
+    assert t.reshape((3, 2, 4)).strides == (2, 1, 6)
+    assert StridedView.contiguous((4, 6)).is_contiguous() and not t.is_contiguous()
+
+
+class SplitHeads(nn.Module):
+    """Attention spelled as Hugging Face's BERT does: three projections, view + transpose(1, 2)
+    per head, K transposed by transpose(-1, -2), the heads merged by transpose + contiguous +
+    view, the scale applied after the matmul."""
+
+    def __init__(self, hidden=64, heads=4):
+        super().__init__()
+        self.heads, self.d = heads, hidden // heads
+        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+        self.out = nn.Linear(hidden, hidden)
+
+    def forward(self, x):
+        b, s, h = x.shape
+
+        def split(t):
+            return t.view(b, s, self.heads, self.d).transpose(1, 2)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        att = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / self.d ** 0.5, dim=-1)
+        ctx = torch.matmul(att, v).transpose(1, 2).contiguous().view(b, s, h)
+        return self.out(ctx)
+
+
+class FusedQKV(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = zoo.EncoderLayer(hidden=64, heads=4, ffn=128)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+def _ops(mod):
+    names = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            names.append(e.op.name)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return names
+
+
+def _cos(a, b):
+    a, b = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
+    return a @ b / np.linalg.norm(a) / np.linalg.norm(b)
+
+
+def _run(ex, xs):
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    outs = []
+    for x in xs:
+        out = vm["main"](tvm.runtime.tensor(x, tvm.cpu()))
+        outs.append(out[0].numpy() if not hasattr(out, "numpy") else out.numpy())
+    return outs
+
+
+@pytest.mark.parametrize("model_cls", [SplitHeads, FusedQKV])
+def test_bf16_attention_reads_heads_in_place_and_writes_them_merged(model_cls):
+    """attention="bf16" on two spellings of multi-head attention: Q and V are read by the
+    matmul kernels where the projections wrote them (no transpose or slice left in the graph),
+    K^T is gathered by one copy, P x V writes its heads merged (no transpose after it), and the
+    1 / sqrt(d) scale is in Q x K^T's epilogue (no divide). TVM's plain build of that module
+    (any x86 host) is as close to the fp32 model as with fp32 attention."""
+    model = model_cls()
+    zoo._randomize(model, 0)
+    model.eval()
+    cal, xs = zoo.inputs((1, 16, 64), 2, seed=1), zoo.inputs((1, 16, 64), 2, seed=2)
+    with torch.no_grad():
+        refs = [model(torch.tensor(x)).numpy() for x in xs]
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    qmod = quantize(mod, calibration_data=cal, attention="bf16")
+    ops = _ops(qmod)
+    assert not {"relax.permute_dims", "relax.strided_slice", "relax.divide"} & set(ops), ops
+    bmm = [r for _, r in recipes(qmod) if r["kind"] == "bmm"]
+    assert "x_view" in bmm[0] and "w_view" not in bmm[0]  # Q in place, K^T gathered
+    assert "w_view" in bmm[1] and bmm[1]["out_axes"] == [1, 0, 2]  # V in place, heads merged
+    copies = [gv.name_hint for gv in qmod.functions if gv.name_hint.startswith("view_copy")]
+    assert len(copies) == 1
+    host = unit_tvm.target.host()
+    fp32 = _run(tvm.compile(quantize(mod, calibration_data=cal, attention="fp32"), target=host),
+                xs)
+    plain = _run(tvm.compile(qmod, target=host), xs)
+    for got, other, ref in zip(plain, fp32, refs):
+        assert _cos(got, ref) > _cos(other, ref) - 1e-3 and _cos(got, other) > 0.9999
+    require_host("x86.vdpbf16ps")
+    tpass = UnitTensorize()
+    tensorized = _run(build_relax(tpass(qmod), host), xs)
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    for got, base in zip(tensorized, plain):
+        np.testing.assert_allclose(got, base, rtol=1e-4, atol=1e-5)
