@@ -160,6 +160,17 @@ def test_row_reductions_are_vectorised_by_rfactor():
     assert "_rf" in text and "T.vectorized(T.int64(16))" in text
 
 
+def test_softmax_rows_run_in_one_parallel_pass():
+    """Softmax's four stages (row max, exp, row sum, divide) run inside one parallel loop over
+    rows, the reductions on vectors of partial results: one fork-join instead of four, a row
+    kept in L1 from the first stage to the last (BERT-base's 12 x 128 x 128, Zen 4: 55 -> 48
+    us in the model). Its numbers: test_default_schedule_is_correct_and_parallel[softmax]."""
+    mod = _leftover_module(*CASES["softmax"][:2])
+    text = "".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    assert text.count("T.parallel") == 1 and text.count("_rf") >= 2
+    assert "T.vectorized(T.int64(16))" in text
+
+
 @pytest.mark.parametrize("tokens,lanes", [(200, 8), (197, 16)])
 def test_odd_row_reductions_are_vectorised_too(tokens, lanes):
     """Softmax over 200 tokens reduces rows in 8-lane partials, over 197 in 16-lane partials

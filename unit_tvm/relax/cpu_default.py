@@ -14,6 +14,7 @@ from tvm import s_tir
 
 from .. import fastmath
 from ..target import arch
+from .cpu_rows import row_fused
 
 MIN_PARALLEL = 64  # below this many iterations threads cost more than they save
 
@@ -215,6 +216,10 @@ PAD_ROWS = 8  # the register tile's rows (197 -> 200)
 
 
 def _schedule(func, widths=X86):
+    rows = row_fused(func, widths, MIN_PARALLEL,
+                     lambda sch, loop, extent: _vectorize(sch, loop, extent, widths))
+    if rows is not None:
+        return rows
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     _pad_vector_axes(sch, root)
