@@ -111,6 +111,9 @@ CASES = {
     # row reductions at extents that are not whole 16-lane vectors (197, 200 tokens)
     "softmax_197": ((2, 4, 32, 197), lambda x: relax.op.nn.softmax(x, axis=-1), _softmax),
     "softmax_200": ((2, 4, 32, 200), lambda x: relax.op.nn.softmax(x, axis=-1), _softmax),
+    # rows shorter than a vector, down to one element (compute_at drops that loop)
+    "softmax_3": ((96, 3), lambda x: relax.op.nn.softmax(x, axis=-1), _softmax),
+    "softmax_1": ((64, 1), lambda x: relax.op.nn.softmax(x, axis=-1), _softmax),
     "gelu_197": ((64, 197), lambda x: relax.op.nn.gelu(x),
                  lambda a: a * 0.5 * (1 + np.vectorize(math.erf)(a / math.sqrt(2)))),
     "channel_mean": ((4, 48, 32, 16), lambda x: relax.op.mean(x, axis=[1]), lambda a: a.mean(1)),

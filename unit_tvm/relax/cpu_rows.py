@@ -38,8 +38,9 @@ def row_fused(func, widths, min_rows, vectorize) -> "tvm.tirx.PrimFunc | None":
             if any(s is not None and s.same_as(block) for s in partials):
                 _vectorize_partials(sch, block)
             elif all(iv.iter_type == 0 for iv in sch.get(block).iter_vars):
-                loop = sch.get_loops(block)[-1]
-                if int(sch.get(loop).extent) >= widths.narrow:
+                loops = sch.get_loops(block)  # the row loop, then the stage's own (if any:
+                loop = loops[-1]  # compute_at drops an extent-1 one)
+                if len(loops) > 1 and int(sch.get(loop).extent) >= widths.narrow:
                     vectorize(sch, loop, int(sch.get(loop).extent))
     except (s_tir.ScheduleError, tvm.error.InternalError, ValueError):
         return None
