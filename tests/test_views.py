@@ -6,13 +6,13 @@ import pytest
 import torch
 import tvm
 from torch import nn
-from tvm import relax
+from tvm import relax, te
 
 import unit_tvm
 from unit_tvm import frontends
 from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
-from unit_tvm.relax.views import StridedView
+from unit_tvm.relax.views import StridedView, _copy_schedule
 from unit_tvm.testing import zoo
 
 from .conftest import require_host
@@ -67,6 +67,40 @@ def test_strided_views_read_what_numpy_layout_ops_give():
             np.testing.assert_array_equal(_read(source, view), a)
             checked += 1
     assert checked > 1000 and refused > 10
+
+
+@pytest.mark.parametrize("shape, chain", [
+    # K^T of a fused QKV projection (BERT-base's, 8 tokens): the tiled path
+    ((8, 96), [("reshape", (8, 3, 2, 16)), ("permute", (1, 2, 3, 0)), ("slice", (0, 1, 2)),
+               ("reshape", (2, 16, 8))]),
+    # extents no tile divides (7 tokens, 5-wide heads), and a 2-D transpose
+    ((7, 15), [("reshape", (7, 3, 5)), ("permute", (1, 2, 0))]),
+    ((24, 40), [("permute", (1, 0))]),
+    # a unit axis in front (stride 0 where expand_dims put it)
+    ((24, 40), [("permute", (1, 0)), ("expand", 0)])])
+def test_gathered_operand_equals_numpy(shape, chain, host_target):
+    """The one copy kernel that gathers an operand whose lanes are not contiguous in its
+    source (K^T) reads what numpy's layout ops give, tiled or not."""
+    source = np.arange(np.prod(shape), dtype="float32").reshape(shape)
+    a, view = source, StridedView.contiguous(shape)
+    for op, arg in chain:
+        if op == "reshape":
+            a, view = a.reshape(arg), view.reshape(arg)
+        elif op == "permute":
+            a, view = a.transpose(arg), view.permute(arg)
+        elif op == "slice":
+            axis, lo, hi = arg
+            a, view = a[(slice(None),) * axis + (slice(lo, hi),)], view.slice(axis, lo, hi)
+        else:
+            a, view = np.expand_dims(a, arg), view.expand(arg)
+    assert view.strides[-1] != 1
+    src = te.placeholder((source.size,), "float32", name="src")
+    out = te.compute(view.shape, lambda *i: src[view.flat_index(i)], name="view_copy")
+    lib = tvm.compile(tvm.IRModule({"main": _copy_schedule(te.create_prim_func([src, out]),
+                                                           view.strides)}), target=host_target)
+    got = tvm.runtime.tensor(np.zeros(view.shape, "float32"))
+    lib(tvm.runtime.tensor(source.reshape(-1)), got)
+    np.testing.assert_array_equal(got.numpy(), a)
 
 
 def test_reshape_of_a_transpose_that_needs_a_copy_is_refused():
