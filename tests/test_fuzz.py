@@ -70,6 +70,7 @@ def test_a_segfaulting_case_is_recorded_and_the_run_goes_on():
     assert by_index[0].outcome in fuzz.CLASSES and by_index[2].outcome != "hard-crash"
 
 
+@pytest.mark.slow  # waits out its 10 s timeout by design: `make test-all` runs it
 def test_a_hanging_case_times_out_and_the_run_goes_on():
     # the hang costs the whole timeout; 10 s still leaves a fresh worker time for a dense
     results = run_cases(11, range(2), ("dense",), workers=1, timeout=10,

@@ -16,6 +16,7 @@ from unit_tvm.relax.views import StridedView, _copy_schedule
 from unit_tvm.testing import zoo
 
 from .conftest import require_host
+from .test_relax import TinyTransformer, _cos, _run
 
 
 def _read(source, view):
@@ -134,15 +135,6 @@ class SplitHeads(nn.Module):
         return self.out(ctx)
 
 
-class FusedQKV(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layer = zoo.EncoderLayer(hidden=64, heads=4, ffn=128)
-
-    def forward(self, x):
-        return self.layer(x)
-
-
 def _ops(mod):
     names = []
 
@@ -154,21 +146,7 @@ def _ops(mod):
     return names
 
 
-def _cos(a, b):
-    a, b = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
-    return a @ b / np.linalg.norm(a) / np.linalg.norm(b)
-
-
-def _run(ex, xs):
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    outs = []
-    for x in xs:
-        out = vm["main"](tvm.runtime.tensor(x, tvm.cpu()))
-        outs.append(out[0].numpy() if not hasattr(out, "numpy") else out.numpy())
-    return outs
-
-
-@pytest.mark.parametrize("model_cls", [SplitHeads, FusedQKV])
+@pytest.mark.parametrize("model_cls", [SplitHeads, TinyTransformer])
 def test_bf16_attention_reads_heads_in_place_and_writes_them_merged(model_cls):
     """attention="bf16" on two spellings of multi-head attention: Q and V are read by the
     matmul kernels where the projections wrote them (no transpose or slice left in the graph),

@@ -8,7 +8,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .graph import dataflow_bindings, uses as count_uses
+from .graph import dataflow_bindings, readers
+from .graph import uses as count_uses
 
 
 _AFFINE = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide"}
@@ -207,12 +208,7 @@ def find_chains(func):
     """The quantizable ops of a Relax main function, each with its fusable epilogue."""
     bindings = dataflow_bindings(func)
     uses = count_uses(bindings, func)
-    users = {}
-    for b in bindings:
-        def visit(e, b=b):
-            if isinstance(e, relax.Var) and e not in users:
-                users[e] = b
-        relax.analysis.post_order_visit(b.value, visit)
+    users = {v: bs[0] for v, bs in readers(bindings).items()}  # each var's first reader
     by_var = {b.var: b for b in bindings}
     chains = []
     taken = set()

@@ -21,6 +21,8 @@ from typing import NamedTuple
 import tvm
 from tvm import relax, s_tir, te
 
+from .graph import readers
+
 _VIEW_OPS = ("relax.reshape", "relax.permute_dims", "relax.strided_slice", "relax.squeeze",
              "relax.expand_dims", "relax.broadcast_to")
 
@@ -320,12 +322,7 @@ def fold_bmm_layouts(bindings, uses, bmms, chains) -> None:
     before it (chain.x_view / y_view), from a variable that still exists after the rewrite (not
     inside another of `chains`). The ops left without readers are dropped by the rewrite's
     dead-code elimination."""
-    users = {}
-    for b in bindings:
-        def visit(e, b=b):
-            if isinstance(e, relax.Var) and e not in users:
-                users[e] = b
-        relax.analysis.post_order_visit(b.value, visit)
+    users = {v: bs[0] for v, bs in readers(bindings).items()}  # each var's first reader
     logical = {}
     for chain in bmms:
         xs, ys = _shape(chain.x), _shape(chain.y)
