@@ -20,14 +20,14 @@ from . import lowering
 from .bench.timing import interleaved
 from .compiler import build_relax
 from .peak import host_threads, peak
-from .relax import UnitTensorize, quantize
+from .relax import UnitTensorize, quantize, views
 from .relax.recipe import ATTR, Recipe
 from .relax.tensorize import macs
 from .target import host
 from .tuner import Database, default_path
 
 _LAYOUT = ("transpose", "permute", "reshape", "strided_slice", "concat", "split",
-           "layout_transform", "squeeze", "expand_dims", "flatten", "view_copy")
+           "layout_transform", "squeeze", "expand_dims", "flatten", views.COPY_KERNEL)
 _FP32_COMPUTE = ("matmul", "conv", "dense")
 
 

@@ -8,6 +8,7 @@ from tvm import te, tirx
 from .. import fastmath
 from ..shift import SHIFT
 from .recipe import blocked_index, dtypes, is_bf16, packed_shape
+from .views import StridedView
 
 
 def quantize_value(x, scale, zp):
@@ -117,13 +118,15 @@ def second_operand(value, recipe):
     return round_to_bf16(value).astype("bfloat16") if is_bf16(recipe) else value
 
 
-def operand_at(tensor, view):
+def operand_at(tensor, view, shape):
     """idx -> a bmm operand's element: tensor[idx], or (view: (elements, offset, strides), the
-    recipe's x_view / w_view) the element of the flat source the view puts at idx."""
+    recipe's x_view / w_view of an operand of `shape`) the element of the flat source the view
+    puts at idx."""
     if not view:
         return tensor
     _, offset, strides = view
-    return lambda *idx: tensor(offset + sum(i * s for i, s in zip(idx, strides) if s))
+    strided = StridedView(tuple(shape), tuple(strides), offset)
+    return lambda *idx: tensor(strided.flat_index(idx))
 
 
 def logical_index(recipe, idx):

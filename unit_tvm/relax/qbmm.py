@@ -20,7 +20,7 @@ import numpy as np
 from tvm import relax
 
 from . import views
-from .recipe import QuantizedOp, Recipe
+from .recipe import QuantizedOp, Recipe, out_shape
 
 # cosine between the int8 and the fp32 product on the calibration inputs below which a
 # matmul stays fp32. Measured on a 4-head encoder layer: Q x K^T 0.99990, P x V 0.99958 at 128
@@ -89,10 +89,16 @@ def _bmm_fields(chain) -> dict:
                   clip_max=chain.clip_max, gelu=bool(chain.gelu))
     if len(x_shape) != 3:
         fields["nd_in_shape"] = x_shape
-    written = [[batch, m, n][a] for a in chain.out_axes] if chain.out_axes else [batch, m, n]
-    if chain.end_shape != written:
-        fields["nd_out_shape"] = chain.end_shape
     return fields
+
+
+def _recipe(chain, fields) -> Recipe:
+    """The Recipe of `fields`, reshaped to the chain's end where the kernel writes its result
+    in another shape."""
+    recipe = Recipe.from_dict(fields)
+    if chain.end_shape != out_shape(recipe):
+        recipe = recipe.replace(nd_out_shape=chain.end_shape)
+    return recipe
 
 
 def _view_fields(chain) -> dict:
@@ -122,7 +128,7 @@ def quantized_bmm(chain, x_values, y_values, x_scale: float, x_zp: int) -> Quant
     fields = dict(_bmm_fields(chain), x_scale=x_scale, x_zp=x_zp, y_scale=q.y_scale)
     consts = [(x_scale * q.y_scale * chain.scale).astype(np.float32),
               chain.shift.astype(np.float32)]
-    return QuantizedOp(chain, Recipe.from_dict(fields), consts)
+    return QuantizedOp(chain, _recipe(chain, fields), consts)
 
 
 def bf16_bmm(chain) -> QuantizedOp:
@@ -131,4 +137,4 @@ def bf16_bmm(chain) -> QuantizedOp:
     operand keeps 8 significant bits and the sum is float32, as in a bf16 dense layer."""
     fields = dict(_bmm_fields(chain), dtype="bfloat16", **_view_fields(chain))
     consts = [chain.scale.astype(np.float32), chain.shift.astype(np.float32)]
-    return QuantizedOp(chain, Recipe.from_dict(fields), consts)
+    return QuantizedOp(chain, _recipe(chain, fields), consts)

@@ -321,7 +321,8 @@ def _bmm_graph(recipe, blocks):
     nn_ = recipe.out_channels
     kp, np_, mp = round_up(kk, x_blk), round_up(nn_, y_blk), tiled_extent(m)
     x, y, comp, mult, bias, res = placeholders(recipe, in_shape(recipe), w_arg_shape(recipe))
-    x_at, y_at = operand_at(x, recipe.x_view), operand_at(y, recipe.w_view)
+    x_at = operand_at(x, recipe.x_view, recipe.in_shape)
+    y_at = operand_at(y, recipe.w_view, recipe.w_shape)
     zero = tirx.const(0.0, "float32").astype(dtypes(recipe)[1])
     xq = te.compute((nb, mp, kp), lambda b, i, j: tirx.if_then_else(
         tirx.all(j < kk, i < m),

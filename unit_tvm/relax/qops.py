@@ -139,7 +139,8 @@ def _plain_bmm(recipe):
     rounded to bf16), epilogue."""
     kk = recipe.in_shape[-1]
     x, y, comp, mult, bias, res = placeholders(recipe, in_shape(recipe), w_arg_shape(recipe))
-    x_at, y_at = operand_at(x, recipe.x_view), operand_at(y, recipe.w_view)
+    x_at = operand_at(x, recipe.x_view, recipe.in_shape)
+    y_at = operand_at(y, recipe.w_view, recipe.w_shape)
     xq = te.compute(recipe.in_shape, lambda b, i, j: load_input(x_at, recipe, (b, i, j)),
                     name="xq")
     r = te.reduce_axis((0, kk), name="k")

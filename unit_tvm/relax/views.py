@@ -23,6 +23,8 @@ from tvm import relax, s_tir, te
 
 from .graph import readers
 
+# the kernel that gathers an operand the bmm cannot read in place (profile: a layout change)
+COPY_KERNEL = "view_copy"
 _VIEW_OPS = ("relax.reshape", "relax.permute_dims", "relax.strided_slice", "relax.squeeze",
              "relax.expand_dims", "relax.broadcast_to")
 
@@ -235,9 +237,9 @@ def emit_operand(bb, source, found: OperandView, shape):
         return flat
     src = te.placeholder((size,), str(found.source.ty.dtype), name="src")
     out = te.compute([int(n) for n in shape], lambda *i: src[found.view.flat_index(i)],
-                     name="view_copy")
+                     name=COPY_KERNEL)
     func = _copy_schedule(te.create_prim_func([src, out]), found.view.strides)
-    gv = bb.add_func(func.with_attr("global_symbol", "view_copy"), "view_copy")
+    gv = bb.add_func(func.with_attr("global_symbol", COPY_KERNEL), COPY_KERNEL)
     return bb.emit(relax.call_tir(gv, [flat], relax.TensorType(out.shape, out.dtype)))
 
 
@@ -250,7 +252,7 @@ def _copy_schedule(func, strides, tile=16):
     source's order (each row's writes over 768 lines), 17 us tiled with the source's runs
     innermost, 9.6 us with the result's vectors innermost."""
     sch = s_tir.Schedule(func)
-    block = sch.get_sblock("view_copy")
+    block = sch.get_sblock(COPY_KERNEL)
     loops = sch.get_loops(block)
     extents = [int(sch.get(lp).extent) for lp in loops]
     dst_axis = len(loops) - 1
