@@ -68,8 +68,11 @@ def _static_count(executable, mnemonic):
     return aarch64.instruction_count(executable.mod.imports[0], mnemonic)
 
 
-# mobilenet_v2 (depthwise, inverted residuals) takes a minute under qemu: `make test-all` runs it
-@pytest.mark.parametrize("name", ["resnet18", pytest.param("mobilenet_v2", marks=pytest.mark.slow)])
+# Under qemu with instruction counts, resnet18 takes 35 s and mobilenet_v2 (depthwise, inverted
+# residuals) a minute: `make test-all` runs them. The default suite keeps resnet18 bit-exact on
+# sdot (below) and a transformer layer on smmla.
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2"])
 def test_cnn_on_aarch64_is_bit_exact_with_x86(name):
     """Integer sums are exact on either ISA and the float epilogues are the same arithmetic:
     the aarch64 build (smmla, sdot where smmla pads too much) equals the x86 one exactly."""
