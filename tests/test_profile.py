@@ -39,12 +39,17 @@ def test_profile_names_every_kernel_and_its_instruction(tmp_path):
     assert all(k.instruction and k.gops > 0 and 0 < k.peak_pct for k in tensorized)
     assert sum(k.share for k in prof.kernels) == pytest.approx(1.0)
     assert prof.end_to_end_ms > 0 and prof.kernel_ms > 0 and prof.copy_gbps > 0
+    # a call's first repeat is one of the repeats: never below their best (per run, and so
+    # for the least over runs too)
+    assert all(k.in_run_us >= k.us_per_call > 0 for k in prof.kernels)
+    assert prof.in_run_ms >= prof.kernel_ms
     assert set(prof.peaks) == {k.instruction for k in tensorized}
     # an empty database: every kernel runs the strategy's default, and says so with its tile
     assert all(re.match(r"loops [\dx]+: tile .* \(\d+ acc\), parallel .*\(default\)$", k.config)
                for k in tensorized), [k.config for k in tensorized]
     text = profile.table(prof)
     assert "by category: tensorized conv2d" in text and tensorized[0].name in text
+    assert f"{prof.in_run_ms:.2f} ms as run in the model" in text
     assert tensorized[0].config in text
 
 

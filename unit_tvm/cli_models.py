@@ -130,7 +130,8 @@ def cmd_profile(args):
                                  attention=args.attention)
     if args.json:
         print(json.dumps({"model": prof.model, "end_to_end_ms": prof.end_to_end_ms,
-                          "kernel_ms": prof.kernel_ms, "copy_gbps": prof.copy_gbps,
+                          "kernel_ms": prof.kernel_ms, "in_run_ms": prof.in_run_ms,
+                          "copy_gbps": prof.copy_gbps,
                           "peaks": prof.peaks, "by_category": profile.by_category(prof),
                           "kernels": [k.__dict__ for k in prof.kernels]}, indent=1))
     else:
