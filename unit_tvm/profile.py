@@ -151,7 +151,7 @@ def _nbytes(arg):
 def profile_model(name, *, database=None, tune=False, trials=None, repeats=5,
                   attention=None) -> Profile:
     """Compile the zoo model `name` as bench-model does (int8, database configs; tuned when
-    tune=True; attention as quantize takes it) and profile one inference kernel by kernel."""
+    tune=True; attention as quantize takes it) and profile its inferences kernel by kernel."""
     from .bench.engine_tvm import relax_module
     from .bench.model import make_case
 
@@ -164,7 +164,8 @@ def profile_model(name, *, database=None, tune=False, trials=None, repeats=5,
 def profile_module(mod, calibration, x, *, name="model", database=None, tune=False,
                    trials=None, repeats=5, attention=None) -> Profile:
     """Quantize (int8, with `calibration`; `attention` as quantize takes it), tensorize and
-    compile the Relax module `mod`, then profile one inference on input `x` kernel by kernel."""
+    compile the Relax module `mod`, then profile three inferences on input `x` kernel by
+    kernel."""
     target = _target()
     qmod = quantize(mod, calibration_data=calibration, target=target, attention=attention)
     pass_ = UnitTensorize(target, database=Database(database or default_path()), tune=tune,
