@@ -26,6 +26,20 @@ def test_intrinsics_table_json():
         assert r["usable"] or r["missing"]
 
 
+def test_isa_option_restricts_unit_tvm_not_only_the_other_engines():
+    """`--isa` is applied after the CLI's imports; the host target they may have made before
+    must not keep the instructions it turns off (it did: a module-level runner cached it, and
+    an AMX host emulating a VNNI-only one would have run AMX kernels against engines held to
+    VNNI)."""
+    proc = _cli("--isa", "avx512_core", "intrinsics", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert "-avx512vnni" in out["target"]
+    usable = {r["name"] for r in out["intrinsics"] if r["usable"]}
+    assert not any(n.startswith(("x86.vpdpbusd", "x86.vpermb", "x86.tdp", "x86.vdpbf16ps"))
+                   for n in usable), usable
+
+
 def test_intrinsics_table_text_says_what_is_missing():
     proc = _cli("intrinsics")
     assert proc.returncode == 0

@@ -40,7 +40,11 @@ def _measure(name, threads, target_json, runner):
     return best
 
 
-_LOCAL = LocalRunner()
+@functools.cache
+def _local_runner() -> LocalRunner:
+    """This host's runner, one per process so that _measure's cache keys on it; made on first
+    use, not on import (it prepares the host, which reads the ISA level `--isa` sets)."""
+    return LocalRunner()
 
 
 def peak(intrinsic, threads=1, target=None, runner=None):
@@ -62,7 +66,8 @@ def peak(intrinsic, threads=1, target=None, runner=None):
     if missing:
         raise ValueError(f"{intrin.name} cannot run on {'this host' if local else runner}"
                          f": missing {', '.join(missing)}")
-    return dict(_measure(intrin.name, int(threads), str(target), _LOCAL if local else runner))
+    return dict(_measure(intrin.name, int(threads), str(target),
+                         _local_runner() if local else runner))
 
 
 def host_threads():

@@ -61,14 +61,20 @@ def _cpuinfo_flags():
     return set()
 
 
-@functools.lru_cache(maxsize=None)
 def host(num_cores=None):
     """Return a tvm.target.Target (dict form) for this CPU: LLVM's host CPU plus /proc/cpuinfo
     features, less those the ISA level ($UNIT_TVM_ISA) turns off.
 
     num_cores defaults to the number of CPUs this process may run on.
     """
+    # keyed on the level read now: `unit-tvm --isa` sets it after imports that may already
+    # have asked for the host, and a target cached before it would keep the turned-off
+    # instructions (AMX kernels timed against engines held to VNNI)
+    return _host(num_cores, isa_level())
 
+
+@functools.lru_cache(maxsize=None)
+def _host(num_cores, level):
     cpu = codegen.llvm_get_system_cpu()
     if num_cores is None:
         num_cores = len(os.sched_getaffinity(0))
@@ -80,7 +86,7 @@ def host(num_cores=None):
         if flag in _cpuinfo_flags() and llvm not in have
     )
     spec = {"kind": "llvm", "mcpu": cpu, "num-cores": int(num_cores)}
-    off = ["-" + f for f in ISA_LEVELS[isa_level()]]
+    off = ["-" + f for f in ISA_LEVELS[level]]
     if extra or off:
         spec["mattr"] = [e for e in extra if "-" + e[1:] not in off] + off
     return tvm.target.Target(spec)
