@@ -303,3 +303,27 @@ def test_a_config_whose_tile_does_not_divide_is_refused():
     op = ops.conv2d_nchwc(1, 32, 19, 19, 32, 3, 3, 1)  # 17 output columns
     with pytest.raises(ValueError, match="factors must divide"):
         unit_tvm.rewrite(op, "x86.vpdpbusd", config=CpuConfig(unroll=((3, 6),), parallel=1))
+
+
+def test_default_reads_a_dense_layers_weight_panels_once(rng):
+    """A dense layer's default config puts its blocks of columns first, so each weight panel is
+    read once while every row passes it; a one-row dense, a batched matmul and a conv keep the
+    op's order. The dense so ordered (rows no register tile divides) equals numpy."""
+    from unit_tvm.schedules import cpu
+
+    intrin = unit_tvm.intrinsics.get("x86.vpdpbusd")
+    host = unit_tvm.target.host()
+
+    def front(op):
+        return cpu.default(prepare(op, intrin), host).front
+
+    assert front(ops.dense(40, 64, 32)) == 1
+    assert front(ops.dense(1, 64, 32)) == -1
+    assert front(ops.batch_matmul(2, 40, 64, 32)) == -1
+    assert front(ops.conv2d_nchw(32, 14, 64, 3)) == -1
+    require_host("x86.vpdpbusd")
+    op = ops.dense(45, 80, 36)
+    a = rng.integers(0, 256, (45, 36)).astype("uint8")
+    b = rng.integers(-128, 128, (80, 36)).astype("int8")
+    np.testing.assert_array_equal(_run([*op.op.input_tensors, op], [a, b]),
+                                  a.astype(np.int32) @ b.astype(np.int32).T)
