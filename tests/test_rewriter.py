@@ -327,3 +327,26 @@ def test_default_reads_a_dense_layers_weight_panels_once(rng):
     b = rng.integers(-128, 128, (80, 36)).astype("int8")
     np.testing.assert_array_equal(_run([*op.op.input_tensors, op], [a, b]),
                                   a.astype(np.int32) @ b.astype(np.int32).T)
+
+
+def test_default_tile_of_power_of_two_loops_has_16_accumulators(rng):
+    """Loops whose divisors give at most 8 accumulators under the default budget of 14 (a
+    batched matmul's 32 rows x 4 column blocks) take a 4 x 4 tile; a layer that reaches 14
+    keeps it, a one-row dense of 7 blocks keeps 7. The 16-accumulator batched matmul is exact."""
+    from unit_tvm.schedules import cpu
+
+    intrin = unit_tvm.intrinsics.get("x86.vpdpbusd")
+    host = unit_tvm.target.host()
+
+    def accumulators(op):
+        return cpu.default(prepare(op, intrin), host).accumulators()
+
+    assert accumulators(ops.batch_matmul(3, 32, 64, 32)) == 16
+    assert accumulators(ops.conv2d_nchw(32, 16, 64, 3)) == 14
+    assert accumulators(ops.dense(1, 112, 32)) == 7
+    require_host("x86.vpdpbusd")
+    op = ops.batch_matmul(3, 32, 64, 32)
+    a = rng.integers(0, 256, (3, 32, 32)).astype("uint8")
+    b = rng.integers(-128, 128, (3, 64, 32)).astype("int8")
+    np.testing.assert_array_equal(_run([*op.op.input_tensors, op], [a, b]),
+                                  np.einsum("bik,bjk->bij", a.astype(np.int32), b.astype(np.int32)))
