@@ -12,7 +12,7 @@ fused into the parallel loop.
 """
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 from tvm import s_tir, te
@@ -114,7 +114,8 @@ def _row_tile(outer_extents, row, accumulators):
     return None
 
 
-def default_config(outer_extents, threads, acc_budget=ACCUMULATORS, row=None):
+def default_config(outer_extents, threads, acc_budget=ACCUMULATORS, row=None, front=-1,
+                   wide_budget=WIDE_TILE):
     """The default breakpoint pair for outer data-parallel loop extents (outermost first).
 
     Second breakpoint: unroll the two innermost outer loops of extent > 1 (rows and columns)
@@ -123,30 +124,31 @@ def default_config(outer_extents, threads, acc_budget=ACCUMULATORS, row=None):
     operand load of a register block (f1*f2 / (f1+f2)); when those two loops give at most
     half the budget (a 7x7 layer: 7), the next loop out (channel blocks) may take one factor;
     a row no such tile divides well (17 columns; `row`: that loop's position) is one tile as
-    wide as the row (`_row_tile`).
-    First breakpoint: fuse leading loops while the fused extent stays <= MAX_PARALLEL_EXTENT,
-    at least one chunk per thread.
+    wide as the row (`_row_tile`); when the two loops' divisors give at most half of
+    `wide_budget` (powers of two: 8), a tile of `wide_budget` where they have one (None: never).
+    First breakpoint: fuse leading loops, in the order `front` gives them, while the fused
+    extent stays <= MAX_PARALLEL_EXTENT, at least one chunk per thread.
     """
     live = [p for p, ext in enumerate(outer_extents) if ext > 1]
     unroll = _register_tile(outer_extents, live[-2:], acc_budget)
     if math.prod(f for _, f in unroll) * 2 <= acc_budget and len(live) > 2:
         unroll = _register_tile(outer_extents, live[-3:], acc_budget)
-    if acc_budget == ACCUMULATORS and math.prod(f for _, f in unroll) <= 8:
+    if wide_budget and math.prod(f for _, f in unroll) * 2 <= wide_budget:
         # power-of-two extents (a batched matmul's 128 rows x 8 column blocks, an 8x8 layer)
         # reach only 8 under the budget: take 4 x 4 (or 8 x 2) where they have it
-        wider = _register_tile(outer_extents, live[-2:], WIDE_TILE)
-        unroll = wider if math.prod(f for _, f in wider) == WIDE_TILE else unroll
+        wider = _register_tile(outer_extents, live[-2:], wide_budget)
+        unroll = wider if math.prod(f for _, f in wider) == wide_budget else unroll
     unroll = _row_tile(outer_extents, row, math.prod(f for _, f in unroll)) or unroll
     remaining = list(outer_extents)
     for p, f in unroll:
         remaining[p] //= f
     parallel, fused = 0, 1
-    for ext in remaining:
-        if parallel and fused * ext > MAX_PARALLEL_EXTENT and fused >= threads:
+    for p in _order(len(remaining), front):  # the order `apply` fuses them in
+        if parallel and fused * remaining[p] > MAX_PARALLEL_EXTENT and fused >= threads:
             break
-        fused *= ext
+        fused *= remaining[p]
         parallel += 1
-    return CpuConfig(unroll=unroll, parallel=max(parallel, 1))
+    return CpuConfig(unroll=unroll, parallel=max(parallel, 1), front=front)
 
 
 def _register_tile(outer_extents, positions, acc_budget):
@@ -352,9 +354,9 @@ def default(prepared, target):
     # register-tile measurement above does not apply, the register file bounds it as before
     tile = intrinsics.get(prepared.mapping.intrinsic).tile
     budget = VECTOR_REGISTERS - OPERAND_REGISTERS if tile else ACCUMULATORS
-    config = default_config(outer_extents(prepared), _threads(target), budget,
-                            row=None if tile else _row_loop(prepared))
-    return replace(config, front=_panels_first(prepared))
+    return default_config(outer_extents(prepared), _threads(target), budget,
+                          row=None if tile else _row_loop(prepared),
+                          front=_panels_first(prepared), wide_budget=None if tile else WIDE_TILE)
 
 
 def _panels_first(prepared):

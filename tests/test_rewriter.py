@@ -305,17 +305,19 @@ def test_a_config_whose_tile_does_not_divide_is_refused():
         unit_tvm.rewrite(op, "x86.vpdpbusd", config=CpuConfig(unroll=((3, 6),), parallel=1))
 
 
+def _default_config(op):
+    """The CPU strategy's default config for `op` prepared for vpdpbusd on this host."""
+    from unit_tvm.schedules import cpu
+
+    return cpu.default(prepare(op, unit_tvm.intrinsics.get("x86.vpdpbusd")),
+                       unit_tvm.target.host())
+
 def test_default_reads_a_dense_layers_weight_panels_once(rng):
     """A dense layer's default config puts its blocks of columns first, so each weight panel is
     read once while every row passes it; a one-row dense, a batched matmul and a conv keep the
     op's order. The dense so ordered (rows no register tile divides) equals numpy."""
-    from unit_tvm.schedules import cpu
-
-    intrin = unit_tvm.intrinsics.get("x86.vpdpbusd")
-    host = unit_tvm.target.host()
-
     def front(op):
-        return cpu.default(prepare(op, intrin), host).front
+        return _default_config(op).front
 
     assert front(ops.dense(40, 64, 32)) == 1
     assert front(ops.dense(1, 64, 32)) == -1
@@ -333,13 +335,8 @@ def test_default_tile_of_power_of_two_loops_has_16_accumulators(rng):
     """Loops whose divisors give at most 8 accumulators under the default budget of 14 (a
     batched matmul's 32 rows x 4 column blocks) take a 4 x 4 tile; a layer that reaches 14
     keeps it, a one-row dense of 7 blocks keeps 7. The 16-accumulator batched matmul is exact."""
-    from unit_tvm.schedules import cpu
-
-    intrin = unit_tvm.intrinsics.get("x86.vpdpbusd")
-    host = unit_tvm.target.host()
-
     def accumulators(op):
-        return cpu.default(prepare(op, intrin), host).accumulators()
+        return _default_config(op).accumulators()
 
     assert accumulators(ops.batch_matmul(3, 32, 64, 32)) == 16
     assert accumulators(ops.conv2d_nchw(32, 16, 64, 3)) == 14
