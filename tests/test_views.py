@@ -285,3 +285,37 @@ def test_drawn_spellings_fold_views_both_ways():
         if "relax.permute_dims" in _ops(qmod):
             seen.add("left")
     assert seen == {"x_view", "w_view", "out_axes", "copy", "left"}, seen
+
+
+class TwoAttentions(nn.Module):
+    """Two attention layers one after the other: with different head counts (K^T gathered in
+    two shapes, as in Swin's or MaxViT's stages) or the same (one gather serves both)."""
+
+    def __init__(self, heads=(4, 2)):
+        super().__init__()
+        self.first, self.second = SplitHeads(64, heads[0]), SplitHeads(64, heads[1])
+
+    def forward(self, x):
+        return self.second(self.first(x))
+
+
+@pytest.mark.parametrize("heads,copies", [((4, 2), 2), ((4, 4), 1)])
+def test_attention_layers_of_two_shapes_get_a_copy_kernel_each(heads, copies):
+    """Each distinct K^T gather is one copy kernel exported under its own name (two under one
+    name stopped TVM's build: "duplicate global symbol view_copy", found on torchvision's
+    swin_t); identical gathers share one. The built module equals the fp32-attention one."""
+    model = TwoAttentions(heads)
+    zoo._randomize(model, 0)
+    model.eval()
+    cal, xs = zoo.inputs((1, 16, 64), 2, seed=1), zoo.inputs((1, 16, 64), 2, seed=2)
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    qmod = quantize(mod, calibration_data=cal, attention="bf16")
+    names = sorted(gv.name_hint for gv in qmod.functions if gv.name_hint.startswith("view_copy"))
+    assert len(names) == copies, names
+    symbols = {qmod[n].attrs["global_symbol"] for n in names}
+    assert symbols == set(names)
+    host = unit_tvm.target.host()
+    fp32 = _run(tvm.compile(quantize(mod, calibration_data=cal, attention="fp32"), target=host),
+                xs)
+    for got, other in zip(_run(tvm.compile(qmod, target=host), xs), fp32):
+        assert _cos(got, other) > 0.999  # bf16 rounding through two layers: 0.9994-0.9996

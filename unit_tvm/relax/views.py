@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir, te
 
 from .graph import readers
@@ -239,8 +240,23 @@ def emit_operand(bb, source, found: OperandView, shape):
     out = te.compute([int(n) for n in shape], lambda *i: src[found.view.flat_index(i)],
                      name=COPY_KERNEL)
     func = _copy_schedule(te.create_prim_func([src, out]), found.view.strides)
-    gv = bb.add_func(func.with_attr("global_symbol", COPY_KERNEL), COPY_KERNEL)
-    return bb.emit(relax.call_tir(gv, [flat], relax.TensorType(out.shape, out.dtype)))
+    return bb.emit(relax.call_tir(_add_copy_kernel(bb, func), [flat],
+                                  relax.TensorType(out.shape, out.dtype)))
+
+
+def _add_copy_kernel(bb, func) -> relax.GlobalVar:
+    """The copy kernel's GlobalVar: one already added that does the same gather, else a new one
+    named (and exported) view_copy, view_copy1, ... A model whose attention layers have several
+    shapes (Swin's windows, MaxViT) needs several, and two exported under one name stop TVM's
+    build."""
+    func = func.without_attr("global_symbol")
+    for gv, existing in bb.get().functions.items():
+        if gv.name_hint.startswith(COPY_KERNEL) and tvm_ffi.structural_equal(
+                existing.without_attr("global_symbol"), func):
+            return gv
+    gv = bb.add_func(func, COPY_KERNEL)
+    bb.update_func(gv, func.with_attr("global_symbol", gv.name_hint))
+    return gv
 
 
 def _copy_schedule(func, strides, tile=16):
