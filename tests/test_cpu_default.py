@@ -51,6 +51,39 @@ def test_fast_erf_is_accurate(host_target):
     np.testing.assert_array_equal(_run_elementwise(fastmath.erf, -xs, host_target), -got)
 
 
+def test_fast_sigmoid_and_tanh_are_accurate(host_target):
+    """Within 3e-7 absolute (float32 rounding of the last operations), monotone saturation to
+    the exact limits at both ends, no NaN or infinity anywhere."""
+    xs = np.concatenate([_samples(), np.linspace(-20, 20, 200001, dtype="float32")])
+    ref = xs.astype("float64")
+    for fn, exact, limits in ((fastmath.sigmoid, 1 / (1 + np.exp(-ref)), (0.0, 1.0)),
+                              (fastmath.tanh, np.tanh(ref), (-1.0, 1.0))):
+        got = _run_elementwise(fn, xs, host_target)
+        assert np.isfinite(got).all()
+        assert np.max(np.abs(got - exact)) < 3e-7, fn.__name__
+        assert abs(got[np.argmin(xs)] - limits[0]) < 1e-37 and got[np.argmax(xs)] == limits[1]
+
+
+def test_vectorizable_turns_small_powers_into_products(host_target):
+    """x ** 3 (GELU's tanh form) and x ** 2 become products, x ** 0.5 a square root, and they
+    equal numpy's; x ** 2.5 keeps the library call."""
+    x = te.placeholder((64,), "float32", name="x")
+
+    def power(k, e):
+        return te.compute((64,), lambda i: tirx.pow(x[i], tirx.const(e, "float32")),
+                          name=f"y{k}")
+
+    ys = [power(k, e) for k, e in enumerate((3.0, 2.0, 0.5, 2.5))]
+    func = fastmath.vectorizable(te.create_prim_func([x, *ys]))
+    assert func.script().count("T.pow(") == 1
+    lib = tvm.compile(tvm.IRModule({"main": func}), target=host_target)
+    xs = np.linspace(0.1, 3, 64).astype("float32")
+    outs = [tvm.runtime.tensor(np.zeros(64, "float32")) for _ in ys]
+    lib(tvm.runtime.tensor(xs), *outs)
+    for out, e in zip(outs, (3.0, 2.0, 0.5, 2.5)):
+        np.testing.assert_allclose(out.numpy(), xs.astype("float64") ** e, rtol=1e-6)
+
+
 def test_vectorizable_replaces_libm_calls(host_target):
     x = te.placeholder((64,), "float32", name="x")
     y = te.compute((64,), lambda i: tirx.exp(x[i]) + tirx.erf(x[i]), name="y")

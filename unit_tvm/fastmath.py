@@ -75,16 +75,54 @@ def erf(x):
         "t", xe * xe, lambda t: xe * _horner(_ERF_P, t) / _horner(_ERF_Q, t)))
 
 
-_REPLACE = {"tirx.exp": exp, "tirx.erf": erf}
+def sigmoid(x):
+    """1 / (1 + exp(-x)) for a float32 PrimExpr, through the exp above: 0 and 1 at the ends
+    (exp's clamp), within 2e-7 absolute elsewhere. SiLU (x * sigmoid(x), EfficientNet's and
+    YOLO's activation) and squeeze-excitation gates call it once per element."""
+    return _c(1.0) / (_c(1.0) + exp(-x))
+
+
+def tanh(x):
+    """tanh(x) = 2 sigmoid(2x) - 1 for a float32 PrimExpr: within 3e-7 absolute, exactly -1 and
+    1 at the ends (GELU's tanh form: GPT-2, ALBERT)."""
+    return _c(2.0) * sigmoid(x * _c(2.0)) - _c(1.0)
+
+
+def _small_power(base, exponent):
+    """base ** exponent for a constant exponent 1, 2, 3 or 4 as products (GELU's tanh form
+    cubes its input), 0.5 as a square root; None for any other exponent."""
+    value = exponent.value
+    if value == 0.5:
+        return tirx.sqrt(base)
+    if value not in (1.0, 2.0, 3.0, 4.0):
+        return None
+
+    def product(b):
+        out = b
+        for _ in range(int(value) - 1):
+            out = out * b
+        return out
+
+    return _let("pb", base, product)
+
+
+_REPLACE = {"tirx.exp": exp, "tirx.erf": erf, "tirx.sigmoid": sigmoid, "tirx.tanh": tanh}
 
 
 def vectorizable(func):
-    """func with every float32 tirx.exp / tirx.erf call replaced by the expressions above."""
-
+    """func with every float32 tirx.exp / erf / sigmoid / tanh call replaced by the
+    expressions above, and float32 tirx.pow by a constant 1, 2, 3, 4 or 0.5 with products or
+    a square root: LLVM vectorizes those where it calls expf, tanhf or powf once per lane."""
 
     def on_call(call, m):
-        fn = _REPLACE.get(getattr(call.op, "name", None))
-        if fn is None or str(call.ty) != _F32:
+        name = getattr(call.op, "name", None)
+        if str(call.ty) != _F32:
+            return m.default_mutate(call)
+        if name == "tirx.pow" and isinstance(call.args[1], tirx.FloatImm):
+            power = _small_power(m.mutate(call.args[0]), call.args[1])
+            return m.default_mutate(call) if power is None else power
+        fn = _REPLACE.get(name)
+        if fn is None:
             return m.default_mutate(call)
         return fn(m.mutate(call.args[0]))
 
