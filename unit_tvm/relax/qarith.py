@@ -7,6 +7,7 @@ from tvm import te, tirx
 
 from .. import fastmath
 from ..shift import SHIFT
+from . import activations
 from .recipe import blocked_index, dtypes, is_bf16, packed_shape
 from .views import StridedView
 
@@ -72,6 +73,8 @@ def epilogue_fn(recipe, comp, mult, bias, residual):
         if recipe.gelu:  # exact (erf) GELU, as torch.nn.functional.gelu
             v = v * tirx.const(0.5, "float32") * (tirx.const(1.0, "float32") + fastmath.erf(
                 v * tirx.const(0.7071067811865476, "float32")))
+        if recipe.activation is not None:
+            v = activations.expr(recipe.activation, v)
         if recipe.relu and not _clamped_at_zero(recipe):
             v = tirx.max(v, tirx.const(0.0, "float32"))
         if recipe.clip_max is not None:

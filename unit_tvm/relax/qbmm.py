@@ -86,7 +86,7 @@ def _bmm_fields(chain) -> dict:
     m, k, n = x_shape[-2], x_shape[-1], y_shape[-1]
     fields = dict(kind="bmm", in_shape=[batch, m, k], w_shape=[batch, k, n],
                   out_shape=[batch, m, n], out_channels=n, relu=bool(chain.relu),
-                  clip_max=chain.clip_max, gelu=bool(chain.gelu))
+                  clip_max=chain.clip_max, gelu=bool(chain.gelu), activation=chain.activation)
     if len(x_shape) != 3:
         fields["nd_in_shape"] = x_shape
     return fields

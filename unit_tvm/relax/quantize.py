@@ -94,6 +94,15 @@ def observe(mod, outputs, calibration_data, target):
     return [np.concatenate(s) for s in seen]
 
 
+def inference_form(mod: tvm.IRModule) -> tvm.IRModule:
+    """The module as quantize() looks for chains in it: batch norms decomposed into affine ops,
+    constants folded, torch.export's (value, indices)[0] around pools and batch norms bound to
+    the value itself."""
+    mod = relax.transform.DecomposeOpsForInference()(mod)
+    mod = relax.transform.FoldConstant()(mod)
+    return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
+
+
 def _activation_qparams(values, method, percentile):
     if method == "minmax":
         lo, hi = float(values.min()), float(values.max())
@@ -115,7 +124,7 @@ def _recipe(chain, **quantization):
     fields = dict(kind=chain.kind, in_shape=x_shape, w_shape=list(chain.wq.shape),
                   out_shape=out_shape, out_channels=int(chain.wq.shape[0]), **quantization,
                   relu=bool(chain.relu), clip_max=chain.clip_max, gelu=bool(chain.gelu),
-                  residual=chain.residual is not None)
+                  activation=chain.activation, residual=chain.residual is not None)
     if chain.kind == "dense":  # leading dims flattened into rows around the kernel
         rows = int(np.prod(x_shape[:-1]))
         fields.update(in_shape=[rows, x_shape[-1]], out_shape=[rows, out_shape[-1]])
@@ -153,10 +162,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     attention = attention or default_attention(target)
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
-    mod = relax.transform.DecomposeOpsForInference()(mod)
-    mod = relax.transform.FoldConstant()(mod)
-    # torch.export's (value, indices)[0] around pools and batch norms becomes the value itself
-    mod = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
+    mod = inference_form(mod)
     func = mod["main"]
     found = find_chains(func)
     bf16_bmms = [c for c in found if c.kind == "bmm" and attention == "bf16"]

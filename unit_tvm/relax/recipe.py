@@ -35,6 +35,7 @@ class Recipe:
     relu: bool = False
     clip_max: float | None = None  # relu6-style clip
     gelu: bool = False
+    activation: str | None = None  # one of relax/activations.py's NAMES, after the residual
     residual: bool = False  # adds a residual in its epilogue
     dtype: str | None = None  # "bfloat16" for the bf16 form; None: int8
     x_scale: float | None = None  # the activation's uint8 quantization (int8)
