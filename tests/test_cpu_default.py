@@ -150,6 +150,11 @@ CASES = {
     "gelu_197": ((64, 197), lambda x: relax.op.nn.gelu(x),
                  lambda a: a * 0.5 * (1 + np.vectorize(math.erf)(a / math.sqrt(2)))),
     "channel_mean": ((4, 48, 32, 16), lambda x: relax.op.mean(x, axis=[1]), lambda a: a.mean(1)),
+    # squeeze-excitation's pool: few channels, each a long run of pixels
+    "spatial_mean": ((1, 32, 56, 56), lambda x: relax.op.mean(x, axis=[2, 3], keepdims=True),
+                     lambda a: a.mean((2, 3), keepdims=True)),
+    "sigmoid": ((96, 80), relax.op.sigmoid, lambda a: 1 / (1 + np.exp(-a))),
+    "tanh": ((96, 80), relax.op.tanh, np.tanh),
     "gelu": ((128, 256), lambda x: relax.op.nn.gelu(x),
              lambda a: a * 0.5 * (1 + np.vectorize(math.erf)(a / math.sqrt(2)))),
 }
@@ -163,7 +168,7 @@ def test_default_schedule_is_correct_and_parallel(case, host_target, rng):
     assert prims and all("tirx.is_scheduled" in f.attrs for f in prims)
     text = "".join(f.script() for f in prims)
     assert "T.parallel" in text
-    assert "T.exp(" not in text and "T.erf(" not in text
+    assert not any(f"T.{fn}(" in text for fn in ("exp", "erf", "sigmoid", "tanh"))
     ex = tvm.compile(mod, target=host_target)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     a = rng.standard_normal(shape).astype("float32")
@@ -194,6 +199,15 @@ def test_row_reductions_are_vectorised_by_rfactor():
     mod = _leftover_module((1, 128, 96), CASES["layer_norm"][1])
     text = "".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
     assert "_rf" in text and "T.vectorized(T.int64(16))" in text
+
+
+def test_spatial_mean_is_one_vectorised_run_per_channel():
+    """A mean over H and W (32 channels of 56 x 56: EfficientNet's squeeze-excitation pool) is
+    one reduction loop per channel, vectorised by rfactor, the channels in parallel although
+    fewer than MIN_PARALLEL: 219 -> 35 us for 144 channels of 56 x 56 (Zen 5)."""
+    mod = _leftover_module((1, 32, 56, 56), CASES["spatial_mean"][1])
+    text = "".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+    assert "_rf" in text and "T.vectorized(T.int64(16))" in text and "T.parallel" in text
 
 
 def test_softmax_rows_run_in_one_parallel_pass():

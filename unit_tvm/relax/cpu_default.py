@@ -60,26 +60,50 @@ def _contiguous_reduction(block):
     return bool(used) and all(i == n - 1 for i, n in used)
 
 
-def _parallel_prefix(loops, extents):
-    """The leading loops worth fusing into one parallel loop ([] when too little work)."""
+def _trailing_reduction(block, red_loops):
+    """Whether the block's `red_loops` reduction variables alone index the last axes of every
+    buffer they read, over those axes' whole extents: the reduction then walks one contiguous
+    run per row (a mean over H and W: squeeze-excitation's pool), which one loop can cover."""
+    red = {iv.var.name for iv in block.iter_vars if iv.iter_type == 2}
+    extents = [int(iv.dom.extent) for iv in block.iter_vars if iv.iter_type == 2]
+    found = False
+    for region in block.reads:
+        axes = [{v.name for v in tvm.tirx.analysis.undefined_vars(r.min)} for r in region.region]
+        if not any(a & red for a in axes):
+            continue
+        tail = axes[-red_loops:]
+        shape = [int(n) for n in region.source.shape[-red_loops:]]
+        if any(a & red for a in axes[:-red_loops]) or not all(len(a) == 1 and a <= red
+                                                               for a in tail) \
+                or shape != extents:
+            return False
+        found = True
+    return found
+
+
+def _parallel_prefix(loops, extents, minimum=MIN_PARALLEL):
+    """The leading loops worth fusing into one parallel loop ([] when fewer than `minimum`
+    iterations)."""
     par, total = [], 1
     for lp, ext in zip(loops, extents):
         par.append(lp)
         total *= ext
         if total >= 4 * MIN_PARALLEL:
             break
-    return par if total >= MIN_PARALLEL else []
+    return par if total >= minimum else []
 
 
 def _vectorize_by_rfactor(sch, block, loops, lead, lanes):
     """A row reduction (softmax max/sum, layer-norm moments) as `lanes` partial results per
     row, accumulated with contiguous vector loads, then summed per row: both run row-parallel."""
     extents = [int(sch.get(lp).extent) for lp in loops]
+    # long rows (a global pool's 3136 or 12544 pixels) are worth a thread each even when few
+    minimum = 2 if extents[lead] >= 16 * MIN_PARALLEL else MIN_PARALLEL
     _, ki = sch.split(loops[lead], [None, lanes])
     rf = sch.rfactor(ki, factor_axis=lead)
     for blk in (rf, block):
         lps = sch.get_loops(blk)
-        par = _parallel_prefix(lps[:lead], extents)
+        par = _parallel_prefix(lps[:lead], extents, minimum)
         if par:
             sch.parallel(sch.fuse(*par) if len(par) > 1 else par[0])
     lps = sch.get_loops(rf)
@@ -242,8 +266,12 @@ def _schedule(func, widths=X86):
         if vec is not None and reduction and _gathers(
                 sch.get(block), sch.get(block).iter_vars[vec].var.name):
             vec = None
-        if vec is None and len(loops) == lead + 1 \
-                and extents[lead] >= 4 * widths.lanes and _contiguous_reduction(sch.get(block)):
+        contiguous = vec is None and _contiguous_reduction(sch.get(block))
+        if vec is None and len(loops) > lead + 1 and _trailing_reduction(sch.get(block),
+                                                                         len(loops) - lead):
+            loops, contiguous = loops[:lead] + [sch.fuse(*loops[lead:])], True
+            extents = [int(sch.get(lp).extent) for lp in loops]
+        if contiguous and len(loops) == lead + 1 and extents[lead] >= 4 * widths.lanes:
             _vectorize_by_rfactor(sch, block, loops, lead, _row_lanes(extents[lead], widths))
             continue
         head, head_ext = loops[:lead if vec is None else vec], extents
