@@ -4,11 +4,14 @@ import math
 
 import numpy as np
 import pytest
+import torch
 import tvm
 from tvm import relax, te, tirx
 
-from unit_tvm import fastmath
+import unit_tvm
+from unit_tvm import fastmath, frontends
 from unit_tvm.relax.cpu_default import DefaultCPUSchedule
+from unit_tvm.relax.fuse_elementwise import fuse_elementwise
 
 
 def _run_elementwise(fn, xs, host_target):
@@ -279,3 +282,38 @@ def test_aarch64_gets_neon_vector_widths():
     x86 = _leftover_module(shape, build).script()
     assert "T.vectorized(T.int64(8))" in arm and "T.vectorized(T.int64(16))" not in arm
     assert "T.vectorized(T.int64(16))" in x86
+
+
+class _HardswishGate(torch.nn.Module):
+    """hardswish (five ops as torch.export spells it) and a squeeze-excitation style gate."""
+
+    def forward(self, x):
+        y = torch.nn.functional.hardswish(x)
+        return y * torch.sigmoid(y.mean((2, 3), keepdim=True))
+
+
+def _stages(func):
+    text = func.script()
+    return text.count('T.sblock("') - text.count('T.sblock("root")')
+
+
+def test_leftover_elementwise_chain_is_one_single_pass_kernel(host_target, rng):
+    """hardswish's five ops become one kernel with one stage (one pass over the tensor); the
+    gate's per-channel sigmoid stays a stage of its own (inlined it would run once per pixel);
+    the compiled module equals PyTorch."""
+    x = rng.standard_normal((1, 24, 16, 16)).astype("float32")
+    mod = frontends.from_torch(_HardswishGate(), [torch.tensor(x)])
+    fused = fuse_elementwise(relax.transform.LegalizeOps()(mod))
+    names = [gv.name_hint for gv in fused.functions if gv.name_hint != "main"]
+    (chain,) = [n for n in names if "clip" in n]
+    assert all(op in chain for op in ("add", "multiply", "divide")), names
+    scheduled = DefaultCPUSchedule(host_target)(fused)
+    assert _stages(scheduled[chain]) == 1
+    (gate,) = [n for n in names if "sigmoid" in n]
+    assert _stages(scheduled[gate]) == 2
+    vm = relax.VirtualMachine(unit_tvm.compile(mod, target=host_target), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x))
+    got = got[0].numpy() if not hasattr(got, "numpy") else got.numpy()
+    with torch.no_grad():
+        ref = _HardswishGate()(torch.tensor(x)).numpy()
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

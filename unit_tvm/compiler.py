@@ -10,6 +10,7 @@ from . import checks, lowering
 from .relax import UnitTensorize
 from .relax import quantize as quantize_fn
 from .relax.cpu_default import DefaultCPUSchedule
+from .relax.fuse_elementwise import fuse_elementwise
 from .relax.frontend_fixes import frontend_fixes
 from .relax.gpu import UnitTensorizeGPU, default_gpu_schedule, to_fp16, to_fp16_nhwc, to_nhwc
 from .relax.gpu_int8 import calibration_from
@@ -120,7 +121,7 @@ def build_relax(mod, target):
     """tvm.compile (unit_tvm.lowering's TIR pipeline), with the leftover operators given a
     parallel CPU schedule first."""
     if is_cpu(target):
-        mod = relax.transform.LegalizeOps()(mod)
+        mod = fuse_elementwise(relax.transform.LegalizeOps()(mod))
         mod = DefaultCPUSchedule(target)(mod)
     try:
         return lowering.compile_relax(mod, target)

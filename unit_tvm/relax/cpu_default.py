@@ -302,6 +302,30 @@ def _schedule(func, widths=X86):
     return sch.mod["main"]
 
 
+def _elements(region):
+    return math.prod(int(n) for n in region.source.shape)
+
+
+def inline_stages(func):
+    """func with each data-parallel stage computed where its readers read it, when they write
+    as many elements as it does (a fused chain of elementwise ops: one pass instead of one per
+    op); a stage read by a broadcast (a squeeze-excitation gate's sigmoid, one value per
+    channel) or by a reduction is kept, since inlining would recompute it per reader."""
+    sch = s_tir.Schedule(func)
+    for block in sch.get_child_blocks(sch.get_sblock("root"))[:-1]:
+        stmt = sch.get(block)
+        readers = sch.get_consumers(block)
+        if (any(iv.iter_type != 0 for iv in stmt.iter_vars) or len(stmt.writes) != 1
+                or not readers or any(_elements(sch.get(r).writes[0]) != _elements(
+                    stmt.writes[0]) for r in readers)):
+            continue
+        try:
+            sch.compute_inline(block)
+        except s_tir.ScheduleError:
+            continue
+    return sch.mod["main"]
+
+
 @tvm.transform.module_pass(opt_level=0, name="UnitDefaultCPUSchedule")
 class DefaultCPUSchedule:
     """tvm.transform.Pass: parallel/vector schedule for unscheduled CPU PrimFuncs of a module,
@@ -319,10 +343,15 @@ class DefaultCPUSchedule:
                 continue  # tensorized kernels (and anything scheduled before us)
             # exp/erf become vector arithmetic whether or not the loops below can be scheduled
             func = fastmath.vectorizable(func)
-            try:
-                updates[gv] = _schedule(func, self.widths).with_attr("tirx.is_scheduled", True)
-            except (tvm.s_tir.ScheduleError, tvm.error.InternalError, ValueError):
-                updates[gv] = func  # keep TVM's loop nest for anything unusual
+            updates[gv] = func  # TVM's loop nest for anything unusual
+            # stages inlined where that schedules; else as they are (softmax of 1-wide rows)
+            for form in (inline_stages, lambda f: f):
+                try:
+                    updates[gv] = _schedule(form(func), self.widths).with_attr(
+                        "tirx.is_scheduled", True)
+                    break
+                except (tvm.s_tir.ScheduleError, tvm.error.InternalError, ValueError):
+                    continue
         for gv, f in updates.items():
             mod[gv] = f
         return mod
