@@ -121,3 +121,42 @@ def test_activation_expressions_equal_torch(name, host_target):
 def test_unknown_activation_is_refused():
     with pytest.raises(ValueError, match="unknown activation 'swish'"):
         activations.expr("swish", tirx.const(1.0, "float32"))
+
+
+def _onnx_conv_then(activation_nodes, rng):
+    """An ONNX model: a 1x1 conv (8 -> 16 channels) on [1, 8, 6, 6], then `activation_nodes`
+    (reading "c", writing "y"); and its weight."""
+    from onnx import TensorProto, helper
+
+    w = (rng.standard_normal((16, 8, 1, 1)) * 0.5).astype("float32")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"]), *activation_nodes], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 6, 6])],
+        [helper.make_tensor("w", TensorProto.FLOAT, w.shape, w.ravel().tolist())])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), w
+
+
+@pytest.mark.parametrize("spelling", ["hardswish", "silu"])
+def test_onnx_spellings_are_fused_and_correct(spelling, rng):
+    """ONNX's HardSwish (read by TVM as add, clip, divide, then the multiply) and SiLU as
+    Sigmoid + Mul are found after a conv, and the int8 module stays close to numpy's fp32."""
+    from onnx import helper
+
+    nodes = ([helper.make_node("HardSwish", ["c"], ["y"])] if spelling == "hardswish" else
+             [helper.make_node("Sigmoid", ["c"], ["s"]), helper.make_node("Mul", ["c", "s"],
+                                                                         ["y"])])
+    model, w = _onnx_conv_then(nodes, rng)
+    mod = frontends.from_onnx(model)
+    (chain,) = find_chains(inference_form(mod)["main"])
+    assert chain.activation == spelling
+    xs = [rng.standard_normal((1, 8, 6, 6)).astype("float32") for _ in range(3)]
+    ex = unit_tvm.compile(mod, quantize={"calibration_data": xs})
+    vm = tvm.relax.VirtualMachine(ex, tvm.cpu())
+    for x in xs:
+        c = np.einsum("oc,nchw->nohw", w[:, :, 0, 0], x)
+        ref = (c * np.clip(c + 3, 0, 6) / 6 if spelling == "hardswish"
+               else c / (1 + np.exp(-c)))
+        got = vm["main"](tvm.runtime.tensor(x))
+        got = got.numpy() if hasattr(got, "numpy") else got[0].numpy()
+        assert _cos(got, ref) > 0.999

@@ -68,8 +68,19 @@ def _silu(cur, rs, readers, uses):
     return None
 
 
+def _sixth(binding, var):
+    """Whether the binding scales `var` by 1/6 (divides by 6 or multiplies by 1/6)."""
+    if binding is None or not binding.value.args[0].same_as(var):
+        return False
+    value = _scalar(binding.value.args[1])
+    return value is not None and (
+        (_op(binding) == "relax.divide" and value == 6.0)
+        or (_op(binding) == "relax.multiply" and abs(value - 1 / 6) < 1e-7))
+
+
 def _hardswish(cur, rs, readers, uses):
-    """x + 3, clipped to [0, 6] (one clip or two), x times that, divided by 6."""
+    """x + 3, clipped to [0, 6] (one clip or two), x times that, with the 1/6 before the
+    multiply (ONNX's HardSwish as TVM reads it) or after it (torch.export's)."""
     add, mul = rs
     if _op(add) != "relax.add" or not add.value.args[0].same_as(cur) \
             or _scalar(add.value.args[1]) != 3.0:
@@ -84,15 +95,22 @@ def _hardswish(cur, rs, readers, uses):
         hi = z if z is not None and z < float("inf") else hi
         members.append(nxt.var)
         b = nxt
-    if (lo, hi) != (0.0, 6.0) or _only_reader(b.var, readers, uses) is not mul \
-            or _op(mul) != "relax.multiply" or not _reads(mul, cur, b.var):
+    if (lo, hi) != (0.0, 6.0):
         return None
-    div = _only_reader(mul.var, readers, uses)
-    if div is None or not div.value.args[0].same_as(mul.var) or not (
-            (_op(div) == "relax.divide" and _scalar(div.value.args[1]) == 6.0)
-            or (_op(div) == "relax.multiply" and _scalar(div.value.args[1]) == 1.0 / 6.0)):
+    scaled = _sixth(_only_reader(b.var, readers, uses), b.var)
+    if scaled:
+        b = _only_reader(b.var, readers, uses)
+        members.append(b.var)
+    if _only_reader(b.var, readers, uses) is not mul or _op(mul) != "relax.multiply" \
+            or not _reads(mul, cur, b.var):
         return None
-    return Found("hardswish", (*members, mul.var, div.var), div.var)
+    members.append(mul.var)
+    if not scaled:
+        div = _only_reader(mul.var, readers, uses)
+        if not _sixth(div, mul.var):
+            return None
+        members.append(div.var)
+    return Found("hardswish", tuple(members), members[-1])
 
 
 def match(cur, readers, uses) -> "Found | None":
