@@ -1266,3 +1266,22 @@ def test_attention_matmul_that_int8_would_spoil_stays_fp32():
     assert left.op.startswith("relax.matmul")
     for got, ref in zip(_run(build_relax(qmod, unit_tvm.target.host()), xs), refs):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-3)
+
+
+class EmptyCache(nn.Module):
+    """Keys appended to an empty cache as Hugging Face's decoders do (GPT-2, Llama): torch.cat
+    skips an empty 1-D tensor whatever the other inputs' rank."""
+
+    def forward(self, k):
+        past = torch.zeros(0)
+        return torch.cat([past, k], dim=-2) * 2.0, torch.cat([past, k, k], dim=-2)
+
+
+def test_cat_with_an_empty_cache_translates():
+    """TVM's translator refused the differing ranks; the frontend drops the empty inputs."""
+    k = zoo.inputs((1, 2, 5, 4), 1)[0]
+    mod = frontends.from_torch(EmptyCache(), [torch.tensor(k)])
+    vm = relax.VirtualMachine(tvm.compile(mod, target=unit_tvm.target.host()), tvm.cpu())
+    one, two = vm["main"](tvm.runtime.tensor(k))
+    np.testing.assert_allclose(one.numpy(), k * 2.0)
+    np.testing.assert_allclose(two.numpy(), np.concatenate([k, k], axis=-2))

@@ -9,7 +9,38 @@ def from_torch(module, example_inputs):
     module = module.eval()
     with torch.no_grad():
         exported = torch.export.export(module, tuple(example_inputs))
-    return from_exported_program(exported)
+    return from_exported_program(_without_empty_cat_inputs(exported))
+
+
+def _without_empty_cat_inputs(exported):
+    """The exported program with the empty 1-D inputs of every aten.cat left out: torch.cat
+    skips them (its legacy rule), TVM's translator refuses the differing ranks. Hugging Face's
+    decoders (GPT-2, Llama, Qwen2) concatenate each layer's keys and values to an empty cache
+    that way; a cat left with one input becomes that input."""
+    graph = exported.graph_module.graph
+    changed = False
+    for node in list(graph.nodes):
+        if node.op != "call_function" or "aten.cat" not in str(node.target):
+            continue
+        parts = list(node.args[0])
+        kept = [p for p in parts if not _empty_1d(p)]
+        if len(kept) == len(parts) or not kept:
+            continue
+        changed = True
+        if len(kept) == 1:
+            node.replace_all_uses_with(kept[0])
+            graph.erase_node(node)
+        else:
+            node.args = (kept, *node.args[1:])
+    if changed:
+        graph.eliminate_dead_code()
+        exported.graph_module.recompile()
+    return exported
+
+
+def _empty_1d(node):
+    shape = getattr(getattr(node, "meta", {}).get("val"), "shape", None)
+    return shape is not None and len(shape) == 1 and int(shape[0]) == 0
 
 
 def from_onnx(model, shapes=None):
