@@ -81,6 +81,24 @@ def _trailing_reduction(block, red_loops):
     return found
 
 
+def _contiguous_pair(block, axis, extents):
+    """Whether the block's iteration axes `axis` and `axis + 1` (the innermost two) index every
+    buffer that depends on them as its last two axes, each alone and over its whole extent,
+    so that the two loops fused walk memory contiguously (a broadcast read of one value per
+    channel depends on neither)."""
+    names = [block.iter_vars[axis].var.name, block.iter_vars[axis + 1].var.name]
+    for region in list(block.reads) + list(block.writes):
+        axes = [{v.name for v in tvm.tirx.analysis.undefined_vars(r.min)} for r in region.region]
+        if not any(a & set(names) for a in axes):
+            continue
+        shape = [int(n) for n in region.source.shape[-2:]]
+        if len(axes) < 2 or axes[-2:] != [{names[0]}, {names[1]}] \
+                or shape != extents[axis:axis + 2] \
+                or any(a & set(names) for a in axes[:-2]):
+            return False
+    return True
+
+
 def _parallel_prefix(loops, extents, minimum=MIN_PARALLEL):
     """The leading loops worth fusing into one parallel loop ([] when fewer than `minimum`
     iterations)."""
@@ -261,6 +279,13 @@ def _schedule(func, widths=X86):
         # memory rows (softmax, layer norm: the last axis) would make that vector a strided gather
         # and leave too few outer loops to parallelise: its rows run in parallel instead.
         # (an elementwise block's odd last extent is peeled: see _vectorize)
+        if (not reduction and lead >= 3 and extents[lead - 1] % widths.lanes
+                and _contiguous_pair(sch.get(block), lead - 2, extents)):
+            # rows of 14 or 7 pixels (a late CNN stage) merge with their column axis: 196 is
+            # 12 whole vectors and a tail, where 14 alone left the loop scalar
+            loops = loops[:lead - 2] + [sch.fuse(*loops[lead - 2:lead])] + loops[lead:]
+            extents = [int(sch.get(lp).extent) for lp in loops]
+            lead -= 1
         vec = lead - 1 if lead >= 2 and (extents[lead - 1] % widths.narrow == 0 or (
             not reduction and extents[lead - 1] >= 16)) else None
         if vec is not None and reduction and _gathers(
