@@ -16,6 +16,17 @@ class ModelSource:
     name: str
 
 
+def onnx_input(model) -> tuple:
+    """(name, shape) of an ONNX model's (path's or ModelProto's) first input, symbolic
+    dimensions as 1 (batch 1)."""
+    import onnx
+
+    proto = model if isinstance(model, onnx.ModelProto) else onnx.load(model)
+    first = proto.graph.input[0]
+    dims = first.type.tensor_type.shape.dim
+    return first.name, tuple(d.dim_value if d.dim_value > 0 else 1 for d in dims)
+
+
 def model_source(spec: str) -> ModelSource:
     """A zoo name, an ONNX file (.onnx) or a torch.export program file (.pt2) as Relax."""
     from . import frontends
@@ -24,9 +35,7 @@ def model_source(spec: str) -> ModelSource:
         import onnx
 
         proto = onnx.load(spec)
-        dims = proto.graph.input[0].type.tensor_type.shape.dim
-        shape = tuple(d.dim_value if d.dim_value > 0 else 1 for d in dims)
-        name = proto.graph.input[0].name
+        name, shape = onnx_input(proto)
         return ModelSource(frontends.from_onnx(proto, shapes={name: shape}), shape,
                            os.path.basename(spec))
     if spec.endswith(".pt2"):

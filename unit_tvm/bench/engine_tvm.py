@@ -14,6 +14,10 @@ from .engines import Engine, ModelCase, Stopwatch, first_output
 
 def relax_module(case: ModelCase):
     """The model as a Relax module (made once per case)."""
+    if "relax" not in case.options and case.onnx_path:
+        from ..sources import model_source
+
+        case.options["relax"] = model_source(case.onnx_path).mod
     if "relax" not in case.options:
         import torch
 
