@@ -140,7 +140,7 @@ def _grouped(chain):
     return chain.kind in ("conv2d", "conv3d") and int(chain.attrs.groups) != 1
 
 
-def _grow(chain, by_var, users, uses, taken=frozenset(), all_readers=None):
+def _grow(chain, by_var, users, uses, taken, all_readers):
     """Follow single-use consumers: per-channel affine ops, tuple packing, residual add, relu,
     and the activations of activations.py (whose spellings read the value twice; all_readers:
     {Var: [bindings reading it]}). Bindings already fused into another chain (`taken`) end the
@@ -157,7 +157,7 @@ def _grow(chain, by_var, users, uses, taken=frozenset(), all_readers=None):
     cur = chain.start
     while cur in users and users[cur].var not in taken:
         found = None if chain.activated or _grouped(chain) else activations.match(
-            cur, all_readers or {}, uses)
+            cur, all_readers, uses)
         if found is not None and not taken.intersection(found.members):
             chain.activation = found.name
             chain.members += list(found.members)

@@ -38,12 +38,15 @@ def widths_for(target) -> Widths:
     return NEON if target is not None and arch(target) == "aarch64" else X86
 
 
+def _region_axes(region):
+    """[names of the variables in each axis' index] of a block's read or write region."""
+    return [{v.name for v in tvm.tirx.analysis.undefined_vars(r.min)} for r in region.region]
+
+
 def _read_axes(block):
     """(reduction variable names, [per read: [names of the variables in each axis' index]])."""
     red = {iv.var.name for iv in block.iter_vars if iv.iter_type == 2}
-    reads = [[{v.name for v in tvm.tirx.analysis.undefined_vars(r.min)} for r in region.region]
-             for region in block.reads]
-    return red, reads
+    return red, [_region_axes(region) for region in block.reads]
 
 
 def _gathers(block, var):
@@ -60,43 +63,24 @@ def _contiguous_reduction(block):
     return bool(used) and all(i == n - 1 for i, n in used)
 
 
-def _trailing_reduction(block, red_loops):
-    """Whether the block's `red_loops` reduction variables alone index the last axes of every
-    buffer they read, over those axes' whole extents: the reduction then walks one contiguous
-    run per row (a mean over H and W: squeeze-excitation's pool), which one loop can cover."""
-    red = {iv.var.name for iv in block.iter_vars if iv.iter_type == 2}
-    extents = [int(iv.dom.extent) for iv in block.iter_vars if iv.iter_type == 2]
-    found = False
-    for region in block.reads:
-        axes = [{v.name for v in tvm.tirx.analysis.undefined_vars(r.min)} for r in region.region]
-        if not any(a & red for a in axes):
+def _on_trailing_axes(block, positions):
+    """Whether the block's iteration variables at `positions` (innermost loops, in order) alone
+    index the last axes of every buffer that depends on them, in that order and over whole
+    extents: their loops fused then walk one contiguous run. A mean over H and W (squeeze-
+    excitation's pool) reduces such a run per channel; an elementwise op on rows of 14 pixels
+    vectorises over H x W (a broadcast read of one value per channel depends on neither)."""
+    ivs = [block.iter_vars[p] for p in positions]
+    names, extents = [{iv.var.name} for iv in ivs], [int(iv.dom.extent) for iv in ivs]
+    mine, k, found = {iv.var.name for iv in ivs}, len(ivs), False
+    for region in list(block.reads) + list(block.writes):
+        axes = _region_axes(region)
+        if not any(a & mine for a in axes):
             continue
-        tail = axes[-red_loops:]
-        shape = [int(n) for n in region.source.shape[-red_loops:]]
-        if any(a & red for a in axes[:-red_loops]) or not all(len(a) == 1 and a <= red
-                                                               for a in tail) \
-                or shape != extents:
+        if (len(axes) < k or axes[-k:] != names or any(a & mine for a in axes[:-k])
+                or [int(n) for n in region.source.shape[-k:]] != extents):
             return False
         found = True
     return found
-
-
-def _contiguous_pair(block, axis, extents):
-    """Whether the block's iteration axes `axis` and `axis + 1` (the innermost two) index every
-    buffer that depends on them as its last two axes, each alone and over its whole extent,
-    so that the two loops fused walk memory contiguously (a broadcast read of one value per
-    channel depends on neither)."""
-    names = [block.iter_vars[axis].var.name, block.iter_vars[axis + 1].var.name]
-    for region in list(block.reads) + list(block.writes):
-        axes = [{v.name for v in tvm.tirx.analysis.undefined_vars(r.min)} for r in region.region]
-        if not any(a & set(names) for a in axes):
-            continue
-        shape = [int(n) for n in region.source.shape[-2:]]
-        if len(axes) < 2 or axes[-2:] != [{names[0]}, {names[1]}] \
-                or shape != extents[axis:axis + 2] \
-                or any(a & set(names) for a in axes[:-2]):
-            return False
-    return True
 
 
 def _parallel_prefix(loops, extents, minimum=MIN_PARALLEL):
@@ -280,7 +264,7 @@ def _schedule(func, widths=X86):
         # and leave too few outer loops to parallelise: its rows run in parallel instead.
         # (an elementwise block's odd last extent is peeled: see _vectorize)
         if (not reduction and lead >= 3 and extents[lead - 1] % widths.lanes
-                and _contiguous_pair(sch.get(block), lead - 2, extents)):
+                and _on_trailing_axes(sch.get(block), [lead - 2, lead - 1])):
             # rows of 14 or 7 pixels (a late CNN stage) merge with their column axis: 196 is
             # 12 whole vectors and a tail, where 14 alone left the loop scalar
             loops = loops[:lead - 2] + [sch.fuse(*loops[lead - 2:lead])] + loops[lead:]
@@ -292,8 +276,8 @@ def _schedule(func, widths=X86):
                 sch.get(block), sch.get(block).iter_vars[vec].var.name):
             vec = None
         contiguous = vec is None and _contiguous_reduction(sch.get(block))
-        if vec is None and len(loops) > lead + 1 and _trailing_reduction(sch.get(block),
-                                                                         len(loops) - lead):
+        if vec is None and len(loops) > lead + 1 and _on_trailing_axes(
+                sch.get(block), list(range(lead, len(loops)))):
             loops, contiguous = loops[:lead] + [sch.fuse(*loops[lead:])], True
             extents = [int(sch.get(lp).extent) for lp in loops]
         if contiguous and len(loops) == lead + 1 and extents[lead] >= 4 * widths.lanes:

@@ -19,13 +19,14 @@ _OPAQUE = 8
 
 def _keep_apart(mod: tvm.IRModule) -> tvm.IRModule:
     """The module with every PrimFunc that FuseOps must not merge marked opaque: scheduled
-    ones, and whatever AnnotateTIROpPattern finds to be more than injective."""
+    ones (marked first, so that AnnotateTIROpPattern, which keeps a pattern already set, does
+    not analyse the tensorized kernels), and whatever it finds to be more than injective."""
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, tvm.tirx.PrimFunc) and "tirx.is_scheduled" in (func.attrs or {}):
+            mod[gv] = func.with_attr("op_pattern", _OPAQUE)
     mod = relax.transform.AnnotateTIROpPattern()(mod)
     for gv, func in list(mod.functions.items()):
-        if not isinstance(func, tvm.tirx.PrimFunc):
-            continue
-        scheduled = "tirx.is_scheduled" in func.attrs
-        if scheduled or int(func.attrs["op_pattern"]) > _INJECTIVE:
+        if isinstance(func, tvm.tirx.PrimFunc) and int(func.attrs["op_pattern"]) > _INJECTIVE:
             mod[gv] = func.with_attr("op_pattern", _OPAQUE)
     return mod
 
