@@ -14,8 +14,10 @@
 #   scripts/gpu_session.sh all [SECONDS]    one lease's plan in one call of SECONDS (default
 #                                           540): setup, test, models resnet18 bert_base,
 #                                           ablation (4 layers), bench float16, each cut to
-#                                           the time left; everything under $OUT packed into
-#                                           $OUT/gpu_all.tgz (a call returns at most 8 files)
+#                                           the time left (GPU_MODELS, GPU_ROUNDS, GPU_TRIALS,
+#                                           GPU_NO_ABLATION=1 change them); everything under
+#                                           $OUT packed into $OUT/gpu_all.tgz (a call returns
+#                                           at most 8 files)
 #
 # .gpu/a and .gpu/b come from scripts/gpu_pack.sh on a machine with PyPI: TVM's wheel is larger
 # than one transfer, so its compiler library travels in two halves (stage, then setup, while the
@@ -29,15 +31,24 @@
 # Seen on an H200 (2026-11-26), 15 minutes of device time in all: start ~30 s, setup 12 s,
 # test 75 s (pytest-xdist, 8 workers: used when the machine has it), `reproduce fig11-gpu
 # --quick --trials 4` 46 s, models resnet18 104 s, profile resnet18 26 s, bench float16 with 8
-# trials ~15 s per layer. With .gpu/ in .git/info/exclude, name .gpu/a in the stage call's
-# `carry` and .gpu/b in the next call's (each call then sends only its half), and put all the
-# steps of one lease in that second command.
+# trials ~15 s per layer. Later that day, on an H200: test 155 s (248 items), models resnet18 and
+# resnet50 about 5 minutes together, bench float16 with 4 trials 220 s for all 16 layers. With
+# .gpu/ in .git/info/exclude, name .gpu/a in the stage call's `carry` and .gpu/b in the next
+# call's (each call then sends only its half), and put all the steps of one lease in that
+# second command.
 set -uo pipefail
 STATE=${UNIT_TVM_GPU_STATE:-/root/unit_tvm_gpu}
 OUT=${OUT:-gpu_out}
 PY=${PYTHON:-python3}
 mkdir -p "$STATE" "$OUT"
 export UNIT_TVM_DATABASE=$STATE/gpu_db.jsonl PYTHONUNBUFFERED=1
+
+link_extensions() {
+    # the two extension points install as unit_tvm.intrinsics / unit_tvm.schedules (setup.py);
+    # a later call's copy of the working tree drops these links, so every step makes them
+    ln -sfn ../intrinsics unit_tvm/intrinsics
+    ln -sfn ../schedules unit_tvm/schedules
+}
 
 stage() { cp .gpu/a/* "$STATE/" && ls -la "$STATE"; }
 
@@ -50,9 +61,6 @@ setup() {
         "$STATE"/xgboost_cpu-*.whl
     tar -xJf "$STATE/tvm_rest.tar.xz" -C "$site"
     cat "$STATE"/compiler.xz.* | xz -d -T0 > "$site/tvm/lib/libtvm_compiler.so"
-    # the two extension points install as unit_tvm.intrinsics / unit_tvm.schedules (setup.py)
-    ln -sfn ../intrinsics unit_tvm/intrinsics
-    ln -sfn ../schedules unit_tvm/schedules
     set +e
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv
     $PY -c 'import tvm, unit_tvm; d = tvm.cuda(0); print("tvm", tvm.__version__, "gpu",
@@ -112,14 +120,16 @@ all() {
     setup > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; return 1; }
     tail -3 "$OUT/setup.log"
     within "$deadline" "$0" test
-    GPU_MODELS="resnet18 bert_base" within "$deadline" "$0" models --no-tune --rounds 10
-    within "$deadline" "$0" ablation 4 --quick
-    within "$deadline" "$0" bench float16 8
+    GPU_MODELS=${GPU_MODELS:-resnet18 bert_base} within "$deadline" "$0" models --no-tune \
+        --rounds "${GPU_ROUNDS:-10}"
+    [[ -n ${GPU_NO_ABLATION:-} ]] || within "$deadline" "$0" ablation 4 --quick
+    within "$deadline" "$0" bench float16 "${GPU_TRIALS:-8}"
     (cd "$OUT" && tar czf /tmp/gpu_all.tgz --exclude=gpu_all.tgz . \
         && find . -mindepth 1 -delete && mv /tmp/gpu_all.tgz .)
     ls -la "$OUT"
 }
 
+[[ ${1:-all} == stage ]] || link_extensions
 case "${1:-all}" in
     stage) stage ;;
     setup) setup ;;
