@@ -46,10 +46,12 @@ class GpuConfig:
     k_step: int = 2
     fuse_spatial: bool = True
     split_k: int = 1
-    # on an H200 (RESULTS 2026-11-26) the tuner kept implicit preparation on all four layers
-    # it tuned with the choice open: the explicit form writes a gathered copy (9x the input
-    # for a 3x3 window) to global memory in a kernel of its own, then reads it back
-    implicit: bool = True
+    # explicit by default: on an H200, resnet18 with implicit preparation as the default ran
+    # 0.775 ms in fp16 and 1.127 ms in int8 against 0.737 / 0.697 with explicit (RESULTS
+    # 2026-11-26, both runs): int8 gathers with padding copy 4 bytes per thread, fp16 ones
+    # 16 where the analyzer proves them contiguous. The tuner still weighs both per layer
+    # (it kept implicit on 7 of Table I's 16 layers).
+    implicit: bool = False
     vector_copy: bool = True
     pipeline: bool = False
     # not measured on a GPU yet (written after the H200 run): off until the ablation's

@@ -48,18 +48,18 @@ WORKLOADS = [
     ("conv_gemm_odd_s8", "cuda.wmma.s8s32", _gemm(ODD_CONV, "int8", "int32")),
 ]
 # configs beyond the default: split-K through shared memory, unfused block index, wide windows,
-# explicit preparation (the gather or pack a kernel of its own; the default does it in the
-# shared-memory stage), element copies, cp.async pipelines (with split-K too), the output
+# implicit preparation (the gather or pack done by the shared-memory stage; the default runs
+# it as a kernel of its own), element copies, cp.async pipelines (with split-K too), the output
 # written by the block (alone and after a split-K sum)
 CONFIGS = [gpu.GpuConfig(split_k=2), gpu.GpuConfig(p=1, split_k=4, fuse_spatial=False),
            gpu.GpuConfig(p=4, warps_m=1, warps_n=1, k_step=4),
-           gpu.GpuConfig(implicit=False, split_k=2), gpu.GpuConfig(vector_copy=False),
+           gpu.GpuConfig(implicit=True, split_k=2), gpu.GpuConfig(vector_copy=False),
            gpu.GpuConfig(pipeline=True), gpu.GpuConfig(pipeline=True, implicit=True, split_k=2),
            gpu.GpuConfig(block_epilogue=True), gpu.GpuConfig(block_epilogue=True, split_k=2)]
-CONFIG_IDS = ["split2", "split4_unfused", "p4", "explicit_split2", "element_copies", "pipeline",
+CONFIG_IDS = ["split2", "split4_unfused", "p4", "implicit_split2", "element_copies", "pipeline",
               "pipeline_implicit_split2", "block_epilogue", "block_epilogue_split2"]
 # the compile test runs these in `make test-all` only (their ideas are covered by the others:
-# split-K by explicit_split2 and block_epilogue_split2, windows by the default p=2 and the
+# split-K by implicit_split2 and block_epilogue_split2, windows by the default p=2 and the
 # ablation test, the block epilogue alone by its own test)
 _COMPILE_SLOW = {"split4_unfused", "element_copies", "block_epilogue", "p4", "split2"}
 COMPILE_CONFIGS = [pytest.param(c, id=i, marks=[pytest.mark.slow] if i in _COMPILE_SLOW else [])
