@@ -1,6 +1,9 @@
 """`unit-tvm profile`: a compiled model's kernels, timed as they run in it."""
 
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -152,3 +155,48 @@ def test_fp32_leftovers_report_their_flops():
     row = next(line for line in profile.table(prof).splitlines()
                if line.startswith(matmuls[0].name + " "))
     assert " - " in row
+
+
+_THREADS_SCRIPT = """
+import sys
+import numpy as np
+import torch
+import tvm
+from tvm import relax
+from unit_tvm import frontends, profile
+
+# TVM fixes a host thread's pool size when that thread first asks for it: ask as the first
+# VirtualMachine (calibration's) is made, i.e. before any of profile_module's kernels run
+pools, make = [], relax.VirtualMachine.__init__
+def first_pool(self, *args, **kwargs):
+    pools.append(tvm.get_global_func("runtime.NumThreads")())
+    make(self, *args, **kwargs)
+relax.VirtualMachine.__init__ = first_pool
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU()).eval()
+cal = [np.random.default_rng(0).standard_normal((1, 16, 12, 12)).astype(np.float32)]
+mod = frontends.from_torch(model, [torch.tensor(cal[0])])
+if sys.argv[2] == "profile":
+    threads = profile.profile_module(mod, cal, cal[0], database=sys.argv[1], repeats=1).threads
+else:  # quantized first, then compiled and run
+    import unit_tvm
+    from unit_tvm.relax import quantize
+    ex = unit_tvm.compile(quantize(mod, calibration_data=cal), database=sys.argv[1])
+    relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(cal[0]))
+    threads = tvm.get_global_func("runtime.NumThreads")()
+print(pools[0], threads)
+"""
+
+
+@pytest.mark.parametrize("entry", ["profile", "quantize"])
+def test_kernels_run_on_every_cpu_of_the_process(tmp_path, entry):
+    """A fresh process that only calls profile_module, or quantize then compile, runs its
+    kernels on all of its CPUs (TVM's runtime alone takes half of them on x86, for good at a
+    thread's first parallel kernel: calibration's), and profile says how many it read back."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(tmp_path / "db.jsonl"),
+                          entry], env={**env, "UNIT_TVM_QUIET": "1"}, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    first_pool, read_back = (int(v) for v in out.stdout.split()[-2:])
+    assert first_pool == read_back == len(os.sched_getaffinity(0))

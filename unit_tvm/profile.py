@@ -30,6 +30,7 @@ from .peak import host_threads, peak
 from .relax import UnitTensorize, quantize, views
 from .relax.recipe import ATTR, Recipe
 from .relax.tensorize import macs
+from .runner import prepare_host
 from .target import host
 from .tuner import Database, default_path
 
@@ -66,6 +67,7 @@ class Profile:
     kernels: tuple
     copy_gbps: float
     peaks: dict = field(default_factory=dict)  # instruction -> measured GOPS on this host
+    threads: int = 0  # TVM's worker threads, read back after the run
 
     @property
     def kernel_ms(self) -> float:
@@ -169,6 +171,8 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
     """Quantize (int8, with `calibration`; `attention` as quantize takes it), tensorize and
     compile the Relax module `mod`, then profile three inferences on input `x` kernel by
     kernel."""
+    # before the first kernel starts TVM's thread pool: without it TVM takes half the CPUs
+    prepare_host()
     target = _target()
     qmod = quantize(mod, calibration_data=calibration, target=target, attention=attention)
     pass_ = UnitTensorize(target, database=Database(database or default_path()), tune=tune,
@@ -204,7 +208,8 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
     total = sum(k.us_per_call * k.calls for k in kernels) or 1.0
     kernels = sorted((KernelTime(**{**k.__dict__, "share": k.us_per_call * k.calls / total})
                       for k in kernels), key=lambda k: -k.share)
-    return Profile(name, e2e, tuple(kernels), copy, peaks)
+    threads = int(tvm.get_global_func("runtime.NumThreads")())
+    return Profile(name, e2e, tuple(kernels), copy, peaks, threads)
 
 
 def _timed_runs(vm, arg, repeats, runs=3) -> CallTimer:
@@ -244,7 +249,8 @@ def by_category(profile: Profile) -> dict:
 
 def table(profile: Profile, top=25) -> str:
     """The profile as text: the largest kernels, then the share of each category."""
-    lines = [f"{profile.model}: {profile.end_to_end_ms:.2f} ms end to end (min of single calls), "
+    lines = [f"{profile.model}: {profile.end_to_end_ms:.2f} ms end to end (min of single calls, "
+             f"{profile.threads} threads), "
              f"kernels sum to {profile.kernel_ms:.2f} ms alone (best of repeats), "
              f"{profile.in_run_ms:.2f} ms as run in the model; copy bandwidth "
              f"{profile.copy_gbps:.1f} GB/s; peaks: "

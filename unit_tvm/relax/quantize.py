@@ -36,6 +36,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from ..runner import prepare_host
 from ..target import as_target, host, is_host
 from . import qbmm, u8_pools, u8_values, views
 from .chains import find_chains
@@ -84,6 +85,9 @@ def observe(mod, outputs, calibration_data, target):
     # Calibration runs here: a model compiled for another machine (aarch64, a wider x86) is
     # observed in fp32 on this one, so both builds of one model get the same quantization.
     ex = build_relax(cal, target if is_host(target) else host())
+    # calibration's kernels are this thread's first parallel ones: TVM sizes its pool for
+    # good on the first (half the CPUs unless told), and the model's inferences share it
+    prepare_host()
     vm = relax.VirtualMachine(ex, tvm.cpu())
     seen = [[] for _ in outputs]
     for sample in calibration_data:

@@ -24,6 +24,7 @@ import tvm
 from tvm import relax
 
 from .. import schedules
+from ..runner import prepare_host
 from ..target import as_target
 from ..tuner import Database, tune, tune_instruction
 from .edge_layouts import packed_concats, packed_consumers, pool_conv_readers, pooled_producers
@@ -63,7 +64,9 @@ class UnitTensorize:
     """
 
     def __init__(self, target=None, database=None, tune=False, trials=None, runner=None):
+        # the kernels usually run in this process: its pool of TVM threads sized before any
         self.target = as_target(target)
+        prepare_host()
         self.runner = runner
         self.database = database
         self.tune = tune
