@@ -46,14 +46,57 @@ def _empty_1d(node):
 def from_onnx(model, shapes=None):
     """ONNX model (path or onnx.ModelProto) -> Relax IRModule, initializers as constants.
 
-    shapes: {input name: shape} for inputs with symbolic dimensions.
+    shapes: {input name: shape} for inputs with symbolic dimensions. A model TVM's importer
+    refuses, typically one that computes shapes at run time (Shape -> Gather -> Pad/Reshape, as
+    exports of Swin and MaxViT do), is imported again after ONNX Runtime's basic graph
+    optimizations have folded those computations for the fixed input shapes (needs
+    onnxruntime, e.g. from the `bench` extra).
     """
     import onnx
     from tvm.relax.frontend.onnx import from_onnx as _from_onnx
 
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(model)
-    return _from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
+    try:
+        return _from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
+    except Exception as refused:  # TVM raises its own error kinds, TypeError, ValueError...
+        try:
+            folded = _folded_onnx(model, shapes or {})
+            if folded is not None:
+                return _from_onnx(folded, shape_dict=shapes, keep_params_in_input=False)
+        except Exception:
+            pass  # TVM's reason is the one to read
+        raise refused
+
+
+def _folded_onnx(model, shapes):
+    """The model with its shape computations folded by ONNX Runtime's basic optimizations
+    (constant folding, standard ONNX ops only) for `shapes` (symbolic input dimensions
+    otherwise 1), or None without onnxruntime."""
+    import tempfile
+
+    import onnx
+
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        for i, d in enumerate(dims):
+            if i < len(shapes.get(value.name, ())):
+                d.dim_value = int(shapes[value.name][i])
+            elif d.dim_value <= 0:
+                d.dim_value = 1
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.optimized_model_filepath = f"{tmp}/folded.onnx"
+        ort.InferenceSession(fixed.SerializeToString(), options,
+                             providers=["CPUExecutionProvider"])
+        return onnx.load(options.optimized_model_filepath)
 
 
 def export_onnx(module, example_inputs, path):
