@@ -64,8 +64,8 @@ class UnitTensorize:
     """
 
     def __init__(self, target=None, database=None, tune=False, trials=None, runner=None):
-        # the kernels usually run in this process: its pool of TVM threads sized before any
         self.target = as_target(target)
+        # the kernels usually run in this process: its TVM thread pool sized before any run
         prepare_host()
         self.runner = runner
         self.database = database
