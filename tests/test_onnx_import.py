@@ -15,46 +15,57 @@ from unit_tvm import frontends
 from .conftest import require_host
 
 
-def _window_padded_conv():
-    """x [1, 4, 5, 5] padded on W up to a multiple of 7 with the pad width computed from
-    Shape (Swin's window partition does this), then a 3x3 conv and a relu."""
-    def const(name, value, dtype=np.int64):
-        return numpy_helper.from_array(np.asarray(value, dtype), name)
+def _const(name, value, dtype=np.int64):
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
 
+
+def _shape_computing_conv(kind):
+    """x [1, 4, 6, 12], its W changed by an amount computed from Shape at run time, then a 3x3
+    conv and a relu. "pad": padded up to a multiple of 7 (Swin's window partition; TVM's
+    importer refuses it); "slice": its first third kept (torch.chunk in MaxViT; TVM imports it
+    with shapes unknown)."""
     rng = np.random.default_rng(0)
-    nodes = [
-        h.make_node("Shape", ["x"], ["shape"]),
-        h.make_node("Gather", ["shape", "three"], ["w"], axis=0),
-        h.make_node("Mod", ["w", "seven"], ["w_mod"]),
-        h.make_node("Sub", ["seven", "w_mod"], ["short"]),
-        h.make_node("Mod", ["short", "seven"], ["pad"]),
-        h.make_node("Concat", ["zeros7", "pad"], ["pads"], axis=0),
-        h.make_node("Pad", ["x", "pads"], ["padded"]),
-        h.make_node("Conv", ["padded", "weight", "bias"], ["conv"], kernel_shape=[3, 3]),
-        h.make_node("Relu", ["conv"], ["y"]),
-    ]
-    inits = [const("three", 3), const("seven", [7]), const("zeros7", [0] * 7),
-             const("weight", rng.standard_normal((8, 4, 3, 3)), np.float32),
-             const("bias", rng.standard_normal(8), np.float32)]
-    graph = h.make_graph(nodes, "window_padded_conv",
-                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
-                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 3, 5])],
-                         inits)
+    nodes = [h.make_node("Shape", ["x"], ["shape"])]
+    if kind == "pad":
+        nodes += [h.make_node("Gather", ["shape", "three"], ["w"], axis=0),
+                  h.make_node("Mod", ["w", "seven"], ["w_mod"]),
+                  h.make_node("Sub", ["seven", "w_mod"], ["short"]),
+                  h.make_node("Mod", ["short", "seven"], ["pad"]),
+                  h.make_node("Concat", ["zeros7", "pad"], ["pads"], axis=0),
+                  h.make_node("Pad", ["x", "pads"], ["changed"])]
+    else:  # the first of three chunks along W, as torch.chunk exports it
+        nodes += [h.make_node("Gather", ["shape", "three1"], ["w"], axis=0),
+                  h.make_node("Add", ["w", "two1"], ["w2"]),
+                  h.make_node("Div", ["w2", "three1"], ["chunk"]),
+                  h.make_node("Slice", ["x", "zero", "chunk", "three1"], ["changed"])]
+    nodes += [h.make_node("Conv", ["changed", "weight", "bias"], ["conv"], kernel_shape=[3, 3]),
+              h.make_node("Relu", ["conv"], ["y"])]
+    inits = [_const("three", 3), _const("three1", [3]), _const("seven", [7]),
+             _const("zeros7", [0] * 7), _const("zero", [0]), _const("two1", [2]),
+             _const("weight", rng.standard_normal((8, 4, 3, 3)), np.float32),
+             _const("bias", rng.standard_normal(8), np.float32)]
+    out_w = 12 if kind == "pad" else 2  # 14 or 4 columns, then a 3-wide window
+    graph = h.make_graph(nodes, f"{kind}_conv",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 12])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, out_w])],
+                         [i for i in inits if any(i.name in n.input for n in nodes)])
     # IR version 9 as exporters write it (onnx 1.23's default is newer than ONNX Runtime reads)
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
     onnx.checker.check_model(model)
     return model
 
 
-def test_shapes_computed_at_run_time_import_after_folding():
+@pytest.mark.parametrize("kind", ["pad", "slice"])
+def test_shapes_computed_at_run_time_import_after_folding(kind):
     ort = pytest.importorskip("onnxruntime")
     require_host("x86.vpdpbusd")
-    model = _window_padded_conv()
+    model = _shape_computing_conv(kind)
     rng = np.random.default_rng(1)
-    xs = [rng.standard_normal((1, 4, 5, 5)).astype(np.float32) for _ in range(4)]
+    xs = [rng.standard_normal((1, 4, 6, 12)).astype(np.float32) for _ in range(4)]
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     refs = [session.run(None, {"x": x})[0] for x in xs]
     mod = frontends.from_onnx(model)
+    assert frontends._unknown_shapes(mod) == 0
     for quantize in (None, {"calibration_data": xs}):
         report = []
         vm = relax.VirtualMachine(unit_tvm.compile(mod, quantize=quantize, report=report),
@@ -71,9 +82,11 @@ def test_shapes_computed_at_run_time_import_after_folding():
                 assert cos > 0.99
 
 
-def test_without_folding_tvm_reason_is_raised(monkeypatch):
-    """Where the folded model cannot be had (no onnxruntime), TVM's own error comes out."""
+def test_without_folding_the_first_import_stands(monkeypatch):
+    """Where the folded model cannot be had (no onnxruntime), TVM's own error comes out, or
+    its import with the shapes it could not know."""
     monkeypatch.setattr(frontends, "_folded_onnx", lambda model, shapes: None)
     with pytest.raises(Exception) as refused:
-        frontends.from_onnx(_window_padded_conv())
+        frontends.from_onnx(_shape_computing_conv("pad"))
     assert "concat" in str(refused.value).lower() or "shape" in str(refused.value).lower()
+    assert frontends._unknown_shapes(frontends.from_onnx(_shape_computing_conv("slice"))) > 0

@@ -46,27 +46,52 @@ def _empty_1d(node):
 def from_onnx(model, shapes=None):
     """ONNX model (path or onnx.ModelProto) -> Relax IRModule, initializers as constants.
 
-    shapes: {input name: shape} for inputs with symbolic dimensions. A model TVM's importer
-    refuses, typically one that computes shapes at run time (Shape -> Gather -> Pad/Reshape, as
-    exports of Swin and MaxViT do), is imported again after ONNX Runtime's basic graph
-    optimizations have folded those computations for the fixed input shapes (needs
-    onnxruntime, e.g. from the `bench` extra).
+    shapes: {input name: shape} for inputs with symbolic dimensions. A model that computes
+    shapes at run time (Shape -> Gather -> Pad / Reshape / Slice, as exports of Swin and MaxViT
+    do) either stops TVM's importer or leaves tensors of unknown shape that no later pass can
+    lay out; it is imported again after ONNX Runtime's basic graph optimizations have folded
+    those computations for the fixed input shapes (needs onnxruntime, e.g. from the `bench`
+    extra), and the import with fewer unknown shapes is kept.
     """
     import onnx
     from tvm.relax.frontend.onnx import from_onnx as _from_onnx
 
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(model)
+    refused = None
     try:
-        return _from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
-    except Exception as refused:  # TVM raises its own error kinds, TypeError, ValueError...
-        try:
-            folded = _folded_onnx(model, shapes or {})
-            if folded is not None:
-                return _from_onnx(folded, shape_dict=shapes, keep_params_in_input=False)
-        except Exception:
-            pass  # TVM's reason is the one to read
+        mod = _from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
+    except Exception as error:  # TVM raises its own error kinds, TypeError, ValueError...
+        mod, refused = None, error
+    if mod is not None and not _unknown_shapes(mod):
+        return mod
+    try:
+        folded = _folded_onnx(model, shapes or {})
+        if folded is not None:
+            again = _from_onnx(folded, shape_dict=shapes, keep_params_in_input=False)
+            if mod is None or _unknown_shapes(again) < _unknown_shapes(mod):
+                return again
+    except Exception:
+        pass  # the first import (or TVM's reason for refusing it) is the one to keep
+    if mod is None:
         raise refused
+    return mod
+
+
+def _unknown_shapes(mod) -> int:
+    """How many tensors bound in main have no static shape."""
+    from tvm import relax
+
+    count = 0
+
+    def visit(expr):
+        nonlocal count
+        if isinstance(expr, relax.Var) and isinstance(expr.ty, relax.TensorType) \
+                and expr.ty.shape is None:
+            count += 1
+
+    relax.analysis.post_order_visit(mod["main"].body, visit)
+    return count
 
 
 def _folded_onnx(model, shapes):
