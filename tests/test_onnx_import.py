@@ -1,4 +1,5 @@
-"""ONNX files TVM's importer refuses as exported: shapes computed at run time."""
+"""ONNX files as exported that TVM's importer refuses (shapes computed at run time) or imports
+into ops no fast path sees (einsum attention)."""
 
 import numpy as np
 import onnx
@@ -11,6 +12,7 @@ from tvm import relax
 
 import unit_tvm
 from unit_tvm import frontends
+from unit_tvm.relax.frontend_fixes import frontend_fixes, matmul_einsum
 
 from .conftest import require_host
 
@@ -90,3 +92,63 @@ def test_without_folding_the_first_import_stands(monkeypatch):
         frontends.from_onnx(_shape_computing_conv("pad"))
     assert "concat" in str(refused.value).lower() or "shape" in str(refused.value).lower()
     assert frontends._unknown_shapes(frontends.from_onnx(_shape_computing_conv("slice"))) > 0
+
+
+@pytest.mark.parametrize("eq,shapes", [
+    ("bhid,bhjd->bhij", [(2, 3, 4, 8), (2, 3, 5, 8)]),
+    ("bhij,bhjd->bhid", [(2, 3, 4, 5), (2, 3, 5, 8)]),
+    ("ik,kj->ji", [(4, 6), (6, 5)]),
+    ("bij,bjk->kbi", [(2, 4, 6), (2, 6, 5)]),
+])
+def test_matmul_einsums_become_matmuls(eq, shapes):
+    """Every einsum that is a batched matrix product becomes permute_dims + matmul with the
+    same result; the rest stay einsums."""
+    x, y = (relax.Var(n, relax.TensorType(s, "float32")) for n, s in zip("xy", shapes))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.einsum((x, y), eq)))
+        bb.emit_func_output(out)
+    fixed = frontend_fixes(bb.get())
+    assert "R.einsum" not in fixed["main"].script() and "R.matmul" in fixed["main"].script()
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    vm = relax.VirtualMachine(tvm.compile(fixed, target="llvm"), tvm.cpu())
+    got = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    np.testing.assert_allclose(got, np.einsum(eq, *args), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("eq", ["ii->i", "ab,cd->abcd", "b...d,b...d->b...", "ij,jk,kl->il",
+                                "bij,bjk->bik,"])
+def test_other_einsums_are_not_read_as_matmuls(eq):
+    assert matmul_einsum(eq) is None
+
+
+def test_einsum_attention_from_onnx_compiles_int8():
+    """An attention block written with Einsum (as MaxViT's export is) compiles with its two
+    products as matmuls and agrees with ONNX Runtime."""
+    ort = pytest.importorskip("onnxruntime")
+    rng = np.random.default_rng(0)
+    nodes = [h.make_node("MatMul", ["x", "wk"], ["k"]), h.make_node("MatMul", ["x", "wv"], ["v"]),
+             h.make_node("Einsum", ["x", "k"], ["s"], equation="bhid,bhjd->bhij"),
+             h.make_node("Mul", ["s", "scale"], ["ss"]),
+             h.make_node("Softmax", ["ss"], ["p"], axis=-1),
+             h.make_node("Einsum", ["p", "v"], ["y"], equation="bhij,bhjd->bhid")]
+    inits = [_const("wk", rng.standard_normal((32, 32)) / 6, np.float32),
+             _const("wv", rng.standard_normal((32, 32)) / 6, np.float32),
+             _const("scale", 32 ** -0.5, np.float32)]
+    shape = [1, 2, 16, 32]
+    graph = h.make_graph(nodes, "einsum_attention",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
+    xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(4)]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    mod = frontends.from_onnx(model)
+    assert "einsum" not in mod["main"].script() and mod["main"].script().count("R.matmul") == 4
+    vm = relax.VirtualMachine(unit_tvm.compile(mod, quantize={"calibration_data": xs}),
+                              tvm.cpu())
+    for x in xs:
+        got, ref = vm["main"](tvm.runtime.tensor(x)).numpy(), session.run(None, {"x": x})[0]
+        cos = float((got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref))
+        assert cos > 0.99

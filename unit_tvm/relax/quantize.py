@@ -40,6 +40,7 @@ from ..runner import prepare_host
 from ..target import as_target, host, is_host
 from . import qbmm, u8_pools, u8_values, views
 from .chains import find_chains
+from .frontend_fixes import frontend_fixes
 from .graph import dataflow_bindings, max_pool_on
 from .graph import uses as count_uses
 from .qops import plain_func
@@ -101,8 +102,9 @@ def observe(mod, outputs, calibration_data, target):
 def inference_form(mod: tvm.IRModule) -> tvm.IRModule:
     """The module as quantize() looks for chains in it: batch norms decomposed into affine ops,
     constants folded, torch.export's (value, indices)[0] around pools and batch norms bound to
-    the value itself."""
-    mod = relax.transform.DecomposeOpsForInference()(mod)
+    the value itself; the frontends' output repaired as unit_tvm.compile does (frontend_fixes),
+    so that every caller of quantize sees the same graph."""
+    mod = relax.transform.DecomposeOpsForInference()(frontend_fixes(mod))
     mod = relax.transform.FoldConstant()(mod)
     return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
 
