@@ -1,5 +1,9 @@
 """Model frontends: PyTorch (torch.export) and ONNX, both to a Relax IRModule."""
 
+import contextlib
+import io
+import sys
+
 
 def from_torch(module, example_inputs):
     """torch.nn.Module (eval mode) -> Relax IRModule via torch.export, weights as constants."""
@@ -59,12 +63,16 @@ def from_onnx(model, shapes=None):
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(model)
     model = _einsums_as_matmuls(model)
-    refused = None
+    refused, said = None, io.StringIO()
     try:
-        mod = _from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
+        # TVM's importer prints the failing operator before raising: shown with the first
+        # import's result, not when the folded import below replaces it
+        with contextlib.redirect_stdout(said):
+            mod = _from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
     except Exception as error:  # TVM raises its own error kinds, TypeError, ValueError...
         mod, refused = None, error
     if mod is not None and not _unknown_shapes(mod):
+        sys.stdout.write(said.getvalue())
         return mod
     try:
         folded = _folded_onnx(model, shapes or {})
@@ -74,6 +82,7 @@ def from_onnx(model, shapes=None):
                 return again
     except Exception:
         pass  # the first import (or TVM's reason for refusing it) is the one to keep
+    sys.stdout.write(said.getvalue())
     if mod is None:
         raise refused
     return mod
