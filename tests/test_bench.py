@@ -185,7 +185,7 @@ def test_bench_model_takes_an_onnx_file(tmp_path):
     """An ONNX file (symbolic batch dimension, input not named input0) is benchmarked by the
     engines that start from ONNX, against ONNX Runtime's fp32 outputs; the PyTorch engines are
     skipped with the reason."""
-    pytest.importorskip("onnxruntime", reason="ONNX Runtime is a bench extra")
+    pytest.importorskip("onnxruntime", reason="ONNX Runtime is a bench and test extra")
     import torch
     from torch import nn
 
@@ -209,10 +209,10 @@ def test_bench_model_takes_an_onnx_file(tmp_path):
 
 
 def test_an_onnx_file_tvm_cannot_import_still_gets_the_other_engines(tmp_path):
-    """An operator TVM 0.27's ONNX frontend lacks (Celu; swin_t's exported window reshapes
-    fail the same way) used to stop bench-model before any engine ran: now unit-tvm is
-    reported failed with TVM's reason, and ONNX Runtime is still built, checked and timed."""
-    pytest.importorskip("onnxruntime", reason="ONNX Runtime is a bench extra")
+    """An operator TVM 0.27's ONNX frontend lacks (Celu, which no folding removes) used to
+    stop bench-model before any engine ran: now unit-tvm is reported failed with TVM's reason,
+    and ONNX Runtime is still built, checked and timed."""
+    pytest.importorskip("onnxruntime", reason="ONNX Runtime is a bench and test extra")
     import onnx
     from onnx import TensorProto, helper
 
