@@ -7,8 +7,8 @@ the FFN's first dense cost 9x its int8 GEMM, and softmax as much as all the atte
 These versions use only arithmetic, floor and a bit reinterpretation, which LLVM vectorizes.
 
 Accuracy in float32 (tests/test_cpu_default.py): exp within 1e-6 relative on [-87, 88],
-saturating at exp(88) above and exp(-87) below; erf within 1e-6 absolute everywhere (measured:
-exp 7e-8, erf 3.2e-7).
+saturating at exp(88) above and 0 below (never a subnormal); erf within 1e-6 absolute
+everywhere (measured: exp 7e-8, erf 3.2e-7).
 """
 
 import math
@@ -46,15 +46,22 @@ _EXP_TAYLOR = tuple(1.0 / math.factorial(k) for k in range(8))  # e^r to degree 
 
 
 def exp(x):
-    """exp(x) for a float32 PrimExpr: 2^n * e^r with n = round(x / ln2), |r| <= ln2 / 2."""
+    """exp(x) for a float32 PrimExpr: 2^n * e^r with n = round(x / ln2), |r| <= ln2 / 2;
+    exp(88) above 88 and exactly 0 below -87. The C library returns subnormals down to -103,
+    and so did a clamp at -87 once divided (a masked softmax row: e^-87 / sum): x86 cores take
+    a slow path on every subnormal operand, and what is below 1.7e-38 rounds to nothing in
+    any int8 or bf16 consumer."""
     def reduced(xc, n):
         # ln2 split in two so that n * ln2_hi is exact (Cody-Waite reduction)
         return _let("r", xc - n * _c(0.693145751953125) - n * _c(1.4286068203094172e-06),
                     lambda r: _horner(_EXP_TAYLOR, r)
                     * tirx.reinterpret(_F32, (n.astype("int32") + 127) << 23))
 
-    return _let("xc", _clamp(x, -87.0, 88.0), lambda xc: _let(
-        "n", tirx.floor(xc * _c(1.0 / math.log(2.0)) + _c(0.5)), lambda n: reduced(xc, n)))
+    def clamped(xe):
+        return _let("xc", _clamp(xe, -87.0, 88.0), lambda xc: _let(
+            "n", tirx.floor(xc * _c(1.0 / math.log(2.0)) + _c(0.5)), lambda n: reduced(xc, n)))
+
+    return _let("xe", x, lambda xe: tirx.Select(xe < _c(-87.0), _c(0.0), clamped(xe)))
 
 
 # erf(x) = x * P(x^2) / Q(x^2) on [-4, 4], clamped outside (1 - erf(4) = 1.5e-8): a rational
