@@ -49,8 +49,8 @@ def exp(x):
     """exp(x) for a float32 PrimExpr: 2^n * e^r with n = round(x / ln2), |r| <= ln2 / 2;
     exp(88) above 88 and exactly 0 below -87. The C library returns subnormals down to -103,
     and so did a clamp at -87 once divided (a masked softmax row: e^-87 / sum): x86 cores take
-    a slow path on every subnormal operand, and what is below 1.7e-38 rounds to nothing in
-    any int8 or bf16 consumer."""
+    a slow path on every subnormal operand, and a value below 1.7e-38 is 0 to any int8
+    consumer."""
     def reduced(xc, n):
         # ln2 split in two so that n * ln2_hi is exact (Cody-Waite reduction)
         return _let("r", xc - n * _c(0.693145751953125) - n * _c(1.4286068203094172e-06),
