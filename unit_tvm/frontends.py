@@ -71,14 +71,15 @@ def from_onnx(model, shapes=None):
             mod = _from_onnx(model, shape_dict=shapes, keep_params_in_input=False)
     except Exception as error:  # TVM raises its own error kinds, TypeError, ValueError...
         mod, refused = None, error
-    if mod is not None and not _unknown_shapes(mod):
+    unknown = None if mod is None else _unknown_shapes(mod)
+    if unknown == 0:
         sys.stdout.write(said.getvalue())
         return mod
     try:
         folded = _folded_onnx(model, shapes or {})
         if folded is not None:
             again = _from_onnx(folded, shape_dict=shapes, keep_params_in_input=False)
-            if mod is None or _unknown_shapes(again) < _unknown_shapes(mod):
+            if mod is None or _unknown_shapes(again) < unknown:
                 return again
     except Exception:
         pass  # the first import (or TVM's reason for refusing it) is the one to keep
@@ -101,27 +102,23 @@ def _einsums_as_matmuls(model):
     def rewritten(node, k):
         eq = next((helper.get_attribute_value(a) for a in node.attribute
                    if a.name == "equation"), b"")
-        eq = (eq.decode() if isinstance(eq, bytes) else eq).replace(" ", "")
-        form = matmul_einsum(eq) if len(node.input) == 2 else None
+        form = matmul_einsum(eq.decode() if isinstance(eq, bytes) else eq) \
+            if len(node.input) == 2 else None
         if form is None:
             return [node]
-        (a, b), out = eq.split("->")[0].split(","), eq.split("->")[1]
         nodes, names = [], []
-        for name, letters, order in ((node.input[0], a, form.batch + form.row + form.contracted),
-                                     (node.input[1], b, form.batch + form.contracted + form.col)):
-            perm = [letters.index(c) for c in order]
-            if perm != list(range(len(perm))):
-                nodes.append(helper.make_node("Transpose", [name], [f"{name}__einsum{k}_t"],
+        for i, (name, perm) in enumerate(zip(node.input, (form.left, form.right))):
+            if perm is not None:
+                nodes.append(helper.make_node("Transpose", [name], [f"{name}__einsum{k}_{i}"],
                                               perm=perm))
-                name = f"{name}__einsum{k}_t"
+                name = f"{name}__einsum{k}_{i}"
             names.append(name)
-        product = form.batch + form.row + form.col
-        perm = [product.index(c) for c in out]
-        if perm == list(range(len(perm))):
+        if form.out is None:
             return nodes + [helper.make_node("MatMul", names, list(node.output))]
-        return nodes + [helper.make_node("MatMul", names, [f"{node.output[0]}__einsum{k}_mm"]),
-                        helper.make_node("Transpose", [f"{node.output[0]}__einsum{k}_mm"],
-                                         list(node.output), perm=perm)]
+        product = f"{node.output[0]}__einsum{k}_mm"
+        return nodes + [helper.make_node("MatMul", names, [product]),
+                        helper.make_node("Transpose", [product], list(node.output),
+                                         perm=form.out)]
 
     if not any(n.op_type == "Einsum" for n in model.graph.node):
         return model

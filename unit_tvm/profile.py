@@ -30,7 +30,6 @@ from .peak import host_threads, peak
 from .relax import UnitTensorize, quantize, views
 from .relax.recipe import ATTR, Recipe
 from .relax.tensorize import macs
-from .runner import prepare_host
 from .target import host
 from .tuner import Database, default_path
 
@@ -171,8 +170,6 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
     """Quantize (int8, with `calibration`; `attention` as quantize takes it), tensorize and
     compile the Relax module `mod`, then profile three inferences on input `x` kernel by
     kernel."""
-    # before the first kernel starts TVM's thread pool: without it TVM takes half the CPUs
-    prepare_host()
     target = _target()
     qmod = quantize(mod, calibration_data=calibration, target=target, attention=attention)
     pass_ = UnitTensorize(target, database=Database(database or default_path()), tune=tune,

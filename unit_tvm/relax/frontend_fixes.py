@@ -35,13 +35,13 @@ class _BoolCumsumAsInt64(relax.PyExprMutator):
 
 
 class MatmulEinsum(NamedTuple):
-    """An einsum equation read as a batched matrix product: the letters of the batch axes (in
-    the output's order), the free letter of each operand, the contracted letter."""
+    """An einsum equation read as a batched matrix product: the axis orders that make each
+    operand [batch..., rows, contracted] and [batch..., contracted, cols], and the one that puts
+    the product's [batch..., rows, cols] in the equation's output order (None: already so)."""
 
-    batch: str
-    row: str
-    col: str
-    contracted: str
+    left: list | None
+    right: list | None
+    out: list | None
 
 
 def matmul_einsum(subscripts: str) -> MatmulEinsum | None:
@@ -62,12 +62,18 @@ def matmul_einsum(subscripts: str) -> MatmulEinsum | None:
     if len(contracted) != 1 or len(rows) != 1 or len(cols) != 1 \
             or sorted(out) != sorted(batch + rows[0] + cols[0]):
         return None
-    return MatmulEinsum(batch, rows[0], cols[0], contracted[0])
+
+    def order(letters, wanted):
+        axes = [letters.index(c) for c in wanted]
+        return None if axes == list(range(len(axes))) else axes
+
+    return MatmulEinsum(order(a, batch + rows[0] + contracted[0]),
+                        order(b, batch + contracted[0] + cols[0]),
+                        order(batch + rows[0] + cols[0], out))
 
 
-def _permuted(x, letters, order):
-    axes = [letters.index(c) for c in order]
-    return x if axes == list(range(len(axes))) else relax.op.permute_dims(x, axes)
+def _permuted(x, axes):
+    return x if axes is None else relax.op.permute_dims(x, axes)
 
 
 @relax.expr_functor.mutator
@@ -77,16 +83,12 @@ class _EinsumAsMatmul(relax.PyExprMutator):
         if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.einsum"
                 and isinstance(call.args[0], relax.Tuple)):
             return call
-        eq = str(call.attrs.subscripts).replace(" ", "")
-        form = matmul_einsum(eq)
+        form = matmul_einsum(str(call.attrs.subscripts))
         if form is None:
             return call
-        (a, b), out = eq.split("->")[0].split(","), eq.split("->")[1]
         x, y = call.args[0].fields
-        left = _permuted(x, a, form.batch + form.row + form.contracted)
-        right = _permuted(y, b, form.batch + form.contracted + form.col)
-        product = relax.op.matmul(left, right)
-        return _permuted(product, form.batch + form.row + form.col, out)
+        product = relax.op.matmul(_permuted(x, form.left), _permuted(y, form.right))
+        return _permuted(product, form.out)
 
 
 @tvm.transform.module_pass(opt_level=0, name="UnitFrontendFixes")
