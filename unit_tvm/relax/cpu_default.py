@@ -113,6 +113,62 @@ def _vectorize_by_rfactor(sch, block, loops, lead, lanes):
     sch.decompose_reduction(rf, lps[-2])
 
 
+def _lanes_after_reduction(block, lead, widths=X86):
+    """Whether the block reduces over axes that sit just before a trailing axis of channel
+    lanes (a mean over H and W of NCHW[16]c: squeeze-excitation's pool on a float32 region in
+    blocks, relax/f32_blocks.py): every read indexed by the reduction has the reduction's
+    variables, in order, then the last data-parallel variable on its last axes, the result has
+    that variable on its last axis, and it is one whole vector wide."""
+    ivs = block.iter_vars
+    lane = ivs[lead - 1]
+    if lead < 2 or lead == len(ivs) or int(lane.dom.extent) != widths.lanes:
+        return False
+    red = [{iv.var.name} for iv in ivs[lead:]]
+    lane_name = {lane.var.name}
+    for region in block.reads:
+        axes = _region_axes(region)
+        if any(a & {n for r in red for n in r} for a in axes) and (
+                axes[-len(red) - 1:] != red + [lane_name]):
+            return False
+    write = _region_axes(block.writes[0])
+    return write[-1] == lane_name and not any(lane_name & a for a in write[:-1])
+
+
+def _blocked_reduction(sch, block, loops, lead):
+    """Schedule a reduction over the axes before a vector of lanes (_lanes_after_reduction):
+    the loops above the lanes fused and parallel; the reduction, fused into one loop, split
+    into P (8, 4 or 2) interleaved partial sums (rfactor: P independent vector additions per
+    step instead of one chain of dependent ones), then the partials summed and the consumer
+    (the mean's division) applied per vector, under a second parallel loop."""
+    if lead > 2:
+        sch.fuse(*loops[:lead - 1])
+    lane, red = loops[lead - 1], loops[lead:]
+    k = sch.fuse(*red) if len(red) > 1 else red[0]
+    total = int(sch.get(k).extent)
+    parts = next((p for p in (8, 4, 2) if total % p == 0 and total >= 4 * p), 1)
+    consumer = _elementwise_consumer(sch, block)
+    stages = [block]
+    if parts > 1:
+        ko, ki = sch.split(k, [None, parts])
+        sch.reorder(ko, ki, lane)
+        # the partial sums' nest: head, ko, ki, lane; the block sums them: head, ki, lane
+        stages = [sch.rfactor(ki, factor_axis=lead - 1), block]
+    else:
+        sch.reorder(k, lane)
+    if consumer is not None:
+        sch.reverse_compute_at(consumer, sch.get_loops(block)[0])
+    for stage in stages:
+        head = sch.get_loops(stage)[0]
+        if int(sch.get(head).extent) > 1:
+            sch.parallel(head)  # before decompose_reduction: parallel needs whole blocks
+    for stage in stages + ([consumer] if consumer is not None else []):
+        sch.vectorize(sch.get_loops(stage)[-1])
+    if parts > 1:
+        sch.unroll(sch.get_loops(stages[0])[-2])
+    for stage in stages:
+        sch.decompose_reduction(stage, sch.get_loops(stage)[1])
+
+
 def _vector_width(extent, widths=X86):
     """Lanes of a vector loop over `extent` (a multiple of widths.narrow): a whole vector when
     the extent allows, else the narrow one."""
@@ -258,6 +314,10 @@ def _schedule(func, widths=X86):
             continue
         extents = [int(sch.get(lp).extent) for lp in loops]
         reduction = lead < len(loops)
+        if reduction and _lanes_after_reduction(sch.get(block), lead, widths):
+            fused.update(sch.get(c).name_hint for c in sch.get_consumers(block))
+            _blocked_reduction(sch, block, loops, lead)
+            continue
         # the last data-parallel loop is vectorised: innermost already for elementwise blocks; for
         # reductions across rows (matmul) the reduction loops move outside it. A reduction along
         # memory rows (softmax, layer norm: the last axis) would make that vector a strided gather
