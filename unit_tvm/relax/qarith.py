@@ -140,11 +140,14 @@ def logical_index(recipe, idx):
 
 
 def packed_output(recipe, fn, acc_at):
-    """te body of a NCHW[out_block]c (NCDHW[out_block]c) uint8 result: channel
-    f = ko * block + ki from fn(acc_at(b, ko, *spatial, ki, f), f, logical index); the padding
-    channels hold the output's zero point (real 0)."""
+    """te body of a NCHW[out_block]c (NCDHW[out_block]c) result, uint8 (requantized) or float32:
+    channel f = ko * block + ki from fn(acc_at(b, ko, *spatial, ki, f), f, logical index); the
+    padding channels hold real 0 (the output's zero point, or 0.0)."""
     blk, k = recipe.out_block, recipe.out_channels
-    zp = tirx.const(int(recipe.out_q[1]), "uint8")
+    if recipe.out_q:
+        zp = tirx.const(int(recipe.out_q[1]), "uint8")
+    else:
+        zp = tirx.const(0.0, "float32")
 
     def body(b, ko, *rest):
         *spatial, ki = rest

@@ -77,14 +77,16 @@ def _unpadded(padded, before, sizes):
 
 def _producer_blocks(recipe, x, x_blk, padded_width):
     """(uint8 NC..[ib]c input the instruction reads, ib) where the op reads its producer's
-    channel blocks (a conv2d's or conv3d's): read in place, or copied padded as whole channel
-    vectors (the instruction reads x_blk of a block's ib channels in place); None where it
-    does not (the caller quantizes, pads and packs its input)."""
+    channel blocks (a conv2d's or conv3d's; uint8, or float32 through elementwise ops: see
+    f32_blocks.py): read in place, or copied (quantized) padded as whole channel vectors (the
+    instruction reads x_blk of a block's ib channels in place); None where it does not (the
+    caller quantizes, pads and packs its input)."""
     n, c, *extents = recipe.in_shape
     ib = recipe.in_block
-    if not (recipe.in_u8 and ib and ib % x_blk == 0 and c % ib == 0):
+    if not (ib and ib % x_blk == 0 and c % ib == 0):
         return None
-    if not any(recipe.padding) and padded_width == extents[-1] and not recipe.x_signed:
+    if (recipe.in_u8 and not any(recipe.padding) and padded_width == extents[-1]
+            and not recipe.x_signed):
         # the producer's NC..[ib]c uint8 already holds every x_blk channels of a pixel
         # together: the instruction reads it in place, no pass over the input
         return x, ib

@@ -28,6 +28,7 @@ from ..runner import prepare_host
 from ..target import as_target
 from ..tuner import Database, tune, tune_instruction
 from .edge_layouts import packed_concats, packed_consumers, pool_conv_readers, pooled_producers
+from .f32_blocks import blocked_op, regions as f32_regions
 from .graph import max_pool_on
 from .qgraphs import tensorized_graph
 from .qops import plain_func, tensorized_func
@@ -91,6 +92,8 @@ class UnitTensorize:
         pooled = pooled_producers(func, calls, recipes)
         pool_readers = pool_conv_readers(mod, func, calls, recipes, pooled)
         concats = packed_concats(mod, func, calls, recipes, self.target)
+        f32 = f32_regions(func, calls, recipes, self.target)
+        region_ops = {}  # elementwise / reduction call -> block, of the regions made blocked
         # max-pools whose result stays in blocks for its conv readers or a blocked concat
         blocked_pools = set(concats.blocked_max_pools)
         for j, block in concats.readers.items():
@@ -103,6 +106,9 @@ class UnitTensorize:
         # instruction's) before its consumer's recipe is keyed
         for i, (call, recipe) in enumerate(zip(calls, recipes)):
             block = concats.producers.get(i)  # a concat's blocks are fixed for all its parts
+            region = f32.by_producer.get(i)
+            if region is not None:
+                block = region.block  # the region's ops are rewritten for this block
             packed_out = i in consumer or i in pooled or block is not None
             key = (recipe, packed_out, block)  # a Recipe is frozen and hashable
             if key not in built:
@@ -111,8 +117,10 @@ class UnitTensorize:
             if built[key] is None:
                 continue
             gv, arguments, final = built[key]
-            for j, role in consumer.get(i, ()):
+            for j, role in [*consumer.get(i, ()), *(region.readers if region else ())]:
                 recipes[j] = _with_edge_block(recipes[j], role, final.out_block)
+            if region is not None:
+                region_ops.update({op: region.block for op in region.ops + region.reductions})
             if i in pooled:
                 pool, blk = pooled[i], final.out_block
                 pools[pool] = blk
@@ -128,7 +136,8 @@ class UnitTensorize:
         if not replace:
             return mod
         mod = bb.get()
-        mod["main"] = _Replace(mod, replace, pools, blocked_pools).visit_expr(mod["main"])
+        mod["main"] = _Replace(mod, replace, pools, blocked_pools, region_ops).visit_expr(
+            mod["main"])
         return _drop_unused_recipes(relax.transform.DeadCodeElimination()(mod))
 
     def _database(self):
@@ -373,11 +382,12 @@ class _Replace(relax.PyExprMutator):
     """Main with each listed call_tir replaced (new function, arguments, result type); bindings
     whose type changes (a packed layout) get new variables, and their users follow."""
 
-    def __init__(self, mod, replace, pools=None, blocked=frozenset()):
+    def __init__(self, mod, replace, pools=None, blocked=frozenset(), region_ops=None):
         super().__init__(mod)
         self.replace = replace
         self.pools = pools or {}  # max-pool call -> channel block of its (now packed) input
         self.blocked = blocked  # those of the pools whose readers read the blocks
+        self.region_ops = region_ops or {}  # float32 region op -> block (f32_blocks.py)
 
     def visit_call_(self, call):
         for old, gv, args, ty in self.replace:
@@ -386,6 +396,10 @@ class _Replace(relax.PyExprMutator):
         for pool, block in self.pools.items():
             if call.same_as(pool):
                 return self._blocked_pool(call, block)
+        for op, block in self.region_ops.items():
+            if call.same_as(op):
+                return blocked_op(self.builder_, call, [self.visit_expr(a) for a in call.args],
+                                  block)
         return super().visit_call_(call)
 
     def _blocked_pool(self, call, block):

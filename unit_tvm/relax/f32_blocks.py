@@ -1,0 +1,223 @@
+"""Float32 edges in channel blocks: where a quantized conv's float32 result flows only through
+elementwise ops (SiLU's sigmoid and multiply, hardswish's arithmetic, a squeeze-excitation
+gate's per-channel multiply) and means over H and W into quantized convs, the conv writes
+NCHW[y]c, the elementwise ops run on the blocks, each mean reshapes its blocked result back to
+NCHW (a [1, C, 1, 1] tensor has the same bytes in both layouts) and the convs read the blocks.
+
+Without it the producer writes float32 NCHW lane by lane (its accumulators hold 16 channels of
+a pixel) and every reader packs NCHW back into channel vectors: a transpose on each side of
+EfficientNet's and MobileNetV3's squeeze-excitation.
+
+`regions` decides (on main, before UnitTensorize replaces its calls); `blocked_op` rewrites one
+of a region's Relax ops while UnitTensorize's _Replace visits main."""
+
+from typing import NamedTuple
+
+import tvm
+from tvm import relax
+
+from .graph import readers as binding_readers
+from .recipe import candidates
+
+# elementwise ops that compute the same thing on NCHW[b]c as on NCHW (scalar and per-channel
+# second operands aside: see _side_operand)
+ELEMENTWISE = frozenset({
+    "relax.sigmoid", "relax.tanh", "relax.exp", "relax.sqrt", "relax.negative", "relax.abs",
+    "relax.nn.relu", "relax.nn.silu", "relax.clip", "relax.add", "relax.subtract",
+    "relax.multiply", "relax.divide", "relax.minimum", "relax.maximum", "relax.erf",
+})
+# reductions over H and W whose blocked form is the same reduction over the blocked H and W
+SPATIAL_REDUCTIONS = frozenset({"relax.mean", "relax.sum"})
+
+
+class F32Region(NamedTuple):
+    """One float32 region: a conv's result and the values computed from it in blocks."""
+
+    producer: int  # index of the conv call that writes NCHW[block]c
+    block: int
+    ops: tuple  # elementwise Calls computed on the blocks
+    reductions: tuple  # mean / sum Calls over H and W reading the blocks
+    readers: tuple  # (call index, "x" | "residual") of the convs reading the blocks
+
+
+class Regions(NamedTuple):
+    """What UnitTensorize needs: the regions by producer, and every op call's block."""
+
+    by_producer: dict  # call index -> F32Region
+    op_blocks: dict  # elementwise or reduction Call -> block
+
+
+def regions(func, calls, recipes, target) -> Regions:
+    """The float32 regions of main: a conv2d whose float32 result (NCHW, channels a multiple of
+    its first instruction's output block) is read only by elementwise ops, spatial means and
+    quantized conv2d ops (as input or residual), transitively, with every elementwise op's other
+    operands scalars or per-channel [1, C, 1, 1] values; anything else reading a value of the
+    region (the model's output, a reshape, a concat, a dense layer) keeps it NCHW."""
+    bindings = [b for block in func.body.blocks for b in block.bindings]
+    call_index = {}
+    for b in bindings:
+        for i, c in enumerate(calls):
+            if b.value.same_as(c):
+                call_index[b.var] = i
+    readers_of = binding_readers(bindings)
+    returned = _vars_in(func.body.body)
+    found, op_blocks = {}, {}
+    for i, (call, recipe) in enumerate(zip(calls, recipes)):
+        var = next((v for v, j in call_index.items() if j == i), None)
+        block = _producer_block(recipe, target)
+        if var is None or block is None:
+            continue
+        region = _grow(var, recipe, readers_of, returned, call_index, calls, recipes)
+        if region is None or not any(region):
+            continue
+        ops, reductions, readers = region
+        found[i] = F32Region(i, block, tuple(ops), tuple(reductions), tuple(readers))
+        op_blocks.update({c: block for c in ops + reductions})
+    return Regions(found, op_blocks)
+
+
+def _producer_block(recipe, target):
+    """The output block a conv2d's float32 result would be written in, or None where it is not
+    a region's producer (requantized, not 4-D, channels not whole blocks, no instruction)."""
+    if (recipe.kind != "conv2d" or recipe.out_q or recipe.dtype is not None
+            or len(recipe.out_shape) != 4 or recipe.out_shape[0] != 1):
+        return None
+    found = candidates(recipe, target)
+    block = found[0].channel_blocks[1] if found else None
+    return block if block and recipe.out_channels % block == 0 else None
+
+
+def _grow(var, recipe, readers_of, returned, call_index, calls, recipes):
+    """(elementwise calls, reductions, conv readers) reached from var, or None where a value of
+    the region has a reader that cannot read blocks, or an elementwise op reads a full-size
+    value from outside the region."""
+    shape = tuple(recipe.out_shape)
+    ops, reductions, readers = [], [], []
+    todo, inside = [var], set()
+    while todo:
+        v = todo.pop()
+        if v in inside:
+            continue
+        inside.add(v)
+        if v in returned:
+            return None
+        for b in readers_of.get(v, []):
+            value = b.value
+            j = call_index.get(b.var)
+            if j is not None:
+                roles = _conv_roles(v, calls[j], recipes[j])
+                if not roles:
+                    return None
+                readers += [(j, role) for role in roles if (j, role) not in readers]
+            elif _is_spatial_reduction(value, v):
+                if not any(value.same_as(r) for r in reductions):
+                    reductions.append(value)
+            elif _is_elementwise(value, shape, b.var):
+                if not any(value.same_as(o) for o in ops):
+                    ops.append(value)
+                todo.append(b.var)
+            else:
+                return None
+    # a full-size operand must be a region value too (not, say, another branch's NCHW result)
+    if any(_shape(a) == shape and not any(a.same_as(v) for v in inside)
+           for op in ops for a in op.args if _is_tensor(a)):
+        return None
+    return ops, reductions, readers
+
+
+def _conv_roles(var, call, recipe):
+    """How a quantized op reads var: ["x"], ["residual"], both, or [] where it cannot read
+    blocks (not a conv2d, or var in another argument)."""
+    fields = list(call.args[1].fields)
+    if recipe.kind != "conv2d" or recipe.in_u8 or recipe.x_view:
+        return []
+    roles = []
+    if fields[0].same_as(var):
+        roles.append("x")
+    if recipe.residual and not recipe.residual_q and fields[-1].same_as(var):
+        roles.append("residual")
+    others = fields[1:-1] if recipe.residual else fields[1:]
+    if any(f.same_as(var) for f in others):
+        return []
+    return roles
+
+
+def _is_tensor(expr):
+    return isinstance(getattr(expr, "ty", None), relax.TensorType)
+
+
+def _shape(expr):
+    """The static shape of a tensor-typed expression, or None."""
+    ty = getattr(expr, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    try:
+        return tuple(int(d) for d in ty.shape)
+    except TypeError:  # a symbolic dimension
+        return None
+
+
+def _is_spatial_reduction(value, var):
+    """A mean or sum of var over its H and W axes (keepdims or not), nothing else."""
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+            and value.op.name in SPATIAL_REDUCTIONS and value.args[0].same_as(var)):
+        return False
+    axes = value.attrs.axis
+    return axes is not None and sorted(int(a) % 4 for a in axes) == [2, 3]
+
+
+def _is_elementwise(value, shape, out_var):
+    """An elementwise op whose result has the region's shape and whose operands are region
+    values, scalars or per-channel values (see _side_operand)."""
+    if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+            and value.op.name in ELEMENTWISE and _shape(out_var) == shape):
+        return False
+    for a in value.args:
+        if not _is_tensor(a):
+            continue  # a clip's bounds
+        s = _shape(a)
+        if s is None or (s != shape and _side_operand(s, shape) is None):
+            return False
+    return True
+
+
+def _side_operand(s, shape):
+    """How an operand of shape s broadcast against the region's NCHW shape reads in blocks:
+    "scalar" (every dimension 1: broadcasts against NCHW[b]c as it is), "channel" ([1, C, 1, 1]
+    or [C, 1, 1]: reshaped to [1, C / b, 1, 1, b]), or None."""
+    if all(d == 1 for d in s):
+        return "scalar"
+    c = shape[1]
+    if tuple(s) in ((1, c, 1, 1), (c, 1, 1)):
+        return "channel"
+    return None
+
+
+def _vars_in(expr):
+    found = set()
+
+    def visit(e):
+        if isinstance(e, relax.Var):
+            found.add(e)
+
+    relax.analysis.post_order_visit(expr, visit)
+    return found
+
+
+def blocked_op(builder, call, args, block):
+    """The region op `call` on NCHW[block]c: args are its visited arguments (region values
+    already blocked); a per-channel operand is reshaped to [1, C / block, 1, 1, block]; a
+    spatial reduction runs over the blocked H and W and its result is reshaped to the call's
+    NCHW shape (the same bytes: channel c is block c // b, lane c % b)."""
+    if call.op.name in SPATIAL_REDUCTIONS:
+        reduce = relax.op.mean if call.op.name == "relax.mean" else relax.op.sum
+        blocked = builder.emit(reduce(args[0], axis=[2, 3], keepdims=True))
+        return relax.op.reshape(blocked, call.ty.shape)
+    shape = _shape(call)
+    new_args = []
+    for a, original in zip(args, call.args):
+        s = _shape(original) if _is_tensor(original) else None
+        if s is not None and s != shape and _side_operand(s, shape) == "channel":
+            a = builder.emit(relax.op.reshape(a, [1, shape[1] // block, 1, 1, block]))
+        new_args.append(a)
+    return relax.Call(call.op, new_args, call.attrs, call.ty_args)
