@@ -74,6 +74,8 @@ def test_kernel_categories_follow_the_names():
     assert profile.category("unit_conv2d_3", "") == "int8 loop nest"
     assert profile.category("qconv2d_7", "") == "int8 loop nest"
     assert profile.category("fused_transpose_reshape", "") == "layout change"
+    assert profile.category("fused_reshape1_transpose2", "") == "layout change"
+    assert profile.category("fused_reshape1_multiply1", "") == "elementwise / other"
     assert profile.category("matmul1", "") == "fp32 compute"
     assert profile.category("fused_softmax_add", "") == "elementwise / other"
 

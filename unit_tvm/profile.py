@@ -86,13 +86,26 @@ def category(name, instruction) -> str:
     if name.startswith("q") and name[1:].split("_")[0] in ("conv2d", "dense"):
         return "int8 loop nest"
     low = name.lower()
-    if any(k in low for k in _LAYOUT):
+    if any(k in low for k in _LAYOUT) and not _computes(low):
         return "layout change"
     if "quantize" in low or "requant" in low:
         return "quantization"
     if any(k in low for k in _FP32_COMPUTE):
         return "fp32 compute"
     return "elementwise / other"
+
+
+def _computes(low):
+    """Whether a fused kernel's name (TVM's FuseOps joins its ops' names) holds an op other than
+    layout ones: a reshape fused with a multiply (a squeeze-excitation gate read in channel
+    blocks) is arithmetic, not a layout change."""
+    rest = low.replace("fused_", "").replace("tir_", "")
+    for k in _LAYOUT:
+        if "_" in k:
+            rest = rest.replace(k, "")
+    words = [k for k in _LAYOUT if "_" not in k]
+    return any(part and not any(part.startswith(k) for k in words)
+               for part in (p.strip("0123456789") for p in rest.split("_")))
 
 
 def copy_bandwidth(threads=None, mbytes=64) -> float:
