@@ -8,8 +8,8 @@ from tvm import s_tir, tirx
 
 def vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
     """Vectorise a block's innermost loop (split into vectors of the widest of `widths` that
-    divides it) when every buffer it touches along that loop is contiguous there
-    (its last axis only): an epilogue into a blocked layout (NCHW16c) reads the
+    divides it) when every buffer it touches along that loop is contiguous there (its last axis
+    of more than one element only): an epilogue into a blocked layout (NCHW16c) reads the
     accumulator lanes and writes the output lanes in place; a pad/copy stage between two blocked
     layouts copies whole channel vectors. Scattering accesses keep scalar code."""
     loops = sch.get_loops(block)
@@ -37,7 +37,11 @@ def vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
         ana.bind(iv.var, iv.dom)
     for region in list(stmt.reads) + list(stmt.writes):
         axes = [tvm.tirx.analysis.undefined_vars(ana.simplify(r.min)) for r in region.region]
-        if any(any(v.same_as(bound[0]) for v in a) for a in axes[:-1]):
+        # the last axis of more than one element is the contiguous one (a per-channel gate
+        # [N, C, 1, 1] read at channel ko * 16 + ki is a run of lanes)
+        shape = [int(n) if isinstance(n, tirx.IntImm) else -1 for n in region.source.shape]
+        last = max([i for i, n in enumerate(shape) if n != 1], default=len(axes) - 1)
+        if any(any(v.same_as(bound[0]) for v in a) for i, a in enumerate(axes) if i != last):
             return
     if extent != width:
         # a wider row (a 256-channel block, an im2col row, a 6-block register tile of a

@@ -13,7 +13,7 @@ from tvm import relax
 
 import unit_tvm
 from unit_tvm import frontends
-from unit_tvm.relax import UnitTensorize, quantize
+from unit_tvm.relax import UnitTensorize, quantize, recipes
 from unit_tvm.relax.cpu_default import DefaultCPUSchedule
 from unit_tvm.relax.fuse_elementwise import fuse_elementwise
 
@@ -91,18 +91,20 @@ def _compiled(model, shape=(1, 8, 14, 14)):
 
 @pytest.mark.parametrize("act,variant", [("silu", ""), ("hardswish", ""), ("silu", "residual")])
 def test_squeeze_excitation_runs_in_blocks_and_equals_plain_build(act, variant):
-    """The depthwise conv writes float32 blocks; its activation's ops, the gate's multiply and
-    the mean read them (five 5-D float32 values at least: the conv's result, the activation,
-    the mean's blocked sum, the reshaped gate, the gated value) and the projection conv reads
-    the gated blocks (or a conv adds them as its residual); the result equals TVM's plain
-    build of the quantized module."""
+    """The depthwise conv writes float32 blocks; its activation's ops and the mean read them
+    (four 5-D float32 values at least: the conv's result, the activation's two, the mean's
+    blocked sum); the projection conv reads the activation's blocks and multiplies them by the
+    gate itself (or, where a conv adds the gated value as its residual, the multiply runs on
+    the blocks); the result equals TVM's plain build of the quantized module."""
     require_host("x86.vpdpbusd")
     model = SqueezeExcite(act=act, variant=variant)
     qmod, tmod, ex, xs = _compiled(model)
     with torch.no_grad():
         refs = [model(torch.tensor(x)).numpy() for x in xs]
     assert _blocked_f32(qmod) == 0
-    assert _blocked_f32(tmod) >= 5, tmod["main"].script()
+    assert _blocked_f32(tmod) >= 4, tmod["main"].script()
+    gated = [r for _, r in recipes(tmod) if r.get("x_gate")]
+    assert len(gated) == (0 if variant == "residual" else 1), tmod["main"].script()
     _assert_equals_plain_int8(ex, qmod, xs, refs)
 
 

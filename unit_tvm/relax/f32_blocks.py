@@ -38,6 +38,19 @@ class F32Region(NamedTuple):
     ops: tuple  # elementwise Calls computed on the blocks
     reductions: tuple  # mean / sum Calls over H and W reading the blocks
     readers: tuple  # (call index, "x" | "residual") of the convs reading the blocks
+    gates: tuple = ()  # GateFold: gate multiplies the convs reading them compute instead
+
+
+class GateFold(NamedTuple):
+    """A multiply of a region value by a per-channel [1, C, 1, 1] gate (squeeze-excitation's)
+    whose every reader is a quantized conv reading it as its input: each such conv multiplies
+    its input by the gate as it quantizes it (recipe.x_gate), and the multiply is not
+    computed."""
+
+    op: object  # the multiply Call
+    value: object  # its region operand, which the convs read instead
+    gate: object  # its [1, C, 1, 1] operand, passed to the convs
+    readers: tuple  # call indices of the convs
 
 
 class Regions(NamedTuple):
@@ -68,12 +81,38 @@ def regions(func, calls, recipes, target) -> Regions:
         if var is None or block is None:
             continue
         region = _grow(var, recipe, readers_of, returned, call_index, calls, recipes)
-        if region is None or not any(region):
+        if region is None or not any(region[:3]):
             continue
-        ops, reductions, readers = region
-        found[i] = F32Region(i, block, tuple(ops), tuple(reductions), tuple(readers))
+        ops, reductions, readers, read_by = region
+        gates = _gate_folds(ops, read_by, readers_of, call_index, returned, recipe)
+        # a folded multiply is rewritten like the others, and left dead (DCE drops it)
+        ops = [b.value for b in ops]
+        found[i] = F32Region(i, block, tuple(ops), tuple(reductions), tuple(readers),
+                             tuple(gates))
         op_blocks.update({c: block for c in ops + reductions})
     return Regions(found, op_blocks)
+
+
+def _gate_folds(ops, read_by, readers_of, call_index, returned, recipe):
+    """The region's multiplies by a per-channel gate that only quantized convs read, as their
+    input (GateFold)."""
+    shape = tuple(recipe.out_shape)
+    gate_shape = (shape[0], shape[1], 1, 1)
+    folds = []
+    for b in ops:
+        if b.value.op.name != "relax.multiply" or b.var in returned:
+            continue
+        a, g = b.value.args
+        if _shape(a) != shape:
+            a, g = g, a
+        if _shape(a) != shape or _shape(g) != gate_shape:
+            continue
+        bindings = readers_of.get(b.var, [])
+        convs = [call_index.get(r.var) for r in bindings]
+        roles = [role for j, role, v in read_by if v.same_as(b.var)]
+        if bindings and None not in convs and roles == ["x"] * len(convs):
+            folds.append(GateFold(b.value, a, g, tuple(convs)))
+    return folds
 
 
 def _producer_block(recipe, target):
@@ -88,11 +127,11 @@ def _producer_block(recipe, target):
 
 
 def _grow(var, recipe, readers_of, returned, call_index, calls, recipes):
-    """(elementwise calls, reductions, conv readers) reached from var, or None where a value of
-    the region has a reader that cannot read blocks, or an elementwise op reads a full-size
-    value from outside the region."""
+    """(elementwise bindings, reductions, conv readers (index, role), the same with the value
+    each reads) reached from var, or None where a value of the region has a reader that cannot
+    read blocks, or an elementwise op reads a full-size value from outside the region."""
     shape = tuple(recipe.out_shape)
-    ops, reductions, readers = [], [], []
+    ops, reductions, readers, read_by = [], [], [], []
     todo, inside = [var], set()
     while todo:
         v = todo.pop()
@@ -109,20 +148,21 @@ def _grow(var, recipe, readers_of, returned, call_index, calls, recipes):
                 if not roles:
                     return None
                 readers += [(j, role) for role in roles if (j, role) not in readers]
+                read_by += [(j, role, v) for role in roles]
             elif _is_spatial_reduction(value, v):
                 if not any(value.same_as(r) for r in reductions):
                     reductions.append(value)
             elif _is_elementwise(value, shape, b.var):
-                if not any(value.same_as(o) for o in ops):
-                    ops.append(value)
+                if not any(b.var.same_as(o.var) for o in ops):
+                    ops.append(b)
                 todo.append(b.var)
             else:
                 return None
     # a full-size operand must be a region value too (not, say, another branch's NCHW result)
     if any(_shape(a) == shape and not any(a.same_as(v) for v in inside)
-           for op in ops for a in op.args if _is_tensor(a)):
+           for op in ops for a in op.value.args if _is_tensor(a)):
         return None
-    return ops, reductions, readers
+    return ops, reductions, readers, read_by
 
 
 def _conv_roles(var, call, recipe):

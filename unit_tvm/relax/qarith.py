@@ -161,11 +161,33 @@ def packed_output(recipe, fn, acc_at):
     return body
 
 
+class GatedInput:
+    """An op's float32 input read through its per-channel gate (recipe.x_gate): indexed like the
+    input (NCHW, or NCHW[block]c), each element is x times gate[b, c]. `arguments` lists the
+    input, then the gate."""
+
+    def __init__(self, x, gate, block):
+        self.x, self.gate, self.block = x, gate, block
+
+    def __getitem__(self, idx):
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        c = idx[1] * self.block + idx[-1] if self.block else idx[1]
+        return self.x[idx] * self.gate[idx[0], c, 0, 0]
+
+    def __call__(self, *idx):
+        return self[idx]
+
+
 def placeholders(recipe, x_shape, w_shape):
     """x, w, comp, mult, bias, residual: the op's arguments (comp None for bf16, which has no
-    quantization to undo, and mult too but for a bmm's scale; residual None without one)."""
+    quantization to undo, and mult too but for a bmm's scale; residual None without one; x a
+    GatedInput with recipe.x_gate)."""
     bf16, bmm = is_bf16(recipe), recipe.kind == "bmm"
     x = te.placeholder(x_shape, "uint8" if recipe.in_u8 else "float32", name="x")
+    if recipe.x_gate:
+        gate = te.placeholder((recipe.in_shape[0], recipe.in_shape[1], 1, 1), "float32",
+                              name="gate")
+        x = GatedInput(x, gate, recipe.in_block)
     # a bmm's w is its second operand: int8 (quantized_y), or float32 rounded in the kernel
     w = te.placeholder(w_shape, "float32" if bf16 and bmm else dtypes(recipe)[1], name="w")
     k = recipe.out_channels
@@ -181,8 +203,15 @@ def placeholders(recipe, x_shape, w_shape):
 
 
 def arguments(*tensors):
-    """The PrimFunc's argument list: the given tensors, less the absent (None) ones."""
-    return [t for t in tensors if t is not None]
+    """The PrimFunc's argument list: the given tensors, less the absent (None) ones; a gated
+    input is its input, then its gate."""
+    out = []
+    for t in tensors:
+        if isinstance(t, GatedInput):
+            out += [t.x, t.gate]
+        elif t is not None:
+            out.append(t)
+    return out
 
 
 def round_up(v, m):

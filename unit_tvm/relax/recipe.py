@@ -51,6 +51,9 @@ class Recipe:
     in_u8: bool = False  # reads its input as uint8 already (in x_scale, x_zp)
     residual_q: tuple | None = None  # (scale, zp) of a uint8 residual
     x_signed: bool = False  # activation re-based to int8 for an s8 x s8 instruction
+    # the float32 input is multiplied by a per-channel gate argument [N, C, 1, 1] before it is
+    # quantized: a squeeze-excitation's multiply folded into the conv reading it (f32_blocks)
+    x_gate: bool = False
     in_block: int | None = None  # NCHW[block]c edges: input, output, residual
     out_block: int | None = None
     residual_block: int | None = None

@@ -94,6 +94,7 @@ class UnitTensorize:
         concats = packed_concats(mod, func, calls, recipes, self.target)
         f32 = f32_regions(func, calls, recipes, self.target)
         region_ops = {}  # elementwise / reduction call -> block, of the regions made blocked
+        gated = {}  # call index -> (its input in the region, the gate it multiplies it by)
         # max-pools whose result stays in blocks for its conv readers or a blocked concat
         blocked_pools = set(concats.blocked_max_pools)
         for j, block in concats.readers.items():
@@ -119,6 +120,10 @@ class UnitTensorize:
             gv, arguments, final = built[key]
             for j, role in [*consumer.get(i, ()), *(region.readers if region else ())]:
                 recipes[j] = _with_edge_block(recipes[j], role, final.out_block)
+            for fold in region.gates if region else ():
+                for j in fold.readers:  # the conv multiplies its input by the gate itself
+                    recipes[j] = recipes[j].replace(x_gate=True)
+                    gated[j] = (fold.value, fold.gate)
             if region is not None:
                 region_ops.update({op: region.block for op in region.ops + region.reductions})
             if i in pooled:
@@ -131,6 +136,8 @@ class UnitTensorize:
                     replace += [_blocked_avg_pool(bb, mod, avg, blk)
                                 for avg in pool_readers[pool].avg_pools]
             args = arguments(list(call.args[1].fields))
+            if i in gated:  # the gated value's operands: the region value, then the gate
+                args = [*gated[i], *args[1:]]
             replace.append((call, gv, args, relax.TensorType(out_shape(final), out_dtype(final))))
         self._warn_untuned()
         if not replace:
