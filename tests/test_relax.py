@@ -505,8 +505,9 @@ def test_requantization_between_quantized_ops():
 
 def test_packed_edges_pad_channels_exactly():
     """Blocked (NCHW16c) uint8 edges whose channel counts are not multiples of 16 (24, 20), through
-    a strided depthwise conv, and a 1x1 conv that reads its blocked input in place: equal to TVM's
-    plain int8 build of the same quantized model."""
+    a strided depthwise conv, and 1x1 convs that read their blocked input in place, whether its
+    channels fill the last block (32) or not (24: the reduction stops at 24, the padding lanes
+    hold real 0): equal to TVM's plain int8 build of the same quantized model."""
     require_host("x86.vpdpbusd")
 
     class Blocks(nn.Module):
@@ -534,7 +535,7 @@ def test_packed_edges_pad_channels_exactly():
     assert blocks[2][0] == 16 and blocks[2][1] == blocks[3][0] in (8, 16)
     assert blocks[3][1] == blocks[4][0] in (8, 16)
     script = {r["w_shape"][0]: tmod[name].script() for name, r in recipes(tmod)}
-    assert 'T.sblock("xq")' not in script[20] and 'T.sblock("xq")' in script[32]
+    assert 'T.sblock("xq")' not in script[20] and 'T.sblock("xq")' not in script[32]
     ex = build_relax(tmod, unit_tvm.target.host())
     plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
     for got, base, ref in zip(_run(ex, xs), plain, refs):

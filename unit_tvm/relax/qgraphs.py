@@ -83,7 +83,9 @@ def _producer_blocks(recipe, x, x_blk, padded_width):
     caller quantizes, pads and packs its input)."""
     n, c, *extents = recipe.in_shape
     ib = recipe.in_block
-    if not (ib and ib % x_blk == 0 and c % ib == 0):
+    # channels need not fill the last block: the reduction stops at c rounded up to x_blk,
+    # and the producer's padding lanes hold real 0 (packed_output) against zero weights
+    if not (ib and ib % x_blk == 0):
         return None
     if (recipe.in_u8 and not any(recipe.padding) and padded_width == extents[-1]
             and not recipe.x_signed):
@@ -100,7 +102,7 @@ def _producer_blocks(recipe, x, x_blk, padded_width):
         return tirx.if_then_else(tirx.all(*inside), quantized(x[(b, co, *at, ci)], recipe),
                                  pad_value(recipe))
 
-    return te.compute((n, c // ib, *padded, ib), copy_body, name="xq",
+    return te.compute((n, -(-c // ib), *padded, ib), copy_body, name="xq",
                       varargs_names=[*_SPATIAL[rank], "ci"]), ib
 
 
