@@ -16,6 +16,7 @@ from typing import NamedTuple
 import tvm
 from tvm import relax
 
+from .edge_layouts import producers
 from .graph import readers as binding_readers
 from .recipe import candidates
 
@@ -53,28 +54,17 @@ class GateFold(NamedTuple):
     readers: tuple  # call indices of the convs
 
 
-class Regions(NamedTuple):
-    """What UnitTensorize needs: the regions by producer, and every op call's block."""
-
-    by_producer: dict  # call index -> F32Region
-    op_blocks: dict  # elementwise or reduction Call -> block
-
-
-def regions(func, calls, recipes, target) -> Regions:
-    """The float32 regions of main: a conv2d whose float32 result (NCHW, channels a multiple of
-    its first instruction's output block) is read only by elementwise ops, spatial means and
-    quantized conv2d ops (as input or residual), transitively, with every elementwise op's other
-    operands scalars or per-channel [1, C, 1, 1] values; anything else reading a value of the
-    region (the model's output, a reshape, a concat, a dense layer) keeps it NCHW."""
-    bindings = [b for block in func.body.blocks for b in block.bindings]
-    call_index = {}
-    for b in bindings:
-        for i, c in enumerate(calls):
-            if b.value.same_as(c):
-                call_index[b.var] = i
+def regions(func, calls, recipes, target) -> dict:
+    """{producer's call index: F32Region}: the float32 regions of main. A conv2d whose float32
+    result (NCHW, channels a multiple of its first instruction's output block) is read only by
+    elementwise ops, spatial means and quantized conv2d ops (as input or residual),
+    transitively, with every elementwise op's other operands scalars or per-channel
+    [1, C, 1, 1] values; anything else reading a value of the region (the model's output, a
+    reshape, a concat, a dense layer) keeps it NCHW."""
+    bindings, call_index = producers(func, calls)
     readers_of = binding_readers(bindings)
     returned = _vars_in(func.body.body)
-    found, op_blocks = {}, {}
+    found = {}
     for i, (call, recipe) in enumerate(zip(calls, recipes)):
         var = next((v for v, j in call_index.items() if j == i), None)
         block = _producer_block(recipe, target)
@@ -89,8 +79,7 @@ def regions(func, calls, recipes, target) -> Regions:
         ops = [b.value for b in ops]
         found[i] = F32Region(i, block, tuple(ops), tuple(reductions), tuple(readers),
                              tuple(gates))
-        op_blocks.update({c: block for c in ops + reductions})
-    return Regions(found, op_blocks)
+    return found
 
 
 def _gate_folds(ops, read_by, readers_of, call_index, returned, recipe):

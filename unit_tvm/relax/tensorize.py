@@ -107,7 +107,7 @@ class UnitTensorize:
         # instruction's) before its consumer's recipe is keyed
         for i, (call, recipe) in enumerate(zip(calls, recipes)):
             block = concats.producers.get(i)  # a concat's blocks are fixed for all its parts
-            region = f32.by_producer.get(i)
+            region = f32.get(i)
             if region is not None:
                 block = region.block  # the region's ops are rewritten for this block
             packed_out = i in consumer or i in pooled or block is not None
