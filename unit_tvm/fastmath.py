@@ -55,12 +55,15 @@ _ROUND = 12582912.0
 def _exp_clamped(xc):
     """e^xc for xc in [-87, 88]: 2^n * e^r with n = round(xc / ln2), |r| <= ln2 / 2. n comes
     from adding _ROUND (one FMA, no floor or float -> int conversion), 2^n from the sum's bits:
-    its low bits are n, so (bits + 127) << 23 is 2^n's exponent field (n + 127 in [1, 254])."""
+    its low bits are n, so the low byte of bits + 127, shifted by 23, is 2^n's exponent field
+    (n + 127 in [1, 254])."""
     def scaled(t):
         n = t - _c(_ROUND)
         # ln2 split in two so that n * ln2_hi is exact (Cody-Waite reduction)
         r = xc - n * _c(0.693145751953125) - n * _c(1.4286068203094172e-06)
-        two_n = tirx.reinterpret(_F32, (tirx.reinterpret("int32", t) + 127) << 23)
+        # masked to the exponent field before the shift: no bit is shifted out of an int32,
+        # which LLVM may treat as poison
+        two_n = tirx.reinterpret(_F32, ((tirx.reinterpret("int32", t) + 127) & 255) << 23)
         return _let("r", r, lambda rv: _horner(_EXP_POLY, rv)) * two_n
 
     return _let("t", xc * _c(1.0 / math.log(2.0)) + _c(_ROUND), scaled)
