@@ -106,9 +106,12 @@ def _gate_folds(ops, read_by, readers_of, call_index, returned, recipe):
 
 def _producer_block(recipe, target):
     """The output block a conv2d's float32 result would be written in, or None where it is not
-    a region's producer (requantized, not 4-D, channels not whole blocks, no instruction)."""
+    a region's producer (requantized, not 4-D, one pixel, channels not whole blocks, no
+    instruction). One pixel: NCHW is already channel vectors, and a per-channel operand
+    would have the region's shape."""
     if (recipe.kind != "conv2d" or recipe.out_q or recipe.dtype is not None
-            or len(recipe.out_shape) != 4 or recipe.out_shape[0] != 1):
+            or len(recipe.out_shape) != 4 or recipe.out_shape[0] != 1
+            or recipe.out_shape[2] * recipe.out_shape[3] == 1):
         return None
     found = candidates(recipe, target)
     block = found[0].channel_blocks[1] if found else None
