@@ -30,7 +30,8 @@ class SqueezeExcite(nn.Module):
     activation, the squeeze-excitation gate, the projection conv. `variant` adds a reader:
     "residual" (another conv adds the gated value in its epilogue: it can read blocks), or one
     that cannot: "returned" (the activation is an output too), "branch" (the gated value is
-    multiplied by another conv's NCHW result)."""
+    multiplied by another conv's NCHW result), "divided" (divided by a per-channel value: a
+    partly full last block's padding lanes would divide by zero)."""
 
     def __init__(self, channels=32, act="silu", variant=""):
         super().__init__()
@@ -51,6 +52,8 @@ class SqueezeExcite(nn.Module):
             gated = self.side(x) + gated
         elif self.variant == "branch":
             gated = gated * torch.sigmoid(self.side(x))
+        elif self.variant == "divided":
+            gated = gated / (g + 0.5)
         out = self.project(gated)
         return (out, y) if self.variant == "returned" else out
 
@@ -89,30 +92,33 @@ def _compiled(model, shape=(1, 8, 14, 14)):
     return qmod, tmod, unit_tvm.compiler.build_relax(tmod, host), xs
 
 
-@pytest.mark.parametrize("act,variant", [("silu", ""), ("hardswish", ""), ("silu", "residual")])
-def test_squeeze_excitation_runs_in_blocks_and_equals_plain_build(act, variant):
+@pytest.mark.parametrize("act,variant,channels", [
+    ("silu", "", 32), ("hardswish", "", 32), ("silu", "residual", 32), ("silu", "", 24),
+    ("hardswish", "", 40), ("silu", "divided", 32)])
+def test_squeeze_excitation_runs_in_blocks_and_equals_plain_build(act, variant, channels):
     """The depthwise conv writes float32 blocks; its activation's ops and the mean read them
     (four 5-D float32 values at least: the conv's result, the activation's two, the mean's
     blocked sum); the projection conv reads the activation's blocks and multiplies them by the
-    gate itself (or, where a conv adds the gated value as its residual, the multiply runs on
-    the blocks); the result equals TVM's plain build of the quantized module."""
+    gate itself (or, where a conv adds the gated value as its residual or the gated value is
+    divided, the multiply runs on the blocks); 24 and 40 channels leave the last block partly
+    full. The result equals TVM's plain build of the quantized module."""
     require_host("x86.vpdpbusd")
-    model = SqueezeExcite(act=act, variant=variant)
+    model = SqueezeExcite(channels, act=act, variant=variant)
     qmod, tmod, ex, xs = _compiled(model)
     with torch.no_grad():
         refs = [model(torch.tensor(x)).numpy() for x in xs]
     assert _blocked_f32(qmod) == 0
     assert _blocked_f32(tmod) >= 4, tmod["main"].script()
     gated = [r for _, r in recipes(tmod) if r.get("x_gate")]
-    assert len(gated) == (0 if variant == "residual" else 1), tmod["main"].script()
+    assert len(gated) == (0 if variant in ("residual", "divided") else 1), tmod["main"].script()
     _assert_equals_plain_int8(ex, qmod, xs, refs)
 
 
-@pytest.mark.parametrize("variant,channels", [("returned", 32), ("branch", 32), ("", 24)])
+@pytest.mark.parametrize("variant,channels", [("returned", 32), ("branch", 32), ("divided", 24)])
 def test_a_reader_that_cannot_read_blocks_keeps_the_region_nchw(variant, channels):
-    """A value of the region returned by the model, added to a value from outside the region,
-    or channels that are not whole blocks (24 of 16): no float32 value is blocked, and the
-    result still equals the plain build."""
+    """A value of the region returned by the model, multiplied by a value from outside the
+    region, or divided by a per-channel value where the last block is partly full (24 of 16):
+    no float32 value is blocked, and the result still equals the plain build."""
     require_host("x86.vpdpbusd")
     model = SqueezeExcite(channels, variant=variant)
     qmod, tmod, ex, xs = _compiled(model)

@@ -13,6 +13,7 @@ of a region's Relax ops while UnitTensorize's _Replace visits main."""
 
 from typing import NamedTuple
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -56,11 +57,11 @@ class GateFold(NamedTuple):
 
 def regions(func, calls, recipes, target) -> dict:
     """{producer's call index: F32Region}: the float32 regions of main. A conv2d whose float32
-    result (NCHW, channels a multiple of its first instruction's output block) is read only by
-    elementwise ops, spatial means and quantized conv2d ops (as input or residual),
-    transitively, with every elementwise op's other operands scalars or per-channel
-    [1, C, 1, 1] values; anything else reading a value of the region (the model's output, a
-    reshape, a concat, a dense layer) keeps it NCHW."""
+    result (NCHW, written in its first instruction's output blocks) is read only by elementwise
+    ops, spatial means and quantized conv2d ops (as input or residual), transitively, with
+    every elementwise op's other operands scalars or per-channel [1, C, 1, 1] values; anything
+    else reading a value of the region (the model's output, a reshape, a concat, a dense
+    layer) keeps it NCHW."""
     bindings, call_index = producers(func, calls)
     readers_of = binding_readers(bindings)
     returned = _vars_in(func.body.body)
@@ -74,6 +75,8 @@ def regions(func, calls, recipes, target) -> dict:
         if region is None or not any(region[:3]):
             continue
         ops, reductions, readers, read_by = region
+        if recipe.out_channels % block and not all(_finite_on_padding(b.value) for b in ops):
+            continue
         gates = _gate_folds(ops, read_by, readers_of, call_index, returned, recipe)
         # a folded multiply is rewritten like the others, and left dead (DCE drops it)
         ops = [b.value for b in ops]
@@ -104,18 +107,28 @@ def _gate_folds(ops, read_by, readers_of, call_index, returned, recipe):
     return folds
 
 
+def _finite_on_padding(call):
+    """Whether an elementwise op keeps a padding lane finite: all but a division by something
+    other than a constant scalar (a per-channel divisor is padded with zeros). The readers
+    multiply the lanes up to their reduction's width by zero weights, and inf * 0 is NaN."""
+    if call.op.name != "relax.divide":
+        return True
+    divisor = call.args[1]
+    return isinstance(divisor, tvm.ir.expr.Constant) and divisor.value.numpy().size == 1
+
+
 def _producer_block(recipe, target):
     """The output block a conv2d's float32 result would be written in, or None where it is not
-    a region's producer (requantized, not 4-D, one pixel, channels not whole blocks, no
-    instruction). One pixel: NCHW is already channel vectors, and a per-channel operand
-    would have the region's shape."""
+    a region's producer (requantized, not 4-D, one pixel, no instruction). One pixel: NCHW is
+    already channel vectors, and a per-channel operand would have the region's shape. Channels
+    need not fill the last block: its padding lanes start at 0.0 (qarith.packed_output), stay
+    finite through the region's ops (_finite_on_padding) and are left out by every reader."""
     if (recipe.kind != "conv2d" or recipe.out_q or recipe.dtype is not None
             or len(recipe.out_shape) != 4 or recipe.out_shape[0] != 1
             or recipe.out_shape[2] * recipe.out_shape[3] == 1):
         return None
     found = candidates(recipe, target)
-    block = found[0].channel_blocks[1] if found else None
-    return block if block and recipe.out_channels % block == 0 else None
+    return found[0].channel_blocks[1] if found else None
 
 
 def _grow(var, recipe, readers_of, returned, call_index, calls, recipes):
@@ -241,16 +254,39 @@ def blocked_op(builder, call, args, block):
     """The region op `call` on NCHW[block]c: args are its visited arguments (region values
     already blocked); a per-channel operand is reshaped to [1, C / block, 1, 1, block]; a
     spatial reduction runs over the blocked H and W and its result is reshaped to the call's
-    NCHW shape (the same bytes: channel c is block c // b, lane c % b)."""
+    NCHW shape (the same bytes: channel c is block c // b, lane c % b), less the padding
+    lanes of a partly full last block."""
     if call.op.name in SPATIAL_REDUCTIONS:
         reduce = relax.op.mean if call.op.name == "relax.mean" else relax.op.sum
         blocked = builder.emit(reduce(args[0], axis=[2, 3], keepdims=True))
-        return relax.op.reshape(blocked, call.ty.shape)
+        c = _shape(call.args[0])[1]
+        padded = _blocks(c, block) * block
+        if padded == c:
+            return relax.op.reshape(blocked, call.ty.shape)
+        # the padding lanes' results are dropped
+        flat = builder.emit(relax.op.reshape(blocked, [1, padded]))
+        return relax.op.reshape(builder.emit(relax.op.strided_slice(flat, [1], [0], [c])),
+                                call.ty.shape)
     shape = _shape(call)
     new_args = []
     for a, original in zip(args, call.args):
         s = _shape(original) if _is_tensor(original) else None
         if s is not None and s != shape and _side_operand(s, shape) == "channel":
-            a = builder.emit(relax.op.reshape(a, [1, shape[1] // block, 1, 1, block]))
+            a = builder.emit(_channel_blocks(a, shape[1], block, str(original.ty.dtype)))
         new_args.append(a)
     return relax.Call(call.op, new_args, call.attrs, call.ty_args)
+
+
+def _blocks(channels, block):
+    return -(-channels // block)
+
+
+def _channel_blocks(value, channels, block, dtype):
+    """A per-channel value ([1, C, 1, 1] or [C, 1, 1]) as [1, C / block, 1, 1, block], the
+    padding lanes of a partly full last block holding zeros."""
+    n = _blocks(channels, block)
+    if n * block == channels:
+        return relax.op.reshape(value, [1, n, 1, 1, block])
+    flat = relax.op.reshape(value, [1, channels])
+    zeros = relax.const(np.zeros((1, n * block - channels), dtype))
+    return relax.op.reshape(relax.op.concat([flat, zeros], axis=1), [1, n, 1, 1, block])

@@ -172,6 +172,9 @@ class GatedInput:
     def __getitem__(self, idx):
         idx = idx if isinstance(idx, tuple) else (idx,)
         c = idx[1] * self.block + idx[-1] if self.block else idx[1]
+        channels = int(self.gate.shape[1])
+        if self.block and channels % self.block:
+            c = tirx.min(c, channels - 1)  # a padding lane of a partly full last block
         return self.x[idx] * self.gate[idx[0], c, 0, 0]
 
     def __call__(self, *idx):
