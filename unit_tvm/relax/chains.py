@@ -9,7 +9,7 @@ import tvm
 from tvm import relax
 
 from . import activations
-from .graph import dataflow_bindings, readers
+from .graph import dataflow_bindings, readers, static_shape
 from .graph import uses as count_uses
 
 
@@ -115,17 +115,11 @@ def _match_start(binding):
     return None
 
 
-def _static_shape(expr):
-    """The static shape of a tensor expression as ints, or None when a dimension is symbolic."""
-    dims = list(expr.ty.shape)
-    return [int(d) for d in dims] if all(hasattr(d, "value") for d in dims) else None
-
-
 def _match_bmm(binding):
     """A matmul of two float32 activations [..., M, K] x [..., K, N] with the same static
     leading dimensions (attention's Q x K^T and P x V), as a "bmm" chain."""
     a, b = binding.value.args
-    sa, sb = _static_shape(a), _static_shape(b)
+    sa, sb = static_shape(a), static_shape(b)
     if (sa is None or sb is None or len(sa) < 3 or len(sa) != len(sb) or sa[:-2] != sb[:-2]
             or sa[-1] != sb[-2] or any(str(t.ty.dtype) != "float32" for t in (a, b))):
         return None

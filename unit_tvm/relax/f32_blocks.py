@@ -18,7 +18,8 @@ import tvm
 from tvm import relax
 
 from .edge_layouts import producers
-from .graph import readers as binding_readers
+from .graph import readers as binding_readers, static_shape
+from .qarith import round_up
 from .recipe import candidates
 
 # elementwise ops that compute the same thing on NCHW[b]c as on NCHW (scalar and per-channel
@@ -65,9 +66,10 @@ def regions(func, calls, recipes, target) -> dict:
     bindings, call_index = producers(func, calls)
     readers_of = binding_readers(bindings)
     returned = _vars_in(func.body.body)
+    var_of = {i: v for v, i in call_index.items()}
     found = {}
-    for i, (call, recipe) in enumerate(zip(calls, recipes)):
-        var = next((v for v, j in call_index.items() if j == i), None)
+    for i, recipe in enumerate(recipes):
+        var = var_of.get(i)
         block = _producer_block(recipe, target)
         if var is None or block is None:
             continue
@@ -88,16 +90,16 @@ def regions(func, calls, recipes, target) -> dict:
 def _gate_folds(ops, read_by, readers_of, call_index, returned, recipe):
     """The region's multiplies by a per-channel gate that only quantized convs read, as their
     input (GateFold)."""
-    shape = tuple(recipe.out_shape)
-    gate_shape = (shape[0], shape[1], 1, 1)
+    shape = list(recipe.out_shape)
+    gate_shape = [shape[0], shape[1], 1, 1]
     folds = []
     for b in ops:
         if b.value.op.name != "relax.multiply" or b.var in returned:
             continue
         a, g = b.value.args
-        if _shape(a) != shape:
+        if static_shape(a) != shape:
             a, g = g, a
-        if _shape(a) != shape or _shape(g) != gate_shape:
+        if static_shape(a) != shape or static_shape(g) != gate_shape:
             continue
         bindings = readers_of.get(b.var, [])
         convs = [call_index.get(r.var) for r in bindings]
@@ -135,7 +137,7 @@ def _grow(var, recipe, readers_of, returned, call_index, calls, recipes):
     """(elementwise bindings, reductions, conv readers (index, role), the same with the value
     each reads) reached from var, or None where a value of the region has a reader that cannot
     read blocks, or an elementwise op reads a full-size value from outside the region."""
-    shape = tuple(recipe.out_shape)
+    shape = list(recipe.out_shape)
     ops, reductions, readers, read_by = [], [], [], []
     todo, inside = [var], set()
     while todo:
@@ -164,7 +166,7 @@ def _grow(var, recipe, readers_of, returned, call_index, calls, recipes):
             else:
                 return None
     # a full-size operand must be a region value too (not, say, another branch's NCHW result)
-    if any(_shape(a) == shape and not any(a.same_as(v) for v in inside)
+    if any(static_shape(a) == shape and not any(a.same_as(v) for v in inside)
            for op in ops for a in op.value.args if _is_tensor(a)):
         return None
     return ops, reductions, readers, read_by
@@ -192,17 +194,6 @@ def _is_tensor(expr):
     return isinstance(getattr(expr, "ty", None), relax.TensorType)
 
 
-def _shape(expr):
-    """The static shape of a tensor-typed expression, or None."""
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return tuple(int(d) for d in ty.shape)
-    except TypeError:  # a symbolic dimension
-        return None
-
-
 def _is_spatial_reduction(value, var):
     """A mean or sum of var over its H and W axes (keepdims or not), nothing else."""
     if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
@@ -216,12 +207,12 @@ def _is_elementwise(value, shape, out_var):
     """An elementwise op whose result has the region's shape and whose operands are region
     values, scalars or per-channel values (see _side_operand)."""
     if not (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-            and value.op.name in ELEMENTWISE and _shape(out_var) == shape):
+            and value.op.name in ELEMENTWISE and static_shape(out_var) == shape):
         return False
     for a in value.args:
         if not _is_tensor(a):
             continue  # a clip's bounds
-        s = _shape(a)
+        s = static_shape(a)
         if s is None or (s != shape and _side_operand(s, shape) is None):
             return False
     return True
@@ -259,32 +250,28 @@ def blocked_op(builder, call, args, block):
     if call.op.name in SPATIAL_REDUCTIONS:
         reduce = relax.op.mean if call.op.name == "relax.mean" else relax.op.sum
         blocked = builder.emit(reduce(args[0], axis=[2, 3], keepdims=True))
-        c = _shape(call.args[0])[1]
-        padded = _blocks(c, block) * block
+        c = static_shape(call.args[0])[1]
+        padded = round_up(c, block)
         if padded == c:
             return relax.op.reshape(blocked, call.ty.shape)
         # the padding lanes' results are dropped
         flat = builder.emit(relax.op.reshape(blocked, [1, padded]))
         return relax.op.reshape(builder.emit(relax.op.strided_slice(flat, [1], [0], [c])),
                                 call.ty.shape)
-    shape = _shape(call)
+    shape = static_shape(call)
     new_args = []
     for a, original in zip(args, call.args):
-        s = _shape(original) if _is_tensor(original) else None
+        s = static_shape(original)
         if s is not None and s != shape and _side_operand(s, shape) == "channel":
             a = builder.emit(_channel_blocks(a, shape[1], block, str(original.ty.dtype)))
         new_args.append(a)
     return relax.Call(call.op, new_args, call.attrs, call.ty_args)
 
 
-def _blocks(channels, block):
-    return -(-channels // block)
-
-
 def _channel_blocks(value, channels, block, dtype):
     """A per-channel value ([1, C, 1, 1] or [C, 1, 1]) as [1, C / block, 1, 1, block], the
     padding lanes of a partly full last block holding zeros."""
-    n = _blocks(channels, block)
+    n = round_up(channels, block) // block
     if n * block == channels:
         return relax.op.reshape(value, [1, n, 1, 1, block])
     flat = relax.op.reshape(value, [1, channels])

@@ -17,6 +17,16 @@ def dataflow_bindings(func):
     return list(blocks[0].bindings)
 
 
+def static_shape(expr):
+    """The static shape of a tensor-typed expression as a list of ints, or None (not a tensor,
+    an unknown shape, or a symbolic dimension)."""
+    ty = getattr(expr, "ty", None)
+    dims = getattr(ty, "shape", None) if isinstance(ty, relax.TensorType) else None
+    if dims is None or not all(hasattr(d, "value") for d in dims):
+        return None
+    return [int(d) for d in dims]
+
+
 def uses(bindings, func):
     """{Var: number of reads} over the bindings' values and the function's result."""
     count = {}

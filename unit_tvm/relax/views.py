@@ -22,7 +22,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, te
 
-from .graph import readers
+from .graph import readers, static_shape
 
 # the kernel that gathers an operand the bmm cannot read in place (profile: a layout change)
 COPY_KERNEL = "view_copy"
@@ -126,11 +126,6 @@ def _ints(expr):
     return out
 
 
-def _shape(expr):
-    dims = list(getattr(expr.ty, "shape", None) or [])
-    return [int(d) for d in dims] if dims and all(hasattr(d, "value") for d in dims) else None
-
-
 def _axes(value, ndim, attr):
     axes = getattr(value.attrs, attr)
     return None if axes is None else [int(a) % ndim for a in axes]
@@ -140,7 +135,7 @@ def apply(view: StridedView, call) -> "StridedView | None":
     """The view of `call`'s result, given the view of its first argument (None: not a view op,
     or not a view)."""
     name = call.op.name if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) else ""
-    out_shape = _shape(call) if name in _VIEW_OPS else None
+    out_shape = static_shape(call) if name in _VIEW_OPS else None
     if out_shape is None:
         return None
     ndim = len(view.shape)
@@ -182,7 +177,7 @@ def _inverse(view, call):
     bijections (reshape, permute_dims); None for the rest."""
     name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
     if name == "relax.reshape":
-        return view.reshape(_shape(call.args[0]))
+        return view.reshape(static_shape(call.args[0]))
     if name == "relax.permute_dims":
         ndim = len(view.shape)
         axes = _axes(call, ndim, "axes") or list(reversed(range(ndim)))
@@ -205,10 +200,10 @@ def operand_view(var, by_var, readable) -> "OperandView | None":
     while cur in by_var and isinstance(by_var[cur].value, relax.Call):
         call = by_var[cur].value
         src = call.args[0] if call.args else None
-        if not isinstance(src, relax.Var) or not readable(src) or _shape(src) is None:
+        if not isinstance(src, relax.Var) or not readable(src) or static_shape(src) is None:
             break
         ops.append(call)
-        view = StridedView.contiguous(_shape(src))
+        view = StridedView.contiguous(static_shape(src))
         for op in reversed(ops):
             view = apply(view, op)
             if view is None:
@@ -232,7 +227,7 @@ def emit_operand(bb, source, found: OperandView, shape):
     """The argument a bmm kernel takes for an operand read through `found` from `source` (its
     value in the rewritten function): the source flat where the kernel reads the view itself,
     else the operand in `shape` gathered by one copy kernel."""
-    size = math.prod(_shape(found.source))
+    size = math.prod(static_shape(found.source))
     flat = bb.emit(relax.op.reshape(source, [size]))  # a reshape: no copy
     if read_in_kernel(found.view):
         return flat
@@ -308,12 +303,12 @@ def result_layout(end, logical_shape, users, uses) -> "ResultLayout | None":
         call = b.value
         if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
                 and call.op.name in ("relax.reshape", "relax.permute_dims")
-                and call.args[0].same_as(cur) and _shape(b.var) is not None):
+                and call.args[0].same_as(cur) and static_shape(b.var) is not None):
             break
         run.append(b)
         cur = b.var
     for k in range(len(run), 0, -1):
-        view = StridedView.contiguous(_shape(run[k - 1].var))
+        view = StridedView.contiguous(static_shape(run[k - 1].var))
         for b in reversed(run[:k]):
             view = _inverse(view, b.value)
             if view is None:
@@ -343,7 +338,7 @@ def fold_bmm_layouts(bindings, uses, bmms, chains) -> None:
     users = {v: bs[0] for v, bs in readers(bindings).items()}  # each var's first reader
     logical = {}
     for chain in bmms:
-        xs, ys = _shape(chain.x), _shape(chain.y)
+        xs, ys = static_shape(chain.x), static_shape(chain.y)
         logical[chain] = (math.prod(xs[:-2]), *xs[-2:]), (math.prod(ys[:-2]), *ys[-2:])
         x_shape, y_shape = logical[chain]
         layout = result_layout(chain.end, (*x_shape[:2], y_shape[-1]), users, uses)
