@@ -60,12 +60,15 @@ def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # 
         database = Database(database)
     if report is not None and not isinstance(report, list):
         raise TypeError(f"unit_tvm.compile: report must be a list, got {type(report).__name__}")
-    mod = frontend_fixes(mod)
     if is_gpu(target):
-        return _compile_cuda(mod, target, quantize, database, tune, trials, report)
+        return _compile_cuda(frontend_fixes(mod), target, quantize, database, tune, trials,
+                             report)
     if quantize is not None:
+        # quantize repairs the frontends' output itself (inference_form), as for any caller
         mod = quantize_fn(mod, target=target, **quantize)
         _report_leftovers(mod, report)
+    else:
+        mod = frontend_fixes(mod)
     tensorize = UnitTensorize(target, database=database, tune=tune, trials=trials, runner=runner)
     mod = tensorize(mod)
     if report is not None:

@@ -85,8 +85,9 @@ def prepare_host() -> None:
     process may run on unless the user chose (TVM_NUM_THREADS / OMP_NUM_THREADS); it must be set
     before TVM's thread pool starts, and child processes inherit it. And what the OS must grant
     before an instruction runs (each Intrinsic's host check: AMX tile data). Called by compile,
-    build, load, LocalRunner, the CLI and RPC servers, not on import; it runs once per process
-    (3-4 ms: the host checks of every instruction), however often they call it."""
+    build, load, quantize (before calibration's kernels, often a process's first), UnitTensorize,
+    LocalRunner, the CLI and RPC servers, not on import; it runs once per process (3-4 ms: the
+    host checks of every instruction), however often they call it."""
     if "TVM_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
         os.environ["TVM_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
     intrinsics.for_target(None)  # runs the host checks, which ask for the permissions
