@@ -935,6 +935,34 @@ def test_concats_and_pools_carry_uint8():
     _assert_equals_plain_int8(ex, qmod, xs, refs)
 
 
+class ConcatOfAFloatValue(nn.Module):
+    """A concat read by a conv whose parts are a conv's result and a float32 value no conv
+    produced (an activation of the input): that part is quantized into the concat's uint8."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(8, 16, 1), nn.Conv2d(24, 16, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(torch.cat([torch.relu(self.a(x)), torch.sigmoid(x) * 4.0], 1))
+
+
+def test_a_concat_part_no_conv_produced_is_quantized_into_it():
+    """The float32 part is quantized where the concat is built (this crashed in quantize()
+    before: the clip's bounds); the result equals TVM's plain build and stays close to fp32."""
+    require_host("x86.vpdpbusd")
+    model = ConcatOfAFloatValue()
+    cal, xs, refs = _prepare(model, (1, 8, 10, 10))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    concats = [ln for ln in qmod["main"].script().splitlines() if "R.concat" in ln]
+    assert len(concats) == 1 and 'dtype="uint8"' in concats[0].split(") = ")[0], concats
+    tpass = UnitTensorize(unit_tvm.target.host())
+    ex = build_relax(tpass(qmod), unit_tvm.target.host())
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    _assert_equals_plain_int8(ex, qmod, xs, refs)
+
+
+
 @pytest.mark.parametrize("block", [0, 16], ids=["nchw", "nchw16c"])
 @pytest.mark.parametrize("shape,window,stride,padding,include_pad", [
     ((1, 5, 9, 11), 3, 2, 1, False),  # strided: NCHW on the te graph, default schedule

@@ -135,8 +135,7 @@ def dequantize(u8, q: QParams):
 def quantize(x, q: QParams):
     """uint8 of a fp32 tensor (rounded, clipped to [0, 255])."""
     v = relax.op.add(relax.op.round(relax.op.multiply(x, _f32(1.0 / q.scale))), _f32(q.zp))
-    return relax.op.astype(relax.op.clip(v, relax.PrimValue(0.0), relax.PrimValue(255.0)),
-                           "uint8")
+    return relax.op.astype(relax.op.clip(v, 0.0, 255.0), "uint8")
 
 
 def requantize(u8, source: QParams, target: QParams):
