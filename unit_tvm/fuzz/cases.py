@@ -111,12 +111,20 @@ def _params_for(kind, rng):
 
 KINDS = ("dense", "batch_matmul", "conv1d", "conv2d", "conv3d", "group_conv2d", "depthwise",
          "minmax", "odd_index", "packed")
+# whole small models (fuzz/models.py): asked for by name, not in the default mix (a case takes
+# seconds and needs PyTorch)
+MODEL_KIND = "model"
 
 
 def make_case(seed: int, index: int, kinds=KINDS) -> Case:
     """The case number `index` of a fuzzing run with `seed` (deterministic)."""
     rng = random.Random(seed * 1_000_003 + index)
     kind = rng.choice(list(kinds))
+    if kind == MODEL_KIND:
+        from .models import model_params
+
+        return Case(seed, index, kind, "float32", "int8",
+                    tuple(sorted(model_params(rng).items())))
     if rng.random() < 0.7:
         a_dtype, b_dtype = rng.choice(INT_PAIRS)
     else:
