@@ -7,7 +7,7 @@ import pytest
 
 from unit_tvm import fuzz
 from unit_tvm.fuzz.check import compare, operand
-from unit_tvm.fuzz.models import READERS, judge
+from unit_tvm.fuzz.models import READERS, TOKEN_READERS, judge
 from unit_tvm.fuzz.worker import run_cases
 
 from . import fuzz_jobs
@@ -48,7 +48,8 @@ def test_model_cases_are_reproducible_and_varied():
     assert a == b and a.kind == fuzz.MODEL_KIND
     models = [fuzz.make_case(7, i, (fuzz.MODEL_KIND,)).params for i in range(200)]
     assert len(set(models)) == 200
-    assert {dict(p)["reader"] for p in models} == set(READERS)
+    assert {dict(p)["reader"] for p in models} == {*READERS, *TOKEN_READERS}
+    assert {dict(p)["family"] for p in models} == {"cnn", "encoder"}
     assert fuzz.MODEL_KIND not in {fuzz.make_case(7, i).kind for i in range(400)}
 
 
@@ -61,6 +62,10 @@ def test_judge_passes_a_rounding_tie_and_flags_a_wrong_layout():
     tie = plain.copy()
     tie[0, 3, 2, 5] += 1 / 16
     assert judge([tie], [plain], [reference]) == ""
+    # an output of one token, every value of it moved by a tie upstream (a LayerNorm after it)
+    token = reference[0, :, 0, 0]
+    moved = np.round(token * 16) / 16 + rng.choice((-1, 1), token.shape) / 128
+    assert judge([moved], [np.round(token * 16) / 16], [token]) == ""
     assert judge([plain[:, ::-1]], [plain], [reference]).startswith("output 0:")
     nan = plain.copy()
     nan[0, 0, 0, 0] = np.nan
