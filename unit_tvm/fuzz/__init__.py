@@ -6,7 +6,8 @@ build, compared (exactly for integers, within a rounding bound for floats).
     print(fuzz.table(report))
 
 CLI: `unit-tvm fuzz --cases N --seed S [--kinds ...] [--json F]`; `--case I` reruns one case.
-`--kinds model` fuzzes whole small models instead (fuzz/models.py: the graph passes).
+`--kinds model` fuzzes whole small models instead (model_cases.py, model_check.py: the graph
+passes).
 """
 
 import time

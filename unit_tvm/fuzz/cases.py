@@ -111,7 +111,7 @@ def _params_for(kind, rng):
 
 KINDS = ("dense", "batch_matmul", "conv1d", "conv2d", "conv3d", "group_conv2d", "depthwise",
          "minmax", "odd_index", "packed")
-# whole small models (fuzz/models.py): asked for by name, not in the default mix (a case takes
+# whole small models (fuzz/model_cases.py): asked for by name, not in the default mix (a case takes
 # seconds and needs PyTorch)
 MODEL_KIND = "model"
 
@@ -121,7 +121,7 @@ def make_case(seed: int, index: int, kinds=KINDS) -> Case:
     rng = random.Random(seed * 1_000_003 + index)
     kind = rng.choice(list(kinds))
     if kind == MODEL_KIND:
-        from .models import model_params
+        from .model_cases import model_params
 
         return Case(seed, index, kind, "float32", "int8",
                     tuple(sorted(model_params(rng).items())))

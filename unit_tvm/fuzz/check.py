@@ -100,7 +100,7 @@ def run_case(case: Case, target=None, emulate="") -> CaseResult:
     if case.kind == MODEL_KIND:
         if emulate:
             raise ValueError("fuzz: --emulate checks op-level cases only, not kind 'model'")
-        from .models import run_model_case
+        from .model_check import run_model_case
 
         return run_model_case(case, target)
     t0 = time.time()

@@ -1,47 +1,48 @@
 """Random small models for the differential fuzzer (kind "model"): what the graph passes see
-in users' networks, where op-level cases cannot reach.
+in users' networks, where op-level cases cannot reach. Plain-data choices (`model_params`) and
+the PyTorch modules they make (`make_model`); model_check.py runs them.
 
-A convolutional model is an expand conv, a depthwise, strided depthwise or dense 3x3 conv, its
-activation and a few elementwise ops, an optional squeeze-excitation gate, and one of many
-readers of the result (a conv, a residual add, a global mean and a dense layer, a pool, a
+A convolutional model ("cnn") is an expand conv, a depthwise, strided depthwise or dense 3x3
+conv, its activation and a few elementwise ops, an optional squeeze-excitation gate, and one of
+many readers of the result (a conv, a residual add, a global mean and a dense layer, a pool, a
 concat, the value returned as it is); channel counts include partly full blocks of 16. An
 encoder model is one transformer layer: fused or separate projections, plain, causal or
 PyTorch's fused attention, post-, pre- or RMS norm, a GELU, ReLU, SiLU or SwiGLU feed-forward,
-the hidden states or a pooled head as output. The case is quantized
-(`relax.quantize`), tensorized (`UnitTensorize`) and compared with TVM's own build of the same
-quantized module: both compute the same integer arithmetic, so they may differ only where a
-value lands on a rounding tie (an approximated exp moves it by one step), which moves the result
-by less than quantization itself does (`judge`). Needs PyTorch (the test extra) as the model source.
+the hidden states or a pooled head as output. A residual model is a stem conv (1x1 to 7x7,
+stride 1 or 2, a pool after it or not) and one to three ResNet basic, bottleneck or Inception
+blocks (a grid reduction at stride 2) with batch norms, then a pooled or flattened dense head or
+a 1x1 conv. Needs PyTorch (the test extra).
 """
 
 import random
-import time
-import warnings
 
-import numpy as np
-
-from .check import CaseResult, _first_line
-
-KIND = "model"
 ACTIVATIONS = ("relu", "relu6", "silu", "hardswish", "sigmoid", "tanh", "gelu", "leaky", "none")
 OPS = ("scale", "bias", "clamp", "act", "self_gate", "div_scalar", "div_channel", "add_channel",
        "max_zero")
 READERS = ("conv", "residual", "mean_dense", "returned", "avg_pool", "max_pool", "concat",
            "two_outputs", "dense_and_conv")
-# how much of the quantization error itself rounding ties may add (see judge)
-TIE_SHARE = 0.25
-
-
 FFN_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu")
 NORMS = ("post", "pre", "rms")
 ATTENTIONS = ("explicit", "causal", "sdpa")
 TOKEN_READERS = ("hidden", "mean_head", "first_head")
+BLOCKS = ("basic", "bottleneck", "inception")
+HEADS = ("mean_fc", "flatten_fc", "conv")
 
 
 def model_params(rng: random.Random) -> dict:
     """The choices that make one model (plain data, so a case rebuilds it exactly): a
-    convolutional block (family "cnn") or a transformer encoder layer ("encoder")."""
-    if rng.random() < 0.3:
+    convolutional block (family "cnn"), a transformer encoder layer ("encoder") or a stem and
+    residual or inception blocks ("residual")."""
+    family = rng.choices(("cnn", "encoder", "residual"), weights=(4, 3, 3))[0]
+    if family == "residual":
+        n_blocks = rng.randint(1, 3)
+        return {"family": family, "cin": rng.choice((3, 4, 8)), "hw": rng.choice((15, 16, 28, 32)),
+                "stem": rng.choice((1, 3, 5, 7)), "stem_stride": rng.choice((1, 2)),
+                "stem_pool": rng.choice(("max", "avg", "")),
+                "blocks": ",".join(f"{rng.choice(BLOCKS)}:{rng.choice((16, 24, 32, 48, 64, 80))}"
+                                   f":{rng.choice((1, 1, 2))}" for _ in range(n_blocks)),
+                "head": rng.choice(HEADS)}
+    if family == "encoder":
         head = rng.choice((16, 32, 64))
         return {"family": "encoder", "batch": rng.choice((1, 1, 2)),
                 "tokens": rng.choice((1, 5, 16, 33, 64)), "head": head,
@@ -97,7 +98,7 @@ def make_model(params: dict, seed: int):
 
     from ..testing import zoo
 
-    build = _encoder if params["family"] == "encoder" else _cnn
+    build = {"cnn": _cnn, "encoder": _encoder, "residual": _residual}[params["family"]]
     torch.manual_seed(seed)
     model, shape = build(params)
     zoo._randomize(model, seed)
@@ -218,84 +219,89 @@ def _encoder(p: dict):
     return Encoder(), (p["batch"], p["tokens"], hidden)
 
 
-def judge(got: list, plain: list, reference: list) -> str:
-    """'' when the tensorized outputs may differ from TVM's build of the quantized module by
-    rounding ties alone, else what differs. Each list holds one array per model output.
-
-    A tie moves a value by one step and everything that value reaches: little against the
-    quantization error when an output reads many values, up to half of it when an output reads
-    one token. So an output is wrong when it is both further from TVM's build than TIE_SHARE of
-    that build's distance from the float model and further from the float model itself than
-    that build by more than TIE_SHARE (a wrong layout or term is as far as the values are)."""
-    for i, (g, b, r) in enumerate(zip(got, plain, reference)):
-        if g.shape != b.shape:
-            return f"output {i}: shape {g.shape} != {b.shape}"
-        g, b, r = (a.astype(np.float64) for a in (g, b, r))
-        if not np.isfinite(g).all() and np.isfinite(b).all():
-            return f"output {i}: {int((~np.isfinite(g)).sum())} values not finite"
-        scale = np.linalg.norm(r) + 1e-12
-        quantization, apart = np.linalg.norm(b - r) / scale, np.linalg.norm(g - b) / scale
-        own = np.linalg.norm(g - r) / scale
-        if apart > max(TIE_SHARE * quantization, 1e-5) and own > (1 + TIE_SHARE) * quantization:
-            worst = np.unravel_index(np.abs(g - b).argmax(), g.shape)
-            return (f"output {i}: {apart:.3g} apart from TVM's build and {own:.3g} from the "
-                    f"float model (relative L2), where TVM's build is {quantization:.3g} from "
-                    f"it; worst at {tuple(map(int, worst))}: {g[worst]:.6g} != {b[worst]:.6g}")
-    return ""
-
-
-def _run(ex, inputs):
-    import tvm
-    from tvm import relax
-
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    out = []
-    for x in inputs:
-        result = vm["main"](tvm.runtime.tensor(x, tvm.cpu()))
-        out.append([result.numpy()] if hasattr(result, "numpy")
-                   else [t.numpy() for t in result])
-    return out
-
-
-def run_model_case(case, target=None) -> CaseResult:
-    """Quantize, tensorize and build the case's model; compare with TVM's build of the same
-    quantized module. Exceptions are classified, never raised."""
+def _block(kind, cin, cout, stride):
+    """A ResNet basic or bottleneck block (projection shortcut where the shape changes) or an
+    Inception block (four branches concatenated; at stride 2 a grid reduction with a max-pool
+    branch)."""
     import torch
-    import tvm
+    from torch import nn
+    from torch.nn import functional as F
 
-    from .. import frontends
-    from ..compiler import build_relax
-    from ..relax import UnitTensorize, quantize
-    from ..target import host
-    from ..testing import zoo
+    def conv(a, b, k, s=1):
+        pad = (k[0] // 2, k[1] // 2) if isinstance(k, tuple) else k // 2
+        return nn.Sequential(nn.Conv2d(a, b, k, s, pad, bias=False), nn.BatchNorm2d(b), nn.ReLU())
 
-    t0 = time.time()
-    target = target or host()
-    base = dict(index=case.index, kind=case.kind, description=case.describe(),
-                reproduce=case.reproduce())
-    params = dict(case.params)
-    try:
-        model, shape = make_model(params, case.seed * 7919 + case.index)
-        calibration, inputs = zoo.inputs(shape, 3, seed=1), zoo.inputs(shape, 2, seed=2)
-        with torch.no_grad():
-            reference = [[o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
-                         for out in (model(torch.tensor(x)) for x in inputs)]
-        qmod = quantize(frontends.from_torch(model, [torch.tensor(inputs[0])]),
-                        target=target, calibration_data=calibration)
-        plain = _run(tvm.compile(qmod, target=target), inputs)
-    except Exception as e:  # noqa: BLE001 - the model or TVM's own build fails: not the case
-        return CaseResult(**base, outcome="invalid", detail=_first_line(e),
-                          seconds=time.time() - t0)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tpass = UnitTensorize(target)
-            got = _run(build_relax(tpass(qmod), target), inputs)
-    except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
-        return CaseResult(**base, outcome="crash", detail=_first_line(e),
-                          seconds=time.time() - t0)
-    diff = next(filter(None, (judge(g, b, r) for g, b, r in zip(got, plain, reference))), "")
-    used = sorted({instr for _, instr, _ in tpass.report if instr})
-    outcome = "wrong" if diff else ("tensorized-correct" if used else "fallback-correct")
-    return CaseResult(**base, outcome=outcome, intrinsic=",".join(used), detail=diff,
-                      seconds=time.time() - t0)
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            if kind == "inception":
+                quarter = max(4, cout // 4)
+                self.branches = nn.ModuleList([
+                    conv(cin, quarter, 1, stride),
+                    nn.Sequential(conv(cin, quarter, 1), conv(quarter, quarter, 3, stride)),
+                    nn.Sequential(conv(cin, quarter, 1), conv(quarter, quarter, (1, 3)),
+                                  conv(quarter, quarter, (3, 1), stride))])
+                self.pool = conv(cin, quarter, 1)
+                return
+            mid = cout // 4 if kind == "bottleneck" else cout
+            body = ([conv(cin, mid, 1), conv(mid, mid, 3, stride)] if kind == "bottleneck"
+                    else [conv(cin, mid, 3, stride)])
+            self.body = nn.Sequential(*body, nn.Conv2d(mid, cout, 1 if kind == "bottleneck"
+                                                       else 3, 1, 0 if kind == "bottleneck"
+                                                       else 1, bias=False), nn.BatchNorm2d(cout))
+            self.short = (nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)))
+
+        def forward(self, x):
+            if kind != "inception":
+                return F.relu(self.body(x) + self.short(x))
+            parts = [b(x) for b in self.branches]
+            pooled = (F.max_pool2d(x, 3, stride, 1) if stride == 2
+                      else self.pool(F.avg_pool2d(x, 3, 1, 1)))
+            return torch.cat([*parts, pooled], 1)
+
+        def width(self):
+            return 3 * max(4, cout // 4) + (cin if stride == 2 else max(4, cout // 4))
+
+    block = Block()
+    return block, (block.width() if kind == "inception" else cout)
+
+
+def _residual(p: dict):
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    shape = (1, p["cin"], p["hw"], p["hw"])
+
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            width = 16
+            self.stem = nn.Sequential(nn.Conv2d(p["cin"], width, p["stem"], p["stem_stride"],
+                                                p["stem"] // 2), nn.BatchNorm2d(width), nn.ReLU())
+            blocks = []
+            for spec in p["blocks"].split(","):
+                kind, cout, stride = spec.split(":")
+                block, width = _block(kind, width, int(cout), int(stride))
+                blocks.append(block)
+            self.blocks = nn.Sequential(*blocks)
+            with torch.no_grad():
+                features = self.eval().features(torch.zeros(shape))
+            flat = features.shape[1] * (1 if p["head"] == "mean_fc" else features[0, 0].numel())
+            self.fc, self.conv = nn.Linear(flat, 10), nn.Conv2d(width, 10, 1)
+
+        def features(self, x):
+            x = self.stem(x)
+            if p["stem_pool"]:
+                pool = F.max_pool2d if p["stem_pool"] == "max" else F.avg_pool2d
+                x = pool(x, 3, 2, 1)
+            return self.blocks(x)
+
+        def forward(self, x):
+            x = self.features(x)
+            if p["head"] == "conv":
+                return self.conv(x)
+            return self.fc(x.mean((2, 3)) if p["head"] == "mean_fc" else x.flatten(1))
+
+    return Residual(), shape

@@ -1,0 +1,100 @@
+"""Run one model case (model_cases.py): quantize it (`relax.quantize`), tensorize it
+(`UnitTensorize`), build it, and compare with TVM's own build of the same quantized module.
+Both compute the same integer arithmetic, so they may differ only where a value lands on a
+rounding tie (an approximated exp moves it by one step), which moves the result by less than
+quantization itself does (`judge`).
+"""
+
+import time
+import warnings
+
+import numpy as np
+
+from .check import CaseResult, _first_line
+from .model_cases import make_model
+
+# how much of the quantization error itself rounding ties may add (see judge)
+TIE_SHARE = 0.25
+
+
+def judge(got: list, plain: list, reference: list) -> str:
+    """'' when the tensorized outputs may differ from TVM's build of the quantized module by
+    rounding ties alone, else what differs. Each list holds one array per model output.
+
+    A tie moves a value by one step and everything that value reaches: little against the
+    quantization error when an output reads many values, up to half of it when an output reads
+    one token. So an output is wrong when it is both further from TVM's build than TIE_SHARE of
+    that build's distance from the float model and further from the float model itself than
+    that build by more than TIE_SHARE (a wrong layout or term is as far as the values are)."""
+    for i, (g, b, r) in enumerate(zip(got, plain, reference)):
+        if g.shape != b.shape:
+            return f"output {i}: shape {g.shape} != {b.shape}"
+        g, b, r = (a.astype(np.float64) for a in (g, b, r))
+        if not np.isfinite(g).all() and np.isfinite(b).all():
+            return f"output {i}: {int((~np.isfinite(g)).sum())} values not finite"
+        scale = np.linalg.norm(r) + 1e-12
+        quantization, apart = np.linalg.norm(b - r) / scale, np.linalg.norm(g - b) / scale
+        own = np.linalg.norm(g - r) / scale
+        if apart > max(TIE_SHARE * quantization, 1e-5) and own > (1 + TIE_SHARE) * quantization:
+            worst = np.unravel_index(np.abs(g - b).argmax(), g.shape)
+            return (f"output {i}: {apart:.3g} apart from TVM's build and {own:.3g} from the "
+                    f"float model (relative L2), where TVM's build is {quantization:.3g} from "
+                    f"it; worst at {tuple(map(int, worst))}: {g[worst]:.6g} != {b[worst]:.6g}")
+    return ""
+
+
+def _run(ex, inputs):
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = []
+    for x in inputs:
+        result = vm["main"](tvm.runtime.tensor(x, tvm.cpu()))
+        out.append([result.numpy()] if hasattr(result, "numpy")
+                   else [t.numpy() for t in result])
+    return out
+
+
+def run_model_case(case, target=None) -> CaseResult:
+    """Quantize, tensorize and build the case's model; compare with TVM's build of the same
+    quantized module. Exceptions are classified, never raised."""
+    import torch
+    import tvm
+
+    from .. import frontends
+    from ..compiler import build_relax
+    from ..relax import UnitTensorize, quantize
+    from ..target import host
+    from ..testing import zoo
+
+    t0 = time.time()
+    target = target or host()
+    base = dict(index=case.index, kind=case.kind, description=case.describe(),
+                reproduce=case.reproduce())
+    params = dict(case.params)
+    try:
+        model, shape = make_model(params, case.seed * 7919 + case.index)
+        calibration, inputs = zoo.inputs(shape, 3, seed=1), zoo.inputs(shape, 2, seed=2)
+        with torch.no_grad():
+            reference = [[o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+                         for out in (model(torch.tensor(x)) for x in inputs)]
+        qmod = quantize(frontends.from_torch(model, [torch.tensor(inputs[0])]),
+                        target=target, calibration_data=calibration)
+        plain = _run(tvm.compile(qmod, target=target), inputs)
+    except Exception as e:  # noqa: BLE001 - the model or TVM's own build fails: not the case
+        return CaseResult(**base, outcome="invalid", detail=_first_line(e),
+                          seconds=time.time() - t0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tpass = UnitTensorize(target)
+            got = _run(build_relax(tpass(qmod), target), inputs)
+    except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
+        return CaseResult(**base, outcome="crash", detail=_first_line(e),
+                          seconds=time.time() - t0)
+    diff = next(filter(None, (judge(g, b, r) for g, b, r in zip(got, plain, reference))), "")
+    used = sorted({instr for _, instr, _ in tpass.report if instr})
+    outcome = "wrong" if diff else ("tensorized-correct" if used else "fallback-correct")
+    return CaseResult(**base, outcome=outcome, intrinsic=",".join(used), detail=diff,
+                      seconds=time.time() - t0)
