@@ -15,6 +15,8 @@ a constant becomes one int8 operator:
   feeding quantized ops (max commutes with the monotonic quantization): the pool runs on uint8,
   4x less memory than fp32, and other users of its result get it dequantized (which edges
   carry uint8: relax/requantize.py).
+A model that arrives quantized (ONNX QuantizeLinear / DequantizeLinear pairs) keeps its own
+activation scales where its quantized ops read them, and its int8 weights (relax/qdq.py).
 Grouped and depthwise convs are int8 too (UnitTensorize runs depthwise ones on a lanewise
 instruction, other grouped ones on TVM's plain loop nest), so the activations around them stay
 uint8. Activation x activation matmuls (attention) follow `attention`: fp32; int8 where their
@@ -39,6 +41,7 @@ from tvm import relax
 from ..runner import prepare_host
 from ..target import as_target, host, is_host
 from . import qbmm, u8_pools, u8_values, views
+from .qdq import fake_quantization
 from .chains import find_chains
 from .frontend_fixes import frontend_fixes
 from .graph import dataflow_bindings, max_pool_on
@@ -169,6 +172,10 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     mod = inference_form(mod)
+    if dtype == "int8":  # a QDQ model's pairs: its own activation scales (relax/qdq.py)
+        mod, model_scales = fake_quantization(mod)
+    else:
+        model_scales = {}
     func = mod["main"]
     found = find_chains(func)
     bf16_bmms = [c for c in found if c.kind == "bmm" and attention == "bf16"]
@@ -188,7 +195,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     y_values = dict(zip(bmms, values[len(chains) + len(shortcuts):]))
     by_end = {}
     for chain, vals in zip(chains, values):
-        x_scale, x_zp = _activation_qparams(vals, method, percentile)
+        given = model_scales.get(chain.x)
+        x_scale, x_zp = given if given else _activation_qparams(vals, method, percentile)
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
         if chain.kind == "bmm":
             op = qbmm.quantized_bmm(chain, vals, y_values[chain], float(x_scale), int(x_zp))

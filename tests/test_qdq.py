@@ -1,0 +1,180 @@
+"""Models that arrive quantized (ONNX QuantizeLinear / DequantizeLinear pairs, relax/qdq.py):
+quantize() runs them int8 with the model's own activation scales and int8 weights, with the
+same uint8 edges and fused epilogues as a float32 model, and agrees with ONNX Runtime running
+the same file."""
+
+import re
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import tvm
+from onnx import numpy_helper
+from torch import nn
+from tvm import relax
+
+import unit_tvm
+from unit_tvm import frontends
+from unit_tvm.compiler import build_relax
+from unit_tvm.relax import UnitTensorize, quantize, recipes
+from unit_tvm.relax.qdq import fake_quantization
+from unit_tvm.relax.u8_values import QParams
+from unit_tvm.testing import zoo
+
+from .conftest import require_host
+from .test_relax import _run
+
+
+class Residual(nn.Module):
+    """A stem, a max-pool, a ResNet basic block and a pooled dense head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.a, self.b = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(torch.relu(self.stem(x)), 2)
+        x = torch.relu(x + self.b(torch.relu(self.a(x))))
+        return self.fc(x.mean((2, 3)))
+
+
+def _qdq_file(tmp_path, shape=(1, 3, 16, 16)):
+    """(fp32 ONNX path, ONNX Runtime's QDQ quantization of it, calibration inputs)."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    model = zoo._randomize(Residual(), 0).eval()
+    cal = zoo.inputs(shape, 4, seed=1)
+    fp32 = frontends.export_onnx(model, [torch.tensor(cal[0])], str(tmp_path / "fp32.onnx"))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.samples = iter([{"input0": x} for x in cal])
+
+        def get_next(self):
+            return next(self.samples, None)
+
+    qdq = str(tmp_path / "qdq.onnx")
+    quantize_static(fp32, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return fp32, qdq, cal
+
+
+def _activation_scales(path):
+    """The scales of the file's QuantizeLinear nodes (the activations')."""
+    model = onnx.load(path)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return {float(inits[n.input[1]]) for n in model.graph.node if n.op_type == "QuantizeLinear"
+            and n.input[1] in inits}
+
+
+def _cos(a, b):
+    a, b = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def test_an_onnx_runtime_qdq_model_runs_int8_with_its_own_scales(tmp_path):
+    """No quantize / dequantize op is left; every quantized op reads with one of the file's
+    activation scales; the ReLUs ONNX Runtime's quantizer dropped come back in the convs'
+    epilogues and the edges between convs carry uint8 as for the float32 file; the result
+    matches ONNX Runtime running the QDQ file and TVM's plain build of the quantized module."""
+    require_host("x86.vpdpbusd")
+    import onnxruntime as ort
+
+    fp32, qdq, cal = _qdq_file(tmp_path)
+    xs = zoo.inputs((1, 3, 16, 16), 3, seed=2)
+    session = ort.InferenceSession(qdq, providers=["CPUExecutionProvider"])
+    expected = [session.run(None, {"input0": x})[0] for x in xs]
+    qmod = quantize(frontends.from_onnx(onnx.load(qdq)), calibration_data=cal)
+    script = qmod["main"].script()
+    assert "R.quantize" not in script and "R.dequantize" not in script, script
+    found = recipes(qmod)
+    assert len(found) == 4
+    file_scales = _activation_scales(qdq)
+    for name, r in found:
+        assert any(np.isclose(r["x_scale"], s, rtol=1e-6) for s in file_scales), (name, r)
+    assert [r["relu"] for _, r in found] == [True, True, True, False]
+    plain_fp32 = quantize(frontends.from_onnx(onnx.load(fp32)), calibration_data=cal)
+    u8_edges = [ln for ln in script.splitlines() if "call_tir" in ln and '"uint8"' in ln]
+    assert len(u8_edges) == sum("call_tir" in ln and '"uint8"' in ln
+                                for ln in plain_fp32["main"].script().splitlines()) > 0
+    tpass = UnitTensorize(unit_tvm.target.host())
+    got = _run(build_relax(tpass(qmod), unit_tvm.target.host()), xs)
+    assert all(instr for _, instr, _ in tpass.report), tpass.report
+    plain = _run(tvm.compile(qmod, target=unit_tvm.target.host()), xs)
+    for g, p, e in zip(got, plain, expected):
+        np.testing.assert_allclose(g, p, rtol=1e-5, atol=1e-5)
+        assert _cos(g, e) > 0.9999
+
+
+def _pair(bb, x, scale, zp, dtype="uint8"):
+    q = bb.emit(relax.op.quantize(x, relax.const(scale, "float32"), relax.const(zp, dtype),
+                                  axis=1, out_dtype=dtype))
+    return bb.emit(relax.op.dequantize(q, relax.const(scale, "float32"),
+                                       relax.const(zp, dtype), axis=1))
+
+
+@pytest.mark.parametrize("before,scale,zp,dtype,clamp,want", [
+    ("none", 0.05, 0, "uint8", (0.0, 12.75), QParams(0.05, 0)),  # the ReLU the quantizer dropped
+    ("relu", 0.05, 0, "uint8", None, QParams(0.05, 0)),  # already non-negative
+    ("none", 0.02, 128, "uint8", None, QParams(0.02, 128)),  # both ends beyond 0: no clamp
+    ("none", 0.05, -128, "int8", (0.0, 12.75), QParams(0.05, 0)),  # int8 from -128: uint8 from 0
+    ("none", 0.05, 0, "int8", None, QParams(0.05, 128)),  # symmetric int8
+    ("none", 0.05, 255, "uint8", (-12.75, 0.0), QParams(0.05, 255)),  # a range ending at 0
+])
+def test_a_pair_becomes_its_input_clamped_where_its_range_ends_at_zero(before, scale, zp,
+                                                                       dtype, clamp, want):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 4, 3, 3], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(x) if before == "relu" else x * relax.const(2.0))
+            out = bb.emit_output(_pair(bb, y, scale, zp, dtype) + relax.const(1.0))
+        bb.emit_func_output(out)
+    mod, scales = fake_quantization(bb.get())
+    script = mod["main"].script()
+    assert "quantize" not in script, script
+    assert scales and all(np.isclose(q.scale, want.scale) and q.zp == want.zp
+                          for q in scales.values()), scales
+    clips = [ln for ln in script.splitlines() if "R.clip" in ln]
+    if clamp is None:
+        assert not clips, script
+    else:
+        bounds = [float(v) for v in re.findall(r"T\.float64\(([-\d.e]+)\)", clips[0])]
+        assert len(clips) == 1 and np.allclose(bounds, clamp, rtol=1e-6), clips
+    a = np.random.default_rng(0).standard_normal((1, 4, 3, 3)).astype("float32")
+    (got,) = _run(unit_tvm.lowering.compile_relax(mod, unit_tvm.target.host()), [a])
+    y = np.maximum(a, 0) if before == "relu" else a * 2
+    if clamp is not None:
+        y = np.clip(y, *clamp)
+    np.testing.assert_allclose(got, y + 1.0, rtol=1e-6, atol=1e-6)
+
+
+def test_dequantized_constants_fold_per_channel():
+    """A per-channel int8 weight (axis 0) and a scalar-quantized constant become the float32
+    values ONNX defines: (q - zero point) * scale along the axis."""
+    rng = np.random.default_rng(1)
+    w = rng.integers(-127, 128, (8, 4, 3, 3)).astype("int8")
+    scales = (rng.random(8) * 0.1 + 0.01).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 4, 5, 5], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            weight = bb.emit(relax.op.dequantize(relax.const(w), relax.const(scales),
+                                                 relax.const(np.zeros(8, "int8")), axis=0))
+            out = bb.emit_output(relax.op.nn.conv2d(x, weight))
+        bb.emit_func_output(out)
+    mod, _ = fake_quantization(bb.get())
+    assert "dequantize" not in mod["main"].script()
+    a = rng.standard_normal((1, 4, 5, 5)).astype("float32")
+    (got,) = _run(unit_tvm.lowering.compile_relax(mod, unit_tvm.target.host()), [a])
+    real = torch.tensor(w.astype("float32") * scales[:, None, None, None])
+    want = nn.functional.conv2d(torch.tensor(a), real).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

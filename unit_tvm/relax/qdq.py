@@ -1,0 +1,161 @@
+"""Models that arrive quantized as QuantizeLinear / DequantizeLinear pairs (ONNX "QDQ", what
+ONNX Runtime's quantize_static and NNCF write): quantize() computes them as int8 with the
+model's own activation scales instead of running the pairs as float32 rounding ops.
+
+TVM's ONNX frontend imports the pairs as relax.quantize / relax.dequantize. `fake_quantization`
+removes them before quantize() looks for its chains:
+- a dequantize of constants (int8 weights, int32 biases) becomes the float32 constant;
+- dequantize(quantize(x)) with one scale and zero point becomes x, and the scale and zero point
+  are kept for x: a quantized op reading x takes them as its activation quantization instead of
+  calibrating one. The pair also clamps x to the range the integers can hold; ONNX Runtime's
+  quantizer relies on that to drop a ReLU (a range starting at 0), so where one end of the range
+  is 0 and x can be negative the clamp stays (a clip, which the conv before it fuses like a
+  ReLU). The other clamps only cut values beyond the range the model's own calibration saw; a
+  quantized reader still applies them, since it quantizes with the same scale.
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .graph import dataflow_bindings, rewrite_functions
+from .u8_values import QParams
+
+_QUANTIZE, _DEQUANTIZE = "relax.quantize", "relax.dequantize"
+
+
+class FakeQuantization(NamedTuple):
+    """The module without its quantize / dequantize pairs, and the uint8 quantization the model
+    gave each value that such a pair read (keys: variables of the new main)."""
+
+    mod: tvm.IRModule
+    scales: dict
+
+
+def _op_name(call):
+    op = getattr(call, "op", None)
+    return op.name if isinstance(op, tvm.ir.Op) else ""
+
+
+def _const(expr):
+    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+
+
+def _per_axis(values, ndim, axis):
+    """A scale or zero point shaped to broadcast along `axis` of an ndim tensor."""
+    values = np.asarray(values)
+    if values.ndim == 0 or ndim == 0:
+        return values
+    shape = [1] * ndim
+    shape[axis % ndim] = values.size
+    return values.reshape(shape)
+
+
+def _dequantized(data, scale, zp, axis):
+    ndim = data.ndim
+    real = (data.astype(np.float64) - _per_axis(zp, ndim, axis)) * _per_axis(scale, ndim, axis)
+    return real.astype(np.float32)
+
+
+def _quantized(data, scale, zp, axis, dtype):
+    info = np.iinfo(dtype)
+    ndim = data.ndim
+    q = np.round(data / _per_axis(scale, ndim, axis)) + _per_axis(zp, ndim, axis)
+    return np.clip(q, info.min, info.max).astype(dtype)
+
+
+def _integer_range(call):
+    """(qmin, qmax) of a quantize call's output dtype, or None (not 8-bit)."""
+    dtype = str(call.ty.dtype)
+    return (0, 255) if dtype == "uint8" else (-128, 127) if dtype == "int8" else None
+
+
+@relax.expr_functor.mutator
+class _StripPairs(relax.PyExprMutator):
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.scales = {}
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        name = _op_name(call)
+        if name not in (_QUANTIZE, _DEQUANTIZE):
+            return call
+        consts = [_const(a) for a in call.args]
+        axis = int(call.attrs.axis)
+        if all(c is not None for c in consts):
+            data, scale, zp = consts
+            if name == _DEQUANTIZE:
+                return relax.const(_dequantized(data, scale, zp, axis))
+            return relax.const(_quantized(data, scale, zp, axis, str(call.ty.dtype)))
+        if name == _DEQUANTIZE and isinstance(call.args[0], relax.Var):
+            stripped = self._pair(call)
+            return call if stripped is None else stripped
+        return call
+
+    def _pair(self, dq):
+        """x for dequantize(quantize(x)) with one scalar scale and zero point (clamped where
+        an end of its range is 0), recording that quantization for x; None otherwise."""
+        q = self.lookup_binding(dq.args[0])
+        if _op_name(q) != _QUANTIZE or _integer_range(q) is None:
+            return None
+        params = [_const(a) for a in (*q.args[1:], *dq.args[1:])]
+        if any(p is None or p.size != 1 for p in params):
+            return None
+        scale, zp, dq_scale, dq_zp = (float(p.reshape(())) for p in params)
+        if scale <= 0 or scale != dq_scale or zp != dq_zp or str(dq.ty.dtype) != "float32":
+            return None
+        x, qmin = q.args[0], _integer_range(q)[0]
+        if not isinstance(x, relax.Var) or str(x.ty.dtype) != "float32":
+            return None
+        q = self.scales[x] = QParams(scale, int(zp) - qmin)
+        lo, hi = _range(q)
+        if hi == 0.0 or (lo == 0.0 and not self._non_negative(x)):
+            return relax.op.clip(x, lo, hi)
+        return x
+
+    def _non_negative(self, x):
+        """Whether x cannot be negative: a ReLU's result, a clamp at 0 or above, or a max-pool
+        of one (a quantized max-pool's two pairs have one quantization)."""
+        v = self.lookup_binding(x)
+        if _op_name(v) == "relax.nn.max_pool2d" and isinstance(v.args[0], relax.Var):
+            v = self.lookup_binding(v.args[0])
+        name = _op_name(v)
+        return name == "relax.nn.relu" or (name == "relax.clip" and float(v.args[1].value) >= 0)
+
+
+def fake_quantization(mod: tvm.IRModule) -> FakeQuantization:
+    """`mod` without relax.quantize / relax.dequantize pairs and constants (see the module
+    docstring), and the model's quantization of each value a pair read."""
+    strip = _StripPairs(mod)
+    mod = rewrite_functions(mod, strip)
+    # the aliases a removed pair leaves would stop the chains' epilogues; both passes keep the
+    # other bindings' variables, which the scales are keyed by
+    mod = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
+    return FakeQuantization(mod, _through_clamps(mod["main"], strip.scales))
+
+
+def _range(q: QParams):
+    return -q.zp * q.scale, (255 - q.zp) * q.scale
+
+
+def _clamps_to(clip, q: QParams) -> bool:
+    bounds = tuple(float(a.value) for a in clip.args[1:])
+    return bool(np.allclose(bounds, _range(q), rtol=1e-6, atol=0.0))
+
+
+def _through_clamps(func, scales):
+    """The scales also for what a removed pair left in its place: an alias of x, or x clamped
+    to the pair's range (the variables a quantized op reads)."""
+    scales = dict(scales)
+    for b in dataflow_bindings(func):
+        v = b.value
+        if isinstance(v, relax.Var) and v in scales:
+            scales[b.var] = scales[v]
+        elif _op_name(v) == "relax.clip" and isinstance(v.args[0], relax.Var):
+            q = scales.get(v.args[0])
+            if q is not None and _clamps_to(v, q):
+                scales[b.var] = q
+    return scales
