@@ -41,8 +41,9 @@ class Residual(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
-def _qdq_file(tmp_path, shape=(1, 3, 16, 16)):
-    """(fp32 ONNX path, ONNX Runtime's QDQ quantization of it, calibration inputs)."""
+def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=()):
+    """(fp32 ONNX path, ONNX Runtime's QDQ quantization of it, calibration inputs); exclude:
+    op types left in float32."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -62,9 +63,18 @@ def _qdq_file(tmp_path, shape=(1, 3, 16, 16)):
             return next(self.samples, None)
 
     qdq = str(tmp_path / "qdq.onnx")
+    excluded = [n.name for n in onnx.load(fp32).graph.node if n.op_type in exclude]
     quantize_static(fp32, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    nodes_to_exclude=excluded)
     return fp32, qdq, cal
+
+
+def _onnx_runtime(path, xs):
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return [session.run(None, {"input0": x})[0] for x in xs]
 
 
 def _activation_scales(path):
@@ -86,12 +96,9 @@ def test_an_onnx_runtime_qdq_model_runs_int8_with_its_own_scales(tmp_path):
     epilogues and the edges between convs carry uint8 as for the float32 file; the result
     matches ONNX Runtime running the QDQ file and TVM's plain build of the quantized module."""
     require_host("x86.vpdpbusd")
-    import onnxruntime as ort
-
     fp32, qdq, cal = _qdq_file(tmp_path)
     xs = zoo.inputs((1, 3, 16, 16), 3, seed=2)
-    session = ort.InferenceSession(qdq, providers=["CPUExecutionProvider"])
-    expected = [session.run(None, {"input0": x})[0] for x in xs]
+    expected = _onnx_runtime(qdq, xs)
     qmod = quantize(frontends.from_onnx(onnx.load(qdq)), calibration_data=cal)
     script = qmod["main"].script()
     assert "R.quantize" not in script and "R.dequantize" not in script, script
@@ -112,6 +119,30 @@ def test_an_onnx_runtime_qdq_model_runs_int8_with_its_own_scales(tmp_path):
     for g, p, e in zip(got, plain, expected):
         np.testing.assert_allclose(g, p, rtol=1e-5, atol=1e-5)
         assert _cos(g, e) > 0.9999
+
+
+@pytest.mark.parametrize("exclude", [(), ("Gemm",)], ids=["whole", "dense_left_float"])
+def test_compile_runs_a_qdq_model_as_its_pairs_say_without_calibration(tmp_path, exclude):
+    """unit_tvm.compile with no quantize argument: the ops the file quantizes run int8 with its
+    scales (no calibration inputs needed), an op it left in float32 stays float32, and the
+    result matches ONNX Runtime running the file."""
+    require_host("x86.vpdpbusd")
+    _, qdq, _ = _qdq_file(tmp_path, exclude=exclude)
+    xs = zoo.inputs((1, 3, 16, 16), 3, seed=2)
+    report = []
+    ex = unit_tvm.compile(frontends.from_onnx(onnx.load(qdq)), report=report)
+    tensorized = [op for op, instr, _ in report if instr]
+    assert len(tensorized) == (3 if exclude else 4), report
+    assert all(op.startswith("conv2d") for op in tensorized[:3]), report
+    for got, want in zip(_run(ex, xs), _onnx_runtime(qdq, xs)):
+        assert _cos(got, want) > 0.9999
+
+
+def test_a_float_model_still_needs_calibration():
+    model = zoo._randomize(Residual(), 0).eval()
+    mod = frontends.from_torch(model, [torch.zeros(1, 3, 16, 16)])
+    with pytest.raises(ValueError, match="calibration_data is empty"):
+        quantize(mod, calibration_data=[])
 
 
 def _pair(bb, x, scale, zp, dtype="uint8"):

@@ -15,6 +15,7 @@ from .relax.frontend_fixes import frontend_fixes
 from .relax.gpu import UnitTensorizeGPU, default_gpu_schedule, to_fp16, to_fp16_nhwc, to_nhwc
 from .relax.gpu_int8 import calibration_from
 from .relax.leftovers import fp32_leftovers, summary
+from .relax.qdq import arrives_quantized
 from .runner import prepare_host, target_for
 from .target import is_cpu, is_gpu
 from .tuner import Database
@@ -25,8 +26,10 @@ def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # 
             report: list | None = None, runner=None) -> relax.VMExecutable:
     """Compile a Relax IRModule for `target` (None: this host); returns a relax Executable.
 
-    quantize: None keeps the model's precision; a dict of unit_tvm.relax.quantize keyword
-    arguments (at least calibration_data) quantizes it to int8 first. The UnitTensorize pass
+    quantize: None keeps the model's precision (a model that arrives quantized, with ONNX
+    QuantizeLinear / DequantizeLinear pairs, runs int8 where they say, with their scales); a
+    dict of unit_tvm.relax.quantize keyword arguments (at least calibration_data) quantizes it
+    to int8 first. The UnitTensorize pass
     then tensorizes every quantized op, using tuned configs from `database` (a path or
     Database) and tuning missing ones when tune=True; the rest is TVM's own pipeline.
     Run with relax.VirtualMachine(ex, tvm.cpu()).
@@ -63,6 +66,8 @@ def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # 
     if is_gpu(target):
         return _compile_cuda(frontend_fixes(mod), target, quantize, database, tune, trials,
                              report)
+    if quantize is None and arrives_quantized(mod):
+        quantize = {}  # a QDQ model: int8 where its own pairs say (relax/qdq.py)
     if quantize is not None:
         # quantize repairs the frontends' output itself (inference_form), as for any caller
         mod = quantize_fn(mod, target=target, **quantize)

@@ -126,6 +126,23 @@ class _StripPairs(relax.PyExprMutator):
         return name == "relax.nn.relu" or (name == "relax.clip" and float(v.args[1].value) >= 0)
 
 
+def arrives_quantized(mod: tvm.IRModule) -> bool:
+    """Whether main holds a dequantize of a quantize (a QDQ model's activation pair)."""
+    found = []
+
+    def visit(e):
+        if _op_name(e) == _DEQUANTIZE and isinstance(e.args[0], relax.Var):
+            found.append(e.args[0])
+
+    func = mod["main"]
+    relax.analysis.post_order_visit(func, visit)
+    if not found or not isinstance(func.body, relax.SeqExpr):
+        return False
+    quantized = {b.var for block in func.body.blocks for b in block.bindings
+                 if _op_name(b.value) == _QUANTIZE}
+    return any(v in quantized for v in found)
+
+
 def fake_quantization(mod: tvm.IRModule) -> FakeQuantization:
     """`mod` without relax.quantize / relax.dequantize pairs and constants (see the module
     docstring), and the model's quantization of each value a pair read."""

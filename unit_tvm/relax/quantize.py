@@ -31,6 +31,7 @@ bf16 instruction here fits a depthwise window, and bf16 would only lose precisio
 """
 
 import json
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -154,6 +155,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
 
     params: {name: array} bound into main as constants first (None when weights are already
     constants). calibration_data: iterable of inputs (arrays or tuples of arrays) for main.
+    A model that arrives quantized (QDQ pairs, relax/qdq.py) needs none: without it, the ops
+    its pairs quantize run int8 and the others stay float32, as in the model.
     Each quantized op becomes a call_tir of an int8 PrimFunc carrying its recipe (attr
     "unit_tvm.recipe"), scheduled by TVM's defaults; UnitTensorize then tensorizes them.
     dtype="bfloat16": bf16 dot products with float32 accumulation instead (no calibration).
@@ -183,23 +186,22 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     if dtype == "bfloat16":
         return _to_bfloat16(mod, [c for c in chains if c.kind == "dense"
                                   or int(c.attrs.groups) == 1], bf16_bmms)
+    samples = list(calibration_data)
+    if model_scales and not samples:
+        # a QDQ model without calibration inputs: int8 where its pairs say, float32 elsewhere
+        chains = [c for c in chains if c.kind != "bmm" and c.x in model_scales]
     if not chains:
         return _to_bfloat16(mod, [], bf16_bmms)
-    samples = list(calibration_data)
-    if not samples:
-        raise ValueError("calibration_data is empty: at least one input is needed")
     shortcuts = residual_only_ends(func, chains)
-    bmms = [c for c in chains if c.kind == "bmm"]
-    values = observe(mod, [c.x for c in chains] + [c.end for c in shortcuts]
-                      + [c.y for c in bmms], samples, target)
-    y_values = dict(zip(bmms, values[len(chains) + len(shortcuts):]))
+    seen = _calibrate(mod, chains, shortcuts, samples, target, model_scales,
+                      lambda v: _activation_qparams(v, method, percentile))
     by_end = {}
-    for chain, vals in zip(chains, values):
+    for chain, vals in zip(chains, seen.x):
         given = model_scales.get(chain.x)
         x_scale, x_zp = given if given else _activation_qparams(vals, method, percentile)
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
         if chain.kind == "bmm":
-            op = qbmm.quantized_bmm(chain, vals, y_values[chain], float(x_scale), int(x_zp))
+            op = qbmm.quantized_bmm(chain, vals, seen.y[chain], float(x_scale), int(x_zp))
         else:
             op = _quantized_op(chain, float(x_scale), int(x_zp), _channel_means(chain, vals))
         if op is not None:  # a bmm that fails its accuracy guard stays fp32
@@ -207,14 +209,42 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     chains = [c for c in chains if c.end in by_end]
     requantize_edges(func, chains, by_end)
     requantize_shared_edges(func, chains, by_end)
-    shortcut_values = values[len(values) - len(bmms) - len(shortcuts):len(values) - len(bmms)]
-    requantize_shortcuts(chains, by_end, shortcuts, shortcut_values,
-                         lambda v: _activation_qparams(v, method, percentile))
+    known = [(c, q) for c, q in zip(shortcuts, seen.shortcut_q) if q is not None]
+    requantize_shortcuts(chains, by_end, [c for c, _ in known], [q for _, q in known],
+                         lambda q: q)
     pools = requantize_through_pools(func, chains, by_end)
     plan = u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools)
     # bf16 matmuls read and write float32: decided after the uint8 edges, which they keep out of
     return _rewrite(mod, chains + bf16_bmms, {**by_end, **_bf16_bmm_ops(func, bf16_bmms, chains)},
                     pools, plan)
+
+
+class _Calibration(NamedTuple):
+    """What the calibration inputs give: each quantized op's input values (None where the
+    model's own quantization stands in), each residual-only end's quantization (None: not
+    known), each activation x activation matmul's second operand's values."""
+
+    x: list
+    shortcut_q: list
+    y: dict
+
+
+def _calibrate(mod, chains, shortcuts, samples, target, model_scales, qparams) -> _Calibration:
+    """Observe the float32 model on `samples`. Without samples, a model whose every quantized
+    op's input has the model's own quantization (a QDQ model's pairs) needs none: its weights
+    are already on their int8 grid, so there is no rounding error for a bias to take back."""
+    bmms = [c for c in chains if c.kind == "bmm"]
+    if not samples:
+        if any(c.x not in model_scales for c in chains) or bmms:
+            raise ValueError("calibration_data is empty: at least one input is needed")
+        return _Calibration([None] * len(chains), [model_scales.get(c.end) for c in shortcuts],
+                            {})
+    values = observe(mod, [c.x for c in chains] + [c.end for c in shortcuts]
+                      + [c.y for c in bmms], samples, target)
+    ends = values[len(chains):len(chains) + len(shortcuts)]
+    return _Calibration(values[:len(chains)],
+                        [model_scales.get(c.end) or qparams(v) for c, v in zip(shortcuts, ends)],
+                        dict(zip(bmms, values[len(chains) + len(shortcuts):])))
 
 
 def default_attention(target) -> str:
@@ -229,8 +259,10 @@ def default_attention(target) -> str:
 
 def _channel_means(chain, values):
     """Mean of each input channel (convs: axis 1; dense: the last axis) of the activation's
-    calibration `values` (flattened over every input)."""
+    calibration `values` (flattened over every input); zeros without values."""
     shape = [int(s) for s in chain.x.ty.shape]
+    if values is None:
+        return np.zeros(shape[-1] if chain.kind == "dense" else shape[1])
     if chain.kind == "dense":
         return values.reshape(-1, shape[-1]).mean(axis=0)
     per = values.reshape(-1, *shape[1:])
