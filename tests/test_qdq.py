@@ -209,3 +209,42 @@ def test_dequantized_constants_fold_per_channel():
     real = torch.tensor(w.astype("float32") * scales[:, None, None, None])
     want = nn.functional.conv2d(torch.tensor(a), real).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_max_pool_or_reshape_keeps_its_inputs_quantization():
+    """NNCF puts no pair after a max-pool: a conv reading the pool (or a reshape of a pair's
+    value, as a dense head reads it) reads values of the pair's grid, so it takes the pair's
+    quantization."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 4, 8, 8], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = _pair(bb, bb.emit(relax.op.nn.relu(x)), 0.05, 0)
+            pooled = bb.emit(relax.op.nn.max_pool2d(y, 2, 2))
+            flat = bb.emit(relax.op.reshape(pooled, [1, 64]))
+            out = bb.emit_output(flat)
+        bb.emit_func_output(out)
+    mod, scales = fake_quantization(bb.get())
+    bindings = mod["main"].body.blocks[0].bindings
+    assert len(bindings) == 3 and all(b.var in scales for b in bindings[1:]), mod["main"]
+    assert {q.zp for q in scales.values()} == {0}
+
+
+@pytest.mark.parametrize("dtype,want", [("uint8", QParams(0.08, 0)),
+                                        ("int8", QParams(0.08, 128))])
+def test_a_per_channel_pair_gives_one_quantization_over_its_channels(dtype, want):
+    """NNCF quantizes a depthwise conv's input per channel; unit-tvm's activations are per
+    tensor, so the pair gives the step and zero point that hold every channel's range."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 4, 3, 3], "float32"))
+    scales = relax.const(np.array([0.01, 0.02, 0.04, 0.08], "float32"))
+    zps = relax.const(np.zeros(4, dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(x))
+            q = bb.emit(relax.op.quantize(y, scales, zps, axis=1, out_dtype=dtype))
+            out = bb.emit_output(relax.op.dequantize(q, scales, zps, axis=1))
+        bb.emit_func_output(out)
+    _, found = fake_quantization(bb.get())
+    (got,) = set(found.values())
+    assert got.zp == want.zp and np.isclose(got.scale, want.scale, rtol=1e-3), got

@@ -12,6 +12,10 @@ removes them before quantize() looks for its chains:
   is 0 and x can be negative the clamp stays (a clip, which the conv before it fuses like a
   ReLU). The other clamps only cut values beyond the range the model's own calibration saw; a
   quantized reader still applies them, since it quantizes with the same scale.
+- a pair with a scale per channel (NNCF's depthwise inputs) gives one uint8 quantization over
+  the union of its channels' ranges (unit-tvm's activations are per tensor);
+- a value holding only values of a pair's result (a max-pool, a reshape: NNCF puts no pair
+  after a max-pool) has the pair's quantization too.
 """
 
 from typing import NamedTuple
@@ -24,6 +28,11 @@ from .graph import dataflow_bindings, rewrite_functions
 from .u8_values import QParams
 
 _QUANTIZE, _DEQUANTIZE = "relax.quantize", "relax.dequantize"
+# ops whose result holds only values of their input: it keeps the input's quantization
+_SAME_VALUES = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims",
+                "relax.nn.max_pool1d", "relax.nn.max_pool2d", "relax.nn.max_pool3d")
+# ops whose result is not negative where their input is not
+_KEEPS_SIGN = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.mean")
 
 
 class FakeQuantization(NamedTuple):
@@ -96,34 +105,48 @@ class _StripPairs(relax.PyExprMutator):
         return call
 
     def _pair(self, dq):
-        """x for dequantize(quantize(x)) with one scalar scale and zero point (clamped where
-        an end of its range is 0), recording that quantization for x; None otherwise."""
+        """x for dequantize(quantize(x)) (clamped where an end of its range is 0), recording
+        the pair's quantization for x; None where it is not such a pair."""
         q = self.lookup_binding(dq.args[0])
-        if _op_name(q) != _QUANTIZE or _integer_range(q) is None:
+        if (_op_name(q) != _QUANTIZE or _integer_range(q) is None
+                or str(dq.ty.dtype) != "float32" or int(q.attrs.axis) != int(dq.attrs.axis)):
             return None
+        x = q.args[0]
         params = [_const(a) for a in (*q.args[1:], *dq.args[1:])]
-        if any(p is None or p.size != 1 for p in params):
+        if (not isinstance(x, relax.Var) or str(x.ty.dtype) != "float32"
+                or any(p is None for p in params)):
             return None
-        scale, zp, dq_scale, dq_zp = (float(p.reshape(())) for p in params)
-        if scale <= 0 or scale != dq_scale or zp != dq_zp or str(dq.ty.dtype) != "float32":
+        scale, zp, dq_scale, dq_zp = (p.astype(np.float64).reshape(-1) for p in params)
+        if (scale.size != zp.size or not np.array_equal(scale, dq_scale)
+                or not np.array_equal(zp, dq_zp) or (scale <= 0).any()):
             return None
-        x, qmin = q.args[0], _integer_range(q)[0]
-        if not isinstance(x, relax.Var) or str(x.ty.dtype) != "float32":
-            return None
-        q = self.scales[x] = QParams(scale, int(zp) - qmin)
-        lo, hi = _range(q)
+        qp = self.scales[x] = _per_tensor(scale, zp, _integer_range(q))
+        lo, hi = _range(qp)
         if hi == 0.0 or (lo == 0.0 and not self._non_negative(x)):
             return relax.op.clip(x, lo, hi)
         return x
 
-    def _non_negative(self, x):
-        """Whether x cannot be negative: a ReLU's result, a clamp at 0 or above, or a max-pool
-        of one (a quantized max-pool's two pairs have one quantization)."""
+    def _non_negative(self, x, depth=4):
+        """Whether x cannot be negative: a ReLU's result, a clamp at 0 or above, or a pool or
+        mean of one."""
         v = self.lookup_binding(x)
-        if _op_name(v) == "relax.nn.max_pool2d" and isinstance(v.args[0], relax.Var):
-            v = self.lookup_binding(v.args[0])
         name = _op_name(v)
+        if name in _KEEPS_SIGN and isinstance(v.args[0], relax.Var) and depth:
+            return self._non_negative(v.args[0], depth - 1)
         return name == "relax.nn.relu" or (name == "relax.clip" and float(v.args[1].value) >= 0)
+
+
+def _per_tensor(scale, zp, integer_range) -> QParams:
+    """The uint8 quantization of a pair: its own for one scale and zero point; for one per
+    channel (NNCF's depthwise inputs), one over the union of the channels' ranges, as
+    quantize() calibrates a float32 model's activations."""
+    qmin, qmax = integer_range
+    if scale.size == 1:
+        return QParams(float(scale[0]), int(zp[0]) - qmin)
+    lo, hi = float(((qmin - zp) * scale).min()), float(((qmax - zp) * scale).max())
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    step = (hi - lo) / 255.0 if hi > lo else 1.0
+    return QParams(step, int(np.clip(round(-lo / step), 0, 255)))
 
 
 def arrives_quantized(mod: tvm.IRModule) -> bool:
@@ -151,7 +174,7 @@ def fake_quantization(mod: tvm.IRModule) -> FakeQuantization:
     # the aliases a removed pair leaves would stop the chains' epilogues; both passes keep the
     # other bindings' variables, which the scales are keyed by
     mod = relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
-    return FakeQuantization(mod, _through_clamps(mod["main"], strip.scales))
+    return FakeQuantization(mod, _carried(mod["main"], strip.scales))
 
 
 def _range(q: QParams):
@@ -163,16 +186,18 @@ def _clamps_to(clip, q: QParams) -> bool:
     return bool(np.allclose(bounds, _range(q), rtol=1e-6, atol=0.0))
 
 
-def _through_clamps(func, scales):
-    """The scales also for what a removed pair left in its place: an alias of x, or x clamped
-    to the pair's range (the variables a quantized op reads)."""
+def _carried(func, scales):
+    """The scales also for what a removed pair left in its place (an alias of x, x clamped to
+    the pair's range) and for what holds only x's values (a reshape, a max-pool: NNCF puts no
+    pair after a max-pool), the variables a quantized op reads."""
     scales = dict(scales)
     for b in dataflow_bindings(func):
-        v = b.value
+        v, name = b.value, _op_name(b.value)
         if isinstance(v, relax.Var) and v in scales:
             scales[b.var] = scales[v]
-        elif _op_name(v) == "relax.clip" and isinstance(v.args[0], relax.Var):
+        elif name in (*_SAME_VALUES, "relax.clip") and isinstance(v.args[0], relax.Var):
             q = scales.get(v.args[0])
-            if q is not None and _clamps_to(v, q):
+            if q is not None and b.var not in scales and (name != "relax.clip"
+                                                          or _clamps_to(v, q)):
                 scales[b.var] = q
     return scales
