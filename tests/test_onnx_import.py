@@ -152,3 +152,55 @@ def test_einsum_attention_from_onnx_compiles_int8():
         got, ref = vm["main"](tvm.runtime.tensor(x)).numpy(), session.run(None, {"x": x})[0]
         cos = float((got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref))
         assert cos > 0.99
+
+
+@pytest.mark.parametrize("bounds,fused", [
+    ((0.0, 6.0), (True, 6.0)),  # MobileNetV2's ReLU6
+    ((0.0, None), (True, None)),  # Clip with only a lower bound of 0: a ReLU
+    ((-1.0, 1.0), None),  # a clamp no epilogue takes: a relax clip, run as it is
+])
+def test_onnx_clip_between_convs_becomes_the_conv_epilogue(bounds, fused):
+    """ONNX Clip (opset 11+, bounds as inputs) imports as TOPI maximum / minimum call_tirs;
+    quantize's graph reads them as relax relu / clip, so the conv before a ReLU6 fuses it and
+    writes uint8 for the next conv. Close to ONNX Runtime and equal to TVM's plain build of
+    the quantized module."""
+    require_host("x86.vpdpbusd")
+    ort = pytest.importorskip("onnxruntime")
+    from unit_tvm.relax import quantize, recipes
+
+    rng = np.random.default_rng(0)
+    lo, hi = bounds
+    clip_inputs = ["c1", "lo", "hi" if hi is not None else ""]
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3, 3], pads=[1] * 4),
+             h.make_node("Clip", clip_inputs, ["r"]),
+             h.make_node("Conv", ["r", "w2", "b2"], ["y"], kernel_shape=[1, 1])]
+    inits = [_const("w1", rng.standard_normal((16, 8, 3, 3)) / 8, np.float32),
+             _const("b1", rng.standard_normal(16) * 0.1, np.float32),
+             _const("w2", rng.standard_normal((16, 16, 1, 1)) / 4, np.float32),
+             _const("b2", rng.standard_normal(16) * 0.1, np.float32),
+             _const("lo", lo, np.float32)] + ([_const("hi", hi, np.float32)] if hi else [])
+    graph = h.make_graph(nodes, "conv_clip_conv",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 10, 10])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 10, 10])],
+                         inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=9)
+    xs = [rng.standard_normal((1, 8, 10, 10)).astype(np.float32) * 2 for _ in range(4)]
+    qmod = quantize(frontends.from_onnx(model), calibration_data=xs)
+    script = qmod["main"].script()
+    assert "maximum" not in script and "minimum" not in script, script
+    first = recipes(qmod)[0][1]
+    if fused:
+        assert (first["relu"], first.get("clip_max")) == fused
+        assert sum("call_tir" in ln and '"uint8"' in ln for ln in script.splitlines()) == 1
+    else:
+        assert not first["relu"] and script.count("R.clip") == 1, script
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    ex = unit_tvm.compile(frontends.from_onnx(model), quantize={"calibration_data": xs})
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    plain = relax.VirtualMachine(tvm.compile(qmod, target=unit_tvm.target.host()), tvm.cpu())
+    for x in xs:
+        got = vm["main"](tvm.runtime.tensor(x)).numpy()
+        np.testing.assert_allclose(got, plain["main"](tvm.runtime.tensor(x)).numpy(),
+                                   rtol=1e-5, atol=1e-5)
+        ref = session.run(None, {"x": x})[0]
+        assert float((got * ref).sum() / np.linalg.norm(got) / np.linalg.norm(ref)) > 0.999

@@ -7,11 +7,19 @@
   "bhid,bhjd->bhij"): TVM legalizes einsum to one naive loop nest (2.7 GB/s, 38% of
   maxvit_t's time) that no matmul path sees. It becomes permute_dims + matmul + permute_dims,
   which quantize, the attention paths and TVM's own schedules know.
+- Clip from ONNX (opset 11 and later: its bounds are inputs) as two call_tirs of TOPI's
+  maximum and minimum (MobileNetV2's ReLU6): no quantized op fuses them, so each conv wrote
+  float32 for them and the next one quantized it back (mobilenet_v2.onnx ran 4x slower than
+  the same model from PyTorch). With constant scalar bounds they become relax's relu / clip,
+  which a conv's epilogue takes (`clamps_as_clips`, after constants are folded).
 """
 
+import math
 from typing import NamedTuple
 
+import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from .graph import rewrite_functions
@@ -91,8 +99,76 @@ class _EinsumAsMatmul(relax.PyExprMutator):
         return _permuted(product, form.out)
 
 
+class ScalarClamp(NamedTuple):
+    """A call_tir that computes max(x, bound) ("max") or min(x, bound) ("min") elementwise."""
+
+    kind: str
+    x: relax.Expr
+    bound: float
+
+
+def _op_name(expr):
+    op = getattr(expr, "op", None)
+    return op.name if isinstance(op, tvm.ir.Op) else ""
+
+
+def scalar_clamp(call, mod) -> ScalarClamp | None:
+    """The clamp a call_tir of `mod` computes, or None: its function stores max or min of its
+    first argument (float32) and its second, a constant scalar."""
+    if _op_name(call) != "relax.call_tir" or not isinstance(call.args[1], relax.Tuple):
+        return None
+    func = mod.functions.get(call.args[0]) if isinstance(call.args[0], tvm.ir.GlobalVar) else None
+    fields = call.args[1].fields
+    if not isinstance(func, tvm.tirx.PrimFunc) or len(fields) != 2 or len(func.params) != 3:
+        return None
+    x, bound = fields
+    if (not isinstance(bound, tvm.ir.expr.Constant) or bound.value.numpy().size != 1
+            or str(getattr(x.ty, "dtype", "")) != "float32"):
+        return None
+    stores = []
+    tvm_ffi.structural_walk(func.body, [(tvm.tirx.BufferStore, stores.append)], order="pre")
+    if len(stores) != 1 or not isinstance(stores[0].value, (tvm.tirx.Max, tvm.tirx.Min)):
+        return None
+    value = stores[0].value
+    # in TVM 0.27 a load's source is the function's tensor parameter itself
+    sources = [getattr(v, "source", None) for v in (value.a, value.b)]
+    if not (any(func.params[0].same_as(v) for v in sources)
+            and any(func.params[1].same_as(v) for v in sources)):
+        return None
+    kind = "max" if isinstance(value, tvm.tirx.Max) else "min"
+    return ScalarClamp(kind, x, float(np.asarray(bound.value.numpy()).reshape(())))
+
+
+@relax.expr_functor.mutator
+class _ClampsAsClip(relax.PyExprMutator):
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.mod = mod
+
+    def visit_call_(self, call):  # noqa: D401 - mutator hook
+        call = self.visit_expr_post_order(call)
+        clamp = scalar_clamp(call, self.mod)
+        if clamp is None:
+            return call
+        if clamp.kind == "max":
+            return (relax.op.nn.relu(clamp.x) if clamp.bound == 0.0
+                    else relax.op.clip(clamp.x, clamp.bound, math.inf))
+        inner = self.lookup_binding(clamp.x) if isinstance(clamp.x, relax.Var) else None
+        if _op_name(inner) == "relax.nn.relu":
+            return relax.op.clip(inner.args[0], 0.0, clamp.bound)
+        if _op_name(inner) == "relax.clip" and float(inner.args[2].value) == math.inf:
+            return relax.op.clip(inner.args[0], float(inner.args[1].value), clamp.bound)
+        return relax.op.clip(clamp.x, -math.inf, clamp.bound)
+
+
 @tvm.transform.module_pass(opt_level=0, name="UnitFrontendFixes")
 def frontend_fixes(mod, ctx):
     """tvm.transform.Pass: the repairs above on every Relax function of the module."""
     mod = rewrite_functions(mod, _BoolCumsumAsInt64(mod))
     return rewrite_functions(mod, _EinsumAsMatmul(mod))
+
+
+def clamps_as_clips(mod: tvm.IRModule) -> tvm.IRModule:
+    """The ONNX Clip repair (module docstring) on every Relax function; run after
+    FoldConstant: the importer computes each bound through a NaN check of its constant."""
+    return rewrite_functions(mod, _ClampsAsClip(mod))

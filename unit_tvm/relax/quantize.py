@@ -44,7 +44,7 @@ from ..target import as_target, host, is_host
 from . import qbmm, u8_pools, u8_values, views
 from .qdq import fake_quantization
 from .chains import find_chains
-from .frontend_fixes import frontend_fixes
+from .frontend_fixes import clamps_as_clips, frontend_fixes
 from .graph import dataflow_bindings, max_pool_on
 from .graph import uses as count_uses
 from .qops import plain_func
@@ -109,7 +109,7 @@ def inference_form(mod: tvm.IRModule) -> tvm.IRModule:
     the value itself; the frontends' output repaired as unit_tvm.compile does (frontend_fixes),
     so that every caller of quantize sees the same graph."""
     mod = relax.transform.DecomposeOpsForInference()(frontend_fixes(mod))
-    mod = relax.transform.FoldConstant()(mod)
+    mod = clamps_as_clips(relax.transform.FoldConstant()(mod))
     return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
 
 
