@@ -8,10 +8,11 @@ removes them before quantize() looks for its chains:
 - dequantize(quantize(x)) with one scale and zero point becomes x, and the scale and zero point
   are kept for x: a quantized op reading x takes them as its activation quantization instead of
   calibrating one. The pair also clamps x to the range the integers can hold; ONNX Runtime's
-  quantizer relies on that to drop a ReLU (a range starting at 0), so where one end of the range
-  is 0 and x can be negative the clamp stays (a clip, which the conv before it fuses like a
-  ReLU). The other clamps only cut values beyond the range the model's own calibration saw; a
-  quantized reader still applies them, since it quantizes with the same scale.
+  quantizer relies on that to drop a ReLU (a range starting at 0), so where the range starts at
+  0 and x can be negative, the pair becomes a ReLU of x (which the conv before it fuses). The
+  other clamps (the range's top, both ends of one around 0) only cut values beyond the range the
+  model's own calibration saw; a quantized reader still applies them, since it quantizes with
+  the same scale. (A range ending at 0 keeps its clamp.)
 - a pair with a scale per channel (NNCF's depthwise inputs) gives one uint8 quantization over
   the union of its channels' ranges (unit-tvm's activations are per tensor);
 - a value holding only values of a pair's result (a max-pool, a reshape: NNCF puts no pair
@@ -122,8 +123,10 @@ class _StripPairs(relax.PyExprMutator):
             return None
         qp = self.scales[x] = _per_tensor(scale, zp, _integer_range(q))
         lo, hi = _range(qp)
-        if hi == 0.0 or (lo == 0.0 and not self._non_negative(x)):
+        if hi == 0.0:
             return relax.op.clip(x, lo, hi)
+        if lo == 0.0 and not self._non_negative(x):
+            return relax.op.nn.relu(x)  # the conv before takes it as it takes any ReLU
         return x
 
     def _non_negative(self, x, depth=4):
@@ -187,17 +190,19 @@ def _clamps_to(clip, q: QParams) -> bool:
 
 
 def _carried(func, scales):
-    """The scales also for what a removed pair left in its place (an alias of x, x clamped to
-    the pair's range) and for what holds only x's values (a reshape, a max-pool: NNCF puts no
-    pair after a max-pool), the variables a quantized op reads."""
+    """The scales also for what a removed pair left in its place (an alias of x, its ReLU, x
+    clamped to the pair's range) and for what holds only x's values (a reshape, a max-pool:
+    NNCF puts no pair after a max-pool), the variables a quantized op reads."""
     scales = dict(scales)
     for b in dataflow_bindings(func):
         v, name = b.value, _op_name(b.value)
         if isinstance(v, relax.Var) and v in scales:
             scales[b.var] = scales[v]
-        elif name in (*_SAME_VALUES, "relax.clip") and isinstance(v.args[0], relax.Var):
+        elif name in (*_SAME_VALUES, "relax.clip", "relax.nn.relu") and isinstance(
+                v.args[0], relax.Var):
             q = scales.get(v.args[0])
-            if q is not None and b.var not in scales and (name != "relax.clip"
-                                                          or _clamps_to(v, q)):
+            if q is not None and b.var not in scales and (
+                    name in _SAME_VALUES or (name == "relax.nn.relu" and q.zp == 0)
+                    or (name == "relax.clip" and _clamps_to(v, q))):
                 scales[b.var] = q
     return scales
