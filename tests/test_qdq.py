@@ -152,25 +152,33 @@ def _pair(bb, x, scale, zp, dtype="uint8"):
                                        relax.const(zp, dtype), axis=1))
 
 
-@pytest.mark.parametrize("before,scale,zp,dtype,clamp,want", [
-    ("none", 0.05, 0, "uint8", "relu", QParams(0.05, 0)),  # the ReLU the quantizer dropped
-    ("relu", 0.05, 0, "uint8", None, QParams(0.05, 0)),  # already non-negative
-    ("none", 0.02, 128, "uint8", None, QParams(0.02, 128)),  # both ends beyond 0: no clamp
-    ("none", 0.05, -128, "int8", "relu", QParams(0.05, 0)),  # int8 from -128: uint8 from 0
-    ("none", 0.05, 0, "int8", None, QParams(0.05, 128)),  # symmetric int8
-    ("none", 0.05, 255, "uint8", (-12.75, 0.0), QParams(0.05, 255)),  # a range ending at 0
+@pytest.mark.parametrize("before,scale,zp,dtype,reader,clamp,want", [
+    # the ReLU (or ReLU6) the quantizer dropped: clamped to the pair's range for an add...
+    ("none", 0.05, 0, "uint8", "add", (0.0, 12.75), QParams(0.05, 0)),
+    # ...a ReLU for a conv, which quantizes with the pair's scale and clamps the top itself
+    ("none", 0.05, 0, "uint8", "conv", "relu", QParams(0.05, 0)),
+    ("relu", 0.05, 0, "uint8", "add", None, QParams(0.05, 0)),  # already non-negative
+    ("none", 0.02, 128, "uint8", "add", None, QParams(0.02, 128)),  # both ends beyond 0
+    ("none", 0.05, -128, "int8", "add", (0.0, 12.75), QParams(0.05, 0)),  # int8 from -128
+    ("none", 0.05, 0, "int8", "add", None, QParams(0.05, 128)),  # symmetric int8
+    ("none", 0.05, 255, "uint8", "add", (-12.75, 0.0), QParams(0.05, 255)),  # ending at 0
 ])
 def test_a_pair_becomes_its_input_clamped_where_its_range_starts_or_ends_at_zero(
-        before, scale, zp, dtype, clamp, want):
-    """A pair is its input, but where its range starts at 0 and the input can be negative it
-    is a ReLU of it (ONNX Runtime drops a ReLU before such a pair), and where it ends at 0 a
-    clip; the pair's quantization is kept for what a quantized op would read."""
+        before, scale, zp, dtype, reader, clamp, want):
+    """A pair is its input, clamped to its range where that starts at 0 and the input can be
+    negative (ONNX Runtime drops a ReLU or ReLU6 before such a pair) or where it ends at 0; a
+    ReLU of it where only quantized convs read it. The pair's quantization is kept for what a
+    quantized op reads."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([1, 4, 3, 3], "float32"))
+    weight = relax.const(np.full((4, 4, 1, 1), 0.25, "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
             y = bb.emit(relax.op.nn.relu(x) if before == "relu" else x * relax.const(2.0))
-            out = bb.emit_output(_pair(bb, y, scale, zp, dtype) + relax.const(1.0))
+            pair = _pair(bb, y, scale, zp, dtype)
+            read = (relax.op.nn.conv2d(pair, weight) if reader == "conv"
+                    else pair + relax.const(1.0))
+            out = bb.emit_output(read)
         bb.emit_func_output(out)
     mod, scales = fake_quantization(bb.get())
     script = mod["main"].script()
@@ -191,7 +199,9 @@ def test_a_pair_becomes_its_input_clamped_where_its_range_starts_or_ends_at_zero
         y = np.maximum(y, 0)
     elif clamp is not None:
         y = np.clip(y, *clamp)
-    np.testing.assert_allclose(got, y + 1.0, rtol=1e-6, atol=1e-6)
+    want_out = (np.full((1, 4, 3, 3), 0.25 * y.sum(axis=1, keepdims=True)) if reader == "conv"
+                else y + 1.0)
+    np.testing.assert_allclose(got, want_out, rtol=1e-5, atol=1e-5)
 
 
 def test_dequantized_constants_fold_per_channel():

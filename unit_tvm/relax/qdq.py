@@ -8,11 +8,14 @@ removes them before quantize() looks for its chains:
 - dequantize(quantize(x)) with one scale and zero point becomes x, and the scale and zero point
   are kept for x: a quantized op reading x takes them as its activation quantization instead of
   calibrating one. The pair also clamps x to the range the integers can hold; ONNX Runtime's
-  quantizer relies on that to drop a ReLU (a range starting at 0), so where the range starts at
-  0 and x can be negative, the pair becomes a ReLU of x (which the conv before it fuses). The
-  other clamps (the range's top, both ends of one around 0) only cut values beyond the range the
-  model's own calibration saw; a quantized reader still applies them, since it quantizes with
-  the same scale. (A range ending at 0 keeps its clamp.)
+  quantizer relies on that to drop a ReLU or a ReLU6 (a range from 0 up to at most 6), so where
+  the range starts at 0 and x can be negative the clamp stays: a clip(x, 0, top), which the conv
+  before it fuses as a ReLU6-like epilogue. Where every reader of the pair is a conv or matmul
+  with a constant weight, those readers quantize x with the pair's scale and so clamp its top
+  themselves: then it is a ReLU of x, the same kernel as the float32 model's. A clamp at both
+  ends around 0 only cuts values beyond the range the model's own calibration saw (the
+  activations ONNX Runtime drops before a pair are ReLU and Clip), and x stays unclamped; a
+  quantized reader still applies it.
 - a pair with a scale per channel (NNCF's depthwise inputs) gives one uint8 quantization over
   the union of its channels' ranges (unit-tvm's activations are per tensor);
 - a value holding only values of a pair's result (a max-pool, a reshape: NNCF puts no pair
@@ -26,6 +29,7 @@ import tvm
 from tvm import relax
 
 from .graph import dataflow_bindings, rewrite_functions
+from .graph import readers as graph_readers
 from .u8_values import QParams
 
 _QUANTIZE, _DEQUANTIZE = "relax.quantize", "relax.dequantize"
@@ -82,11 +86,49 @@ def _integer_range(call):
     return (0, 255) if dtype == "uint8" else (-128, 127) if dtype == "int8" else None
 
 
+_QUANTIZABLE = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.matmul")
+
+
+def _weight(expr, by_var):
+    """Whether expr is a constant weight: a constant, or a dequantize of constants (through a
+    transpose or reshape), as a QDQ file gives it."""
+    for _ in range(3):
+        if isinstance(expr, tvm.ir.expr.Constant):
+            return True
+        v = by_var.get(expr) if isinstance(expr, relax.Var) else None
+        if _op_name(v) == _DEQUANTIZE:
+            return all(isinstance(a, tvm.ir.expr.Constant) for a in v.args)
+        if _op_name(v) not in ("relax.permute_dims", "relax.reshape"):
+            return False
+        expr = v.args[0]
+    return False
+
+
+def _requantized_by_readers(func):
+    """The quantize results whose dequantized value only convs and matmuls with constant
+    weights read, as their data: quantize() makes those int8 ops, and each quantizes its input
+    with the pair's scale, applying the pair's clamp itself."""
+    bindings = dataflow_bindings(func)
+    by_var = {b.var: b.value for b in bindings}
+    readers = graph_readers(bindings)
+    out = set()
+    for b in bindings:
+        if _op_name(b.value) != _DEQUANTIZE or not isinstance(b.value.args[0], relax.Var):
+            continue
+        users = readers.get(b.var, [])
+        if users and all(_op_name(u.value) in _QUANTIZABLE and u.value.args[0].same_as(b.var)
+                         and not u.value.args[1].same_as(b.var)
+                         and _weight(u.value.args[1], by_var) for u in users):
+            out.add(b.value.args[0])
+    return out
+
+
 @relax.expr_functor.mutator
 class _StripPairs(relax.PyExprMutator):
     def __init__(self, mod):
         super().__init__(mod)
         self.scales = {}
+        self.requantized = _requantized_by_readers(mod["main"])
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
@@ -123,10 +165,11 @@ class _StripPairs(relax.PyExprMutator):
             return None
         qp = self.scales[x] = _per_tensor(scale, zp, _integer_range(q))
         lo, hi = _range(qp)
-        if hi == 0.0:
+        if hi == 0.0 or (lo == 0.0 and not self._non_negative(x)
+                         and not any(dq.args[0].same_as(v) for v in self.requantized)):
             return relax.op.clip(x, lo, hi)
         if lo == 0.0 and not self._non_negative(x):
-            return relax.op.nn.relu(x)  # the conv before takes it as it takes any ReLU
+            return relax.op.nn.relu(x)  # its readers clamp the top; the conv before fuses it
         return x
 
     def _non_negative(self, x, depth=4):
