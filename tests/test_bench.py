@@ -242,3 +242,22 @@ def test_bench_model_rejects_an_onnx_file_it_cannot_feed(tmp_path):
     onnx.save(helper.make_model(graph), path)
     with pytest.raises(ValueError, match="one float32 input"):
         model.make_case(path)
+
+
+def test_bench_model_runs_a_quantized_file_as_it_is(tmp_path):
+    """A QDQ file (ONNX Runtime's quantize_static): every engine runs the file's own
+    quantization instead of quantizing it again, against ONNX Runtime running the file."""
+    pytest.importorskip("onnxruntime", reason="ONNX Runtime is a bench and test extra")
+    from .conftest import require_host
+    from .test_qdq import _qdq_file
+
+    require_host("x86.vpdpbusd")
+    _, path, _ = _qdq_file(tmp_path)
+    logged = []
+    res = model.run_model(path, engines=("unit-tvm int8", "ORT int8"), n_inputs=2, rounds=1,
+                          log=logged.append, tune=False)
+    assert any("arrives quantized" in line for line in logged), logged
+    assert set(res["engines"]) == {"unit-tvm int8", "ORT int8"}, logged
+    assert res["engines"]["ORT int8"]["variant"] == "the file's QDQ"
+    assert res["engines"]["ORT int8"]["cosine"] > 0.99999  # its own reference
+    assert res["engines"]["unit-tvm int8"]["cosine"] > 0.9999

@@ -53,6 +53,15 @@ def check_single_float_input(path):
                          f"({', '.join(i.name for i in inputs)}) of other kinds")
 
 
+def is_quantized(path) -> bool:
+    """Whether an ONNX file arrives quantized: QuantizeLinear / DequantizeLinear nodes (what
+    quantize_static's QDQ format and NNCF write)."""
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(path, load_external_data=False).graph.node}
+    return bool(ops & {"QuantizeLinear", "DequantizeLinear"})
+
+
 def fp32_outputs(case: ModelCase) -> list:
     """ONNX Runtime's fp32 outputs of case.inputs for the model file case.onnx_path."""
     sess = _session(case.onnx_path, case.threads)
@@ -113,10 +122,13 @@ def ort_int8(case: ModelCase, references) -> Engine:
     watch = Stopwatch()
     x = case.inputs[0]
     with tempfile.TemporaryDirectory() as tmp:
-        fp32 = _preprocessed(case, tmp)
-        feed = input_name(fp32)
+        if case.quantized:  # the user's quantization, as ONNX Runtime runs the file
+            feed, variants = input_name(case.onnx_path), {"the file's QDQ": case.onnx_path}
+        else:
+            fp32 = _preprocessed(case, tmp)
+            feed, variants = input_name(fp32), _variants(case, fp32, tmp)
         sessions, cosines = {}, {}
-        for name, path in _variants(case, fp32, tmp).items():
+        for name, path in variants.items():
             sess = _session(path, case.threads)
             outs = [sess.run(None, {feed: i})[0] for i in case.inputs]
             sessions[name] = sess

@@ -24,6 +24,9 @@ class ModelCase:
     threads: int
     options: dict = field(default_factory=dict)  # database, tune, trials, target
     onnx_path: str | None = None  # the model as the user's ONNX file (engines start from it)
+    # the file arrives quantized (QDQ pairs): every engine runs the file's own quantization,
+    # and the accuracy reference is ONNX Runtime running the file
+    quantized: bool = False
 
     @property
     def transformer(self) -> bool:

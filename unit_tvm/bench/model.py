@@ -57,18 +57,22 @@ def make_case(name, n_inputs=ACCURACY_INPUTS, n_calibration=4, threads=None,
 
         engine_ort.check_single_float_input(name)
         _, shape = onnx_input(name)
+        quantized = engine_ort.is_quantized(name)
         # imported into Relax when a TVM engine is built (engine_tvm.relax_module): a file
         # TVM's ONNX frontend cannot read fails those engines, not OpenVINO's and ORT's
         return ModelCase(os.path.basename(name), None, shape,
                          zoo.inputs(shape, n_calibration, seed=1),
-                         zoo.inputs(shape, n_inputs, seed=2), threads, options, onnx_path=name)
+                         zoo.inputs(shape, n_inputs, seed=2), threads, options, onnx_path=name,
+                         quantized=quantized)
     model, shape = zoo.get(name)
     return ModelCase(name, model, shape, zoo.inputs(shape, n_calibration, seed=1),
                      zoo.inputs(shape, n_inputs, seed=2), threads, options)
 
 
 def _references(case):
-    """fp32 outputs of case.inputs: the torch module's, or ONNX Runtime's for an ONNX file."""
+    """fp32 outputs of case.inputs: the torch module's, or ONNX Runtime's for an ONNX file (for
+    a file that arrives quantized, ONNX Runtime running its quantization: no fp32 model is
+    there to compare with)."""
     if case.onnx_path:
         return engine_ort.fp32_outputs(case)
     import torch
@@ -91,6 +95,9 @@ def run_model(name, *, engines=ENGINES, n_inputs=ACCURACY_INPUTS, rounds=10, log
     """Build every engine, check its accuracy, time them interleaved; a plain-data result."""
     case = make_case(name, n_inputs, **options)
     refs = _references(case)
+    if case.quantized:
+        log(f"  {case.name}: arrives quantized (QDQ): every engine runs its quantization; the "
+            f"reference is ONNX Runtime running the file")
     # the inputs are shared by every engine: one that writes into them (OpenVINO does, into
     # arrays it is handed) must fail loudly rather than change the others' inputs
     for x in case.inputs + case.calibration:
