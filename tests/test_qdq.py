@@ -264,3 +264,27 @@ def test_a_per_channel_pair_gives_one_quantization_over_its_channels(dtype, want
     _, found = fake_quantization(bb.get())
     (got,) = set(found.values())
     assert got.zp == want.zp and np.isclose(got.scale, want.scale, rtol=1e-3), got
+
+
+def test_a_float_squeeze_excitation_conv_runs_as_a_matmul():
+    """NNCF leaves a squeeze-excitation's 1x1 convs (on one pooled pixel) in float32; the graph
+    pass runs such a conv as a matmul, which the default CPU schedule tiles (the conv's loop
+    nest ran serially), with the conv's result."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((24, 96, 1, 1)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 96, 7, 7], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pooled = bb.emit(relax.op.mean(x, axis=[2, 3], keepdims=True))
+            squeezed = bb.emit(relax.op.nn.conv2d(pooled, relax.const(w)))
+            out = bb.emit_output(relax.op.sigmoid(squeezed))
+        bb.emit_func_output(out)
+    mod = UnitTensorize(unit_tvm.target.host())(bb.get())
+    script = mod["main"].script()
+    assert "R.matmul" in script and "conv2d" not in script, script
+    a = rng.standard_normal((1, 96, 7, 7)).astype("float32")
+    (got,) = _run(build_relax(mod, unit_tvm.target.host()), [a])
+    want = torch.sigmoid(nn.functional.conv2d(torch.tensor(a).mean((2, 3), keepdim=True),
+                                              torch.tensor(w))).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -173,7 +173,9 @@ def profile_model(name, *, database=None, tune=False, trials=None, repeats=5,
     from .bench.model import make_case
 
     case = make_case(name, 2)
-    return profile_module(relax_module(case), case.calibration, case.inputs[0], name=name,
+    # a file that arrives quantized runs its own quantization, as bench-model runs it
+    calibration = () if case.quantized else case.calibration
+    return profile_module(relax_module(case), calibration, case.inputs[0], name=name,
                           database=database, tune=tune, trials=trials, repeats=repeats,
                           attention=attention)
 

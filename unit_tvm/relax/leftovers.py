@@ -5,11 +5,12 @@ slow without the user being told."""
 from collections import Counter
 from typing import NamedTuple
 
+import numpy as np
 import tvm
 from tvm import relax
 
 from .chains import CONVS
-from .graph import dataflow_bindings
+from .graph import dataflow_bindings, rewrite_functions, static_shape
 
 # ops whose cost grows with a reduction (a conv window, a matmul's inner dimension)
 HEAVY = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.conv1d_transpose",
@@ -66,3 +67,39 @@ def summary(leftovers: list[Leftover]) -> str:
     """One line per distinct (op kind, reason), with its count."""
     counts = Counter((row.op.split(" ")[0], row.reason) for row in leftovers)
     return "; ".join(f"{n} x {op}: {reason}" for (op, reason), n in counts.items())
+
+
+def _one_pixel_pointwise(call) -> bool:
+    """Whether call is a float32 NCHW 1x1 conv (stride 1, no padding or groups) of one pixel."""
+    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
+            and call.op.name == "relax.nn.conv2d"):
+        return False
+    x, w, a = call.args[0], call.args[1], call.attrs
+    xs, ws = static_shape(x), static_shape(w)
+    return (xs is not None and ws is not None and str(x.ty.dtype) == "float32"
+            and isinstance(w, tvm.ir.expr.Constant) and xs[0] == 1 and xs[2:] == [1, 1]
+            and ws[2:] == [1, 1] and int(a.groups) == 1 and str(a.data_layout) == "NCHW"
+            and str(a.kernel_layout) == "OIHW" and str(a.out_layout) == "NCHW"
+            and all(int(v) == 1 for v in (*a.strides, *a.dilation))
+            and all(int(v) == 0 for v in a.padding))
+
+
+@relax.expr_functor.mutator
+class _PixelConvsAsMatmuls(relax.PyExprMutator):
+    def visit_call_(self, call):  # noqa: D401 - mutator hook
+        call = self.visit_expr_post_order(call)
+        if not _one_pixel_pointwise(call):
+            return call
+        x, w = call.args[0], call.args[1].value.numpy()
+        k, c = w.shape[:2]
+        flat = self.builder_.emit(relax.op.reshape(x, [1, c]))
+        product = self.builder_.emit(relax.op.matmul(flat, relax.const(
+            np.ascontiguousarray(w.reshape(k, c).T))))
+        return relax.op.reshape(product, [1, k, 1, 1])
+
+
+def pixel_convs_as_matmuls(mod: tvm.IRModule) -> tvm.IRModule:
+    """The float32 1x1 convs of one pixel (a squeeze-excitation's, where a model leaves them in
+    float32: NNCF's QDQ files do) as matmuls: TVM's loop nest for the conv ran serially (four of
+    EfficientNet-B0's took 48 us each), the default CPU schedule tiles a matmul's."""
+    return rewrite_functions(mod, _PixelConvsAsMatmuls(mod))

@@ -30,6 +30,7 @@ from ..tuner import Database, tune, tune_instruction
 from .edge_layouts import packed_concats, packed_consumers, pool_conv_readers, pooled_producers
 from .f32_blocks import blocked_op, regions as f32_regions
 from .graph import max_pool_on
+from .leftovers import pixel_convs_as_matmuls
 from .qgraphs import tensorized_graph
 from .qops import plain_func, tensorized_func
 from .recipe import (ATTR, Recipe, candidates, for_instruction, out_dtype, out_shape,
@@ -79,6 +80,7 @@ class UnitTensorize:
 
     def transform_module(self, mod, ctx):  # noqa: D401 - tvm pass hook
         self.untuned = []
+        mod = pixel_convs_as_matmuls(mod)  # float32 leftovers that are matrix-vector products
         func = mod["main"]
         calls = []
 
