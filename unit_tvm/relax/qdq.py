@@ -28,6 +28,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .chains import CONVS
 from .graph import dataflow_bindings, rewrite_functions
 from .graph import readers as graph_readers
 from .u8_values import QParams
@@ -86,28 +87,44 @@ def _integer_range(call):
     return (0, 255) if dtype == "uint8" else (-128, 127) if dtype == "int8" else None
 
 
-_QUANTIZABLE = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.matmul")
-
-
 def _weight(expr, by_var):
-    """Whether expr is a constant weight: a constant, or a dequantize of constants (through a
-    transpose or reshape), as a QDQ file gives it."""
+    """The constant a weight is (directly, or a dequantize of constants through a transpose or
+    reshape, as a QDQ file gives it), or None."""
     for _ in range(3):
         if isinstance(expr, tvm.ir.expr.Constant):
-            return True
+            return expr
         v = by_var.get(expr) if isinstance(expr, relax.Var) else None
         if _op_name(v) == _DEQUANTIZE:
-            return all(isinstance(a, tvm.ir.expr.Constant) for a in v.args)
+            return v.args[0] if all(isinstance(a, tvm.ir.expr.Constant) for a in v.args) \
+                else None
         if _op_name(v) not in ("relax.permute_dims", "relax.reshape"):
-            return False
+            return None
         expr = v.args[0]
-    return False
+    return None
+
+
+def _becomes_int8(call, data, by_var) -> bool:
+    """Whether quantize() will make `call` an int8 op reading `data` (chains.py's rule: a conv
+    in its layouts, not a grouped conv3d, or a matmul with a 2-D constant weight)."""
+    name = _op_name(call)
+    if (name not in (*CONVS, "relax.matmul") or not call.args[0].same_as(data)
+            or call.args[1].same_as(data)):
+        return False
+    weight = _weight(call.args[1], by_var)
+    if weight is None:
+        return False
+    if name in CONVS:
+        kind, data_layout, kernel_layout = CONVS[name]
+        a = call.attrs
+        return (str(a.data_layout) == data_layout and str(a.kernel_layout) == kernel_layout
+                and (kind != "conv3d" or int(a.groups) == 1))
+    return name == "relax.matmul" and len(call.args[1].ty.shape) == 2
 
 
 def _requantized_by_readers(func):
-    """The quantize results whose dequantized value only convs and matmuls with constant
-    weights read, as their data: quantize() makes those int8 ops, and each quantizes its input
-    with the pair's scale, applying the pair's clamp itself."""
+    """The quantize results whose dequantized value only ops that quantize() makes int8 read,
+    as their data: each quantizes its input with the pair's scale, applying the pair's clamp
+    itself."""
     bindings = dataflow_bindings(func)
     by_var = {b.var: b.value for b in bindings}
     readers = graph_readers(bindings)
@@ -116,9 +133,7 @@ def _requantized_by_readers(func):
         if _op_name(b.value) != _DEQUANTIZE or not isinstance(b.value.args[0], relax.Var):
             continue
         users = readers.get(b.var, [])
-        if users and all(_op_name(u.value) in _QUANTIZABLE and u.value.args[0].same_as(b.var)
-                         and not u.value.args[1].same_as(b.var)
-                         and _weight(u.value.args[1], by_var) for u in users):
+        if users and all(_becomes_int8(u.value, b.var, by_var) for u in users):
             out.add(b.value.args[0])
     return out
 
