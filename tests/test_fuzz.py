@@ -56,6 +56,18 @@ def test_model_cases_are_reproducible_and_varied():
     assert fuzz.MODEL_KIND not in {fuzz.make_case(7, i).kind for i in range(400)}
 
 
+def test_a_model_case_that_quantize_fails_on_is_a_crash(monkeypatch):
+    """quantize() is unit-tvm's: an exception there is a finding, not an invalid case."""
+    import unit_tvm.relax
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("quantize broke")
+
+    monkeypatch.setattr(unit_tvm.relax, "quantize", broken)
+    result = fuzz.run_case(fuzz.make_case(3, 1, (fuzz.MODEL_KIND,)))
+    assert result.outcome == "crash" and "quantize broke" in result.detail, result
+
+
 def test_judge_passes_a_rounding_tie_and_flags_a_wrong_layout():
     """A model's outputs may move by one quantization step where a value sat on a tie; a
     permuted channel axis (what a layout bug gives) is far beyond that."""

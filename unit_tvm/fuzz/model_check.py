@@ -79,15 +79,16 @@ def run_model_case(case, target=None) -> CaseResult:
         with torch.no_grad():
             reference = [[o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
                          for out in (model(torch.tensor(x)) for x in inputs)]
-        qmod = quantize(frontends.from_torch(model, [torch.tensor(inputs[0])]),
-                        target=target, calibration_data=calibration)
-        plain = _run(tvm.compile(qmod, target=target), inputs)
-    except Exception as e:  # noqa: BLE001 - the model or TVM's own build fails: not the case
+        mod = frontends.from_torch(model, [torch.tensor(inputs[0])])
+    except Exception as e:  # noqa: BLE001 - PyTorch or TVM's frontend fails: not unit-tvm's
         return CaseResult(**base, outcome="invalid", detail=_first_line(e),
                           seconds=time.time() - t0)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            # quantize's module must build and run with TVM's own schedules too
+            qmod = quantize(mod, target=target, calibration_data=calibration)
+            plain = _run(tvm.compile(qmod, target=target), inputs)
             tpass = UnitTensorize(target)
             got = _run(build_relax(tpass(qmod), target), inputs)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
