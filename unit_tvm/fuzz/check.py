@@ -111,7 +111,7 @@ def run_case(case: Case, target=None, emulate="") -> CaseResult:
         tensors = make_op(case)
         reference = tvm.tirx.build(te.create_prim_func(tensors), target=target)
     except Exception as e:  # noqa: BLE001 - TVM itself cannot build the op: not unit-tvm's fault
-        return CaseResult(**base, outcome="invalid", detail=_first_line(e),
+        return CaseResult(**base, outcome="invalid", detail=first_line(e),
                           seconds=time.time() - t0)
     out = tensors[-1]
     rng = np.random.default_rng(case.seed * 7919 + case.index)
@@ -127,7 +127,7 @@ def run_case(case: Case, target=None, emulate="") -> CaseResult:
                 report = build_report(tensors, target)
         got = _run(report.module, arrays, shape, dtype)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
-        return CaseResult(**base, outcome="crash", detail=_first_line(e),
+        return CaseResult(**base, outcome="crash", detail=first_line(e),
                           seconds=time.time() - t0)
     magnitude = None
     if not np.issubdtype(want.dtype, np.integer):
@@ -158,7 +158,8 @@ def _emulated(tensors, name):
     return BuildReport(unscheduled, intrin.name, prepared.variant, tuple(prepared.stages))
 
 
-def _first_line(e):
+def first_line(e):
+    """One line naming an exception: its type and the line of its message that says what failed."""
     text = str(e).strip().splitlines()
     # TVM's C++ errors put the check that failed on the last line of a long traceback
     line = next((ln for ln in reversed(text) if "Check failed" in ln or "Error" in ln), None)

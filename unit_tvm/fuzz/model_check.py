@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from .check import CaseResult, _first_line
+from .check import CaseResult, first_line
 from .model_cases import make_model
 
 # how much of the quantization error itself rounding ties may add (see judge)
@@ -81,7 +81,7 @@ def run_model_case(case, target=None) -> CaseResult:
                          for out in (model(torch.tensor(x)) for x in inputs)]
         mod = frontends.from_torch(model, [torch.tensor(inputs[0])])
     except Exception as e:  # noqa: BLE001 - PyTorch or TVM's frontend fails: not unit-tvm's
-        return CaseResult(**base, outcome="invalid", detail=_first_line(e),
+        return CaseResult(**base, outcome="invalid", detail=first_line(e),
                           seconds=time.time() - t0)
     try:
         with warnings.catch_warnings():
@@ -92,7 +92,7 @@ def run_model_case(case, target=None) -> CaseResult:
             tpass = UnitTensorize(target)
             got = _run(build_relax(tpass(qmod), target), inputs)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
-        return CaseResult(**base, outcome="crash", detail=_first_line(e),
+        return CaseResult(**base, outcome="crash", detail=first_line(e),
                           seconds=time.time() - t0)
     diff = next(filter(None, (judge(g, b, r) for g, b, r in zip(got, plain, reference))), "")
     used = sorted({instr for _, instr, _ in tpass.report if instr})

@@ -17,12 +17,11 @@
 import math
 from typing import NamedTuple
 
-import numpy as np
 import tvm
 import tvm_ffi
 from tvm import relax
 
-from .graph import rewrite_functions
+from .graph import const_value, op_name, rewrite_functions
 
 
 @relax.expr_functor.mutator
@@ -107,23 +106,18 @@ class ScalarClamp(NamedTuple):
     bound: float
 
 
-def _op_name(expr):
-    op = getattr(expr, "op", None)
-    return op.name if isinstance(op, tvm.ir.Op) else ""
-
-
 def scalar_clamp(call, mod) -> ScalarClamp | None:
     """The clamp a call_tir of `mod` computes, or None: its function stores max or min of its
     first argument (float32) and its second, a constant scalar."""
-    if _op_name(call) != "relax.call_tir" or not isinstance(call.args[1], relax.Tuple):
+    if op_name(call) != "relax.call_tir" or not isinstance(call.args[1], relax.Tuple):
         return None
     func = mod.functions.get(call.args[0]) if isinstance(call.args[0], tvm.ir.GlobalVar) else None
     fields = call.args[1].fields
     if not isinstance(func, tvm.tirx.PrimFunc) or len(fields) != 2 or len(func.params) != 3:
         return None
     x, bound = fields
-    if (not isinstance(bound, tvm.ir.expr.Constant) or bound.value.numpy().size != 1
-            or str(getattr(x.ty, "dtype", "")) != "float32"):
+    limit = const_value(bound)
+    if limit is None or limit.size != 1 or str(getattr(x.ty, "dtype", "")) != "float32":
         return None
     stores = []
     tvm_ffi.structural_walk(func.body, [(tvm.tirx.BufferStore, stores.append)], order="pre")
@@ -136,7 +130,7 @@ def scalar_clamp(call, mod) -> ScalarClamp | None:
             and any(func.params[1].same_as(v) for v in sources)):
         return None
     kind = "max" if isinstance(value, tvm.tirx.Max) else "min"
-    return ScalarClamp(kind, x, float(np.asarray(bound.value.numpy()).reshape(())))
+    return ScalarClamp(kind, x, float(limit.reshape(())))
 
 
 @relax.expr_functor.mutator
@@ -154,9 +148,9 @@ class _ClampsAsClip(relax.PyExprMutator):
             return (relax.op.nn.relu(clamp.x) if clamp.bound == 0.0
                     else relax.op.clip(clamp.x, clamp.bound, math.inf))
         inner = self.lookup_binding(clamp.x) if isinstance(clamp.x, relax.Var) else None
-        if _op_name(inner) == "relax.nn.relu":
+        if op_name(inner) == "relax.nn.relu":
             return relax.op.clip(inner.args[0], 0.0, clamp.bound)
-        if _op_name(inner) == "relax.clip" and float(inner.args[2].value) == math.inf:
+        if op_name(inner) == "relax.clip" and float(inner.args[2].value) == math.inf:
             return relax.op.clip(inner.args[0], float(inner.args[1].value), clamp.bound)
         return relax.op.clip(clamp.x, -math.inf, clamp.bound)
 

@@ -29,7 +29,7 @@ from ..target import as_target, is_gpu
 from ..tuner import tune_instruction
 from . import gpu_conv, gpu_int8
 from .gpu_conv import ConvGeometry
-from .graph import dataflow_bindings, rewrite_functions
+from .graph import const_value, dataflow_bindings, rewrite_functions
 
 # the accumulator dtype of the Tensor Core kernels, per operand dtype they take
 ACCUMULATE = {"float16": "float32", "int8": "int32"}
@@ -124,7 +124,7 @@ def _shape(expr):
 
 
 def _const_weight(expr):
-    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+    return const_value(expr)
 
 
 class _Made(NamedTuple):

@@ -17,6 +17,18 @@ def dataflow_bindings(func):
     return list(blocks[0].bindings)
 
 
+def op_name(expr) -> str:
+    """The name of the Relax op `expr` calls ("relax.add"), or "" (not a call of an op: a call
+    of a function, a variable, a constant, None)."""
+    op = getattr(expr, "op", None)
+    return op.name if isinstance(op, tvm.ir.Op) else ""
+
+
+def const_value(expr):
+    """The numpy value of a Relax constant, or None for anything else."""
+    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+
+
 def static_shape(expr):
     """The static shape of a tensor-typed expression as a list of ints, or None (not a tensor,
     an unknown shape, or a symbolic dimension)."""

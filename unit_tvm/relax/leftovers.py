@@ -10,7 +10,7 @@ import tvm
 from tvm import relax
 
 from .chains import CONVS
-from .graph import dataflow_bindings, rewrite_functions, static_shape
+from .graph import dataflow_bindings, op_name, rewrite_functions, static_shape
 
 # ops whose cost grows with a reduction (a conv window, a matmul's inner dimension)
 HEAVY = ("relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.nn.conv1d_transpose",
@@ -71,8 +71,7 @@ def summary(leftovers: list[Leftover]) -> str:
 
 def _one_pixel_pointwise(call) -> bool:
     """Whether call is a float32 NCHW 1x1 conv (stride 1, no padding or groups) of one pixel."""
-    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)
-            and call.op.name == "relax.nn.conv2d"):
+    if op_name(call) != "relax.nn.conv2d":
         return False
     x, w, a = call.args[0], call.args[1], call.attrs
     xs, ws = static_shape(x), static_shape(w)

@@ -29,7 +29,7 @@ import tvm
 from tvm import relax
 
 from .chains import CONVS
-from .graph import dataflow_bindings, rewrite_functions
+from .graph import const_value, dataflow_bindings, op_name, rewrite_functions
 from .graph import readers as graph_readers
 from .u8_values import QParams
 
@@ -47,15 +47,6 @@ class FakeQuantization(NamedTuple):
 
     mod: tvm.IRModule
     scales: dict
-
-
-def _op_name(call):
-    op = getattr(call, "op", None)
-    return op.name if isinstance(op, tvm.ir.Op) else ""
-
-
-def _const(expr):
-    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
 
 
 def _per_axis(values, ndim, axis):
@@ -94,10 +85,10 @@ def _weight(expr, by_var):
         if isinstance(expr, tvm.ir.expr.Constant):
             return expr
         v = by_var.get(expr) if isinstance(expr, relax.Var) else None
-        if _op_name(v) == _DEQUANTIZE:
+        if op_name(v) == _DEQUANTIZE:
             return v.args[0] if all(isinstance(a, tvm.ir.expr.Constant) for a in v.args) \
                 else None
-        if _op_name(v) not in ("relax.permute_dims", "relax.reshape"):
+        if op_name(v) not in ("relax.permute_dims", "relax.reshape"):
             return None
         expr = v.args[0]
     return None
@@ -106,7 +97,7 @@ def _weight(expr, by_var):
 def _becomes_int8(call, data, by_var) -> bool:
     """Whether quantize() will make `call` an int8 op reading `data` (chains.py's rule: a conv
     in its layouts, not a grouped conv3d, or a matmul with a 2-D constant weight)."""
-    name = _op_name(call)
+    name = op_name(call)
     if (name not in (*CONVS, "relax.matmul") or not call.args[0].same_as(data)
             or call.args[1].same_as(data)):
         return False
@@ -130,7 +121,7 @@ def _requantized_by_readers(func):
     readers = graph_readers(bindings)
     out = set()
     for b in bindings:
-        if _op_name(b.value) != _DEQUANTIZE or not isinstance(b.value.args[0], relax.Var):
+        if op_name(b.value) != _DEQUANTIZE or not isinstance(b.value.args[0], relax.Var):
             continue
         users = readers.get(b.var, [])
         if users and all(_becomes_int8(u.value, b.var, by_var) for u in users):
@@ -147,10 +138,10 @@ class _StripPairs(relax.PyExprMutator):
 
     def visit_call_(self, call):
         call = self.visit_expr_post_order(call)
-        name = _op_name(call)
+        name = op_name(call)
         if name not in (_QUANTIZE, _DEQUANTIZE):
             return call
-        consts = [_const(a) for a in call.args]
+        consts = [const_value(a) for a in call.args]
         axis = int(call.attrs.axis)
         if all(c is not None for c in consts):
             data, scale, zp = consts
@@ -166,11 +157,11 @@ class _StripPairs(relax.PyExprMutator):
         """x for dequantize(quantize(x)) (clamped where an end of its range is 0), recording
         the pair's quantization for x; None where it is not such a pair."""
         q = self.lookup_binding(dq.args[0])
-        if (_op_name(q) != _QUANTIZE or _integer_range(q) is None
+        if (op_name(q) != _QUANTIZE or _integer_range(q) is None
                 or str(dq.ty.dtype) != "float32" or int(q.attrs.axis) != int(dq.attrs.axis)):
             return None
         x = q.args[0]
-        params = [_const(a) for a in (*q.args[1:], *dq.args[1:])]
+        params = [const_value(a) for a in (*q.args[1:], *dq.args[1:])]
         if (not isinstance(x, relax.Var) or str(x.ty.dtype) != "float32"
                 or any(p is None for p in params)):
             return None
@@ -191,7 +182,7 @@ class _StripPairs(relax.PyExprMutator):
         """Whether x cannot be negative: a ReLU's result, a clamp at 0 or above, or a pool or
         mean of one."""
         v = self.lookup_binding(x)
-        name = _op_name(v)
+        name = op_name(v)
         if name in _KEEPS_SIGN and isinstance(v.args[0], relax.Var) and depth:
             return self._non_negative(v.args[0], depth - 1)
         return name == "relax.nn.relu" or (name == "relax.clip" and float(v.args[1].value) >= 0)
@@ -215,7 +206,7 @@ def arrives_quantized(mod: tvm.IRModule) -> bool:
     found = []
 
     def visit(e):
-        if _op_name(e) == _DEQUANTIZE and isinstance(e.args[0], relax.Var):
+        if op_name(e) == _DEQUANTIZE and isinstance(e.args[0], relax.Var):
             found.append(e.args[0])
 
     func = mod["main"]
@@ -223,7 +214,7 @@ def arrives_quantized(mod: tvm.IRModule) -> bool:
     if not found or not isinstance(func.body, relax.SeqExpr):
         return False
     quantized = {b.var for block in func.body.blocks for b in block.bindings
-                 if _op_name(b.value) == _QUANTIZE}
+                 if op_name(b.value) == _QUANTIZE}
     return any(v in quantized for v in found)
 
 
@@ -253,7 +244,7 @@ def _carried(func, scales):
     NNCF puts no pair after a max-pool), the variables a quantized op reads."""
     scales = dict(scales)
     for b in dataflow_bindings(func):
-        v, name = b.value, _op_name(b.value)
+        v, name = b.value, op_name(b.value)
         if isinstance(v, relax.Var) and v in scales:
             scales[b.var] = scales[v]
         elif name in (*_SAME_VALUES, "relax.clip", "relax.nn.relu") and isinstance(

@@ -210,8 +210,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     requantize_edges(func, chains, by_end)
     requantize_shared_edges(func, chains, by_end)
     known = [(c, q) for c, q in zip(shortcuts, seen.shortcut_q) if q is not None]
-    requantize_shortcuts(chains, by_end, [c for c, _ in known], [q for _, q in known],
-                         lambda q: q)
+    requantize_shortcuts(chains, by_end, [c for c, _ in known], [q for _, q in known])
     pools = requantize_through_pools(func, chains, by_end)
     plan = u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools)
     # bf16 matmuls read and write float32: decided after the uint8 edges, which they keep out of

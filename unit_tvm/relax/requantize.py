@@ -76,11 +76,12 @@ def residual_only_ends(func, chains):
             and all(a.kind == c.kind for a in adders[c.end])]
 
 
-def requantize_shortcuts(chains, by_end, shortcuts, values, qparams):
-    """A projection shortcut writes uint8 in the quantization of its own observed `values`,
-    and its adders dequantize it in their epilogue (the residual travels as uint8 NCHW[y]c,
-    as a block output does, instead of float32 there and back)."""
-    for chain, vals in zip(shortcuts, values):
+def requantize_shortcuts(chains, by_end, shortcuts, quantizations):
+    """A projection shortcut writes uint8 in its own quantization (scale, zero point: of its
+    observed values, or the model's), and its adders dequantize it in their epilogue (the
+    residual travels as uint8 NCHW[y]c, as a block output does, instead of float32 there and
+    back)."""
+    for chain, (scale, zp) in zip(shortcuts, quantizations):
         recipe = by_end[chain.end].recipe
         adders = [by_end[c.end] for c in chains if c.residual is not None
                   and c.residual.same_as(chain.end)]
@@ -88,7 +89,6 @@ def requantize_shortcuts(chains, by_end, shortcuts, values, qparams):
                 or any(a.recipe.nd_in_shape is not None or a.recipe.nd_out_shape is not None
                        for a in adders)):
             continue
-        scale, zp = qparams(vals)
         by_end[chain.end].update(out_q=(float(scale), int(zp)))
         for adder in adders:
             adder.update(residual_q=(float(scale), int(zp)))

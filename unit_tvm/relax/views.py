@@ -22,7 +22,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, te
 
-from .graph import readers, static_shape
+from .graph import op_name, readers, static_shape
 
 # the kernel that gathers an operand the bmm cannot read in place (profile: a layout change)
 COPY_KERNEL = "view_copy"
@@ -134,7 +134,7 @@ def _axes(value, ndim, attr):
 def apply(view: StridedView, call) -> "StridedView | None":
     """The view of `call`'s result, given the view of its first argument (None: not a view op,
     or not a view)."""
-    name = call.op.name if isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) else ""
+    name = op_name(call)
     out_shape = static_shape(call) if name in _VIEW_OPS else None
     if out_shape is None:
         return None
@@ -175,7 +175,7 @@ def _strided_slice(view, call, out_shape):
 def _inverse(view, call):
     """The view of `call`'s first argument given the view of its result, for the ops that are
     bijections (reshape, permute_dims); None for the rest."""
-    name = call.op.name if isinstance(call.op, tvm.ir.Op) else ""
+    name = op_name(call)
     if name == "relax.reshape":
         return view.reshape(static_shape(call.args[0]))
     if name == "relax.permute_dims":
