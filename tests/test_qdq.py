@@ -18,6 +18,7 @@ import unit_tvm
 from unit_tvm import frontends
 from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
+from unit_tvm.relax.graph import op_name
 from unit_tvm.relax.qdq import fake_quantization
 from unit_tvm.relax.u8_values import QParams
 from unit_tvm.testing import zoo
@@ -41,7 +42,20 @@ class Residual(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
-def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=()):
+class Clamped(nn.Module):
+    """A hardtanh, which ONNX Runtime's quantizer drops into the pair after the conv, read by a
+    float32 sigmoid and a conv whose residual sum is clamped the same way."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 1)
+
+    def forward(self, x):
+        y = nn.functional.hardtanh(self.stem(x), -1.0, 1.0)
+        return nn.functional.hardtanh(self.b(y) + 3.0 * torch.sigmoid(y), -0.5, 2.0)
+
+
+def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=(), module=Residual, per_channel=True):
     """(fp32 ONNX path, ONNX Runtime's QDQ quantization of it, calibration inputs); exclude:
     op types left in float32."""
     from onnxruntime.quantization import (
@@ -51,7 +65,7 @@ def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=()):
         quantize_static,
     )
 
-    model = zoo._randomize(Residual(), 0).eval()
+    model = zoo._randomize(module(), 0).eval()
     cal = zoo.inputs(shape, 4, seed=1)
     fp32 = frontends.export_onnx(model, [torch.tensor(cal[0])], str(tmp_path / "fp32.onnx"))
 
@@ -64,7 +78,7 @@ def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=()):
 
     qdq = str(tmp_path / "qdq.onnx")
     excluded = [n.name for n in onnx.load(fp32).graph.node if n.op_type in exclude]
-    quantize_static(fp32, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+    quantize_static(fp32, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                     nodes_to_exclude=excluded)
     return fp32, qdq, cal
@@ -138,6 +152,31 @@ def test_compile_runs_a_qdq_model_as_its_pairs_say_without_calibration(tmp_path,
         assert _cos(got, want) > 0.9999
 
 
+def test_a_clip_the_quantizer_dropped_comes_back_in_the_epilogues(tmp_path):
+    """The hardtanhs live on only as their pairs' ranges: the stem clamps its result for its
+    float32 reader (no clip op of its own), the second conv its residual sum, and the
+    result matches ONNX Runtime running the file (without the clamps the sigmoid reads values
+    beyond 1: max error 0.6 where ONNX Runtime's is 0.05 from the float32 model)."""
+    require_host("x86.vpdpbusd")
+    fp32, qdq, cal = _qdq_file(tmp_path, module=Clamped)
+    assert "Clip" not in {n.op_type for n in onnx.load(qdq).graph.node}
+    qmod = quantize(frontends.from_onnx(onnx.load(qdq)), calibration_data=())
+    ops = {b.var: b.value for b in qmod["main"].body.blocks[0].bindings}
+    clipped = [ops.get(v.args[0]) for v in ops.values()
+               if isinstance(v, relax.Call) and v.op.name == "relax.clip"]
+    assert clipped and not any("call_tir" in str(c.op) for c in clipped), clipped  # sigmoid's
+    (_, stem), (_, second) = recipes(qmod)
+    assert np.allclose(stem["clamp"], (-1.0, 1.0), atol=0.02) and not stem["residual"], stem
+    assert second["residual"] and second["clamp"][0] < 0 < second["clamp"][1], second  # its pair
+    assert np.isclose(second["clip_min"], -0.5, atol=0.02), second
+    assert np.isclose(second["clip_max"], 2.0, atol=0.02), second
+    xs = zoo.inputs((1, 3, 16, 16), 3, seed=2)
+    got = _run(unit_tvm.compile(frontends.from_onnx(onnx.load(qdq))), xs)
+    for g, want in zip(got, _onnx_runtime(qdq, xs)):
+        assert g.min() >= -0.51 and g.max() <= 2.01
+        np.testing.assert_allclose(g, want, atol=0.05)
+
+
 def test_a_float_model_still_needs_calibration():
     model = zoo._randomize(Residual(), 0).eval()
     mod = frontends.from_torch(model, [torch.zeros(1, 3, 16, 16)])
@@ -157,18 +196,21 @@ def _pair(bb, x, scale, zp, dtype="uint8"):
     ("none", 0.05, 0, "uint8", "add", (0.0, 12.75), QParams(0.05, 0)),
     # ...a ReLU for a conv, which quantizes with the pair's scale and clamps the top itself
     ("none", 0.05, 0, "uint8", "conv", "relu", QParams(0.05, 0)),
-    ("relu", 0.05, 0, "uint8", "add", None, QParams(0.05, 0)),  # already non-negative
-    ("none", 0.02, 128, "uint8", "add", None, QParams(0.02, 128)),  # both ends beyond 0
+    ("relu", 0.05, 0, "uint8", "add", (0.0, 12.75), QParams(0.05, 0)),  # a dropped ReLU6 cap
+    ("relu", 0.05, 0, "uint8", "conv", None, QParams(0.05, 0)),  # non-negative: nothing to do
+    # a dropped Clip or hardtanh around 0
+    ("none", 0.02, 128, "uint8", "add", (-2.56, 2.54), QParams(0.02, 128)),
+    ("none", 0.02, 128, "uint8", "conv", None, QParams(0.02, 128)),
     ("none", 0.05, -128, "int8", "add", (0.0, 12.75), QParams(0.05, 0)),  # int8 from -128
-    ("none", 0.05, 0, "int8", "add", None, QParams(0.05, 128)),  # symmetric int8
+    ("none", 0.05, 0, "int8", "add", (-6.4, 6.35), QParams(0.05, 128)),  # symmetric int8
     ("none", 0.05, 255, "uint8", "add", (-12.75, 0.0), QParams(0.05, 255)),  # ending at 0
 ])
-def test_a_pair_becomes_its_input_clamped_where_its_range_starts_or_ends_at_zero(
+def test_a_pair_becomes_its_input_clamped_unless_quantized_readers_clamp_it(
         before, scale, zp, dtype, reader, clamp, want):
-    """A pair is its input, clamped to its range where that starts at 0 and the input can be
-    negative (ONNX Runtime drops a ReLU or ReLU6 before such a pair) or where it ends at 0; a
-    ReLU of it where only quantized convs read it. The pair's quantization is kept for what a
-    quantized op reads."""
+    """A pair is its input clamped to its range (ONNX Runtime drops a ReLU, ReLU6 or Clip
+    before a pair); where only quantized convs read it, they clamp it themselves: its input as
+    it is, or a ReLU of it where the range starts at 0 and it can be negative. The pair's
+    quantization is kept for what a quantized op reads."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType([1, 4, 3, 3], "float32"))
     weight = relax.const(np.full((4, 4, 1, 1), 0.25, "float32"))
@@ -242,7 +284,10 @@ def test_a_max_pool_or_reshape_keeps_its_inputs_quantization():
         bb.emit_func_output(out)
     mod, scales = fake_quantization(bb.get())
     bindings = mod["main"].body.blocks[0].bindings
-    assert len(bindings) == 3 and all(b.var in scales for b in bindings[1:]), mod["main"]
+    # relu, the pair's cap (the model's max-pool reads the pair: it may be a dropped ReLU6)...
+    assert [op_name(b.value) for b in bindings] == [
+        "relax.nn.relu", "relax.clip", "relax.nn.max_pool2d", "relax.reshape"], mod["main"]
+    assert all(b.var in scales for b in bindings[1:]), mod["main"]
     assert {q.zp for q in scales.values()} == {0}
 
 
@@ -288,3 +333,30 @@ def test_a_float_squeeze_excitation_conv_runs_as_a_matmul():
     want = torch.sigmoid(nn.functional.conv2d(torch.tensor(a).mean((2, 3), keepdim=True),
                                               torch.tensor(w))).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_end_clamp_that_the_uint8_result_implies_is_dropped_bit_for_bit():
+    """A pair's cap on a value read as uint8 in the pair's own quantization cuts nothing the
+    saturation does not: it leaves the recipe (and its tuning form matches the float32
+    model's); a cap inside the range stays. The pairs' clamps never split a tuning form."""
+    from unit_tvm.relax.recipe import Recipe, implied_clamps_dropped, tuning_form
+
+    base = Recipe(kind="dense", in_shape=(4, 16), w_shape=(16, 16), out_shape=(4, 16),
+                  out_channels=16, relu=True, x_scale=0.1, x_zp=3, out_q=(0.05, 0))
+    capped = base.replace(clip_max=255 * 0.05 * (1 - 1e-7))
+    assert implied_clamps_dropped(capped) == base
+    assert implied_clamps_dropped(base.replace(clip_max=6.0)).clip_max == 6.0  # 6 < 12.75
+    both = base.replace(relu=False, out_q=(0.05, 100), clip_min=-5.0, clip_max=7.75)
+    assert implied_clamps_dropped(both) == base.replace(relu=False, out_q=(0.05, 100))
+    assert implied_clamps_dropped(both.replace(out_q=None)) == both.replace(out_q=None)
+    # the arithmetic agrees: quantizing the clamped and the raw value gives the same integers
+    v = np.linspace(-20, 20, 4001)
+    for lo, hi, zp in ((-5.0, 7.75, 100), (None, 12.75, 0)):
+        raw = np.clip(np.round(v / 0.05) + zp, 0, 255)
+        cut = np.clip(v, lo if lo is not None else -np.inf, hi)
+        assert np.array_equal(np.clip(np.round(cut / 0.05) + zp, 0, 255), raw)
+    clamped = base.replace(clamp=(-1.0, 1.0), residual=True)
+    assert tuning_form(clamped) == tuning_form(base.replace(residual=True))
+    assert tuning_form(both) == tuning_form(base.replace(relu=False, out_q=(0.05, 100)))
+    assert tuning_form(base.replace(clip_max=6.0)) != tuning_form(base)  # a ReLU6 stays apart
+

@@ -108,6 +108,37 @@ def _asm(ex):
     return text
 
 
+class Hardtanhs(nn.Module):
+    """A hardtanh on a conv's own result before a residual add, and one after the sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 16, 1)
+
+    def forward(self, x):
+        y = x + nn.functional.hardtanh(self.a(x), -0.5, 0.5)
+        return nn.functional.hardtanh(self.b(y) + y, -1.0, 0.75)
+
+
+def test_clamps_around_zero_fold_into_the_epilogue():
+    """clip(v, lo < 0, hi) after the op's affine epilogue is clamped there, before the residual
+    (Recipe.clamp); after the residual sum it is the end clamp (clip_min, clip_max): no float32
+    clip op is left, and the tensorized kernels equal TVM's plain build of the module."""
+    require_host("x86.vpdpbusd")
+    model = Hardtanhs()
+    cal, xs, refs = _prepare(model, (1, 16, 8, 8))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    assert "R.clip" not in qmod["main"].script()
+    (_, a), (_, b) = recipes(qmod)
+    assert a["clamp"] == [-0.5, 0.5] and a["residual"] and a.get("clip_min") is None, a
+    assert b.get("clamp") is None and b["residual"], b
+    assert (b["clip_min"], b["clip_max"], b["relu"]) == (-1.0, 0.75, False), b
+    tmod = UnitTensorize(unit_tvm.target.host())(qmod)
+    ex = build_relax(tmod, unit_tvm.target.host())
+    _assert_equals_plain_int8(ex, qmod, xs, refs)
+    assert all(-1.0 <= o.min() and o.max() <= 0.75 for o in _run(ex, xs))
+
+
 def test_small_cnn_quantized_tensorized_close_to_fp32():
     require_host("x86.vpdpbusd")
     model = SmallCNN()

@@ -49,6 +49,8 @@ class _Chain:
         self.residual = None
         self.relu = False
         self.clip_max = None
+        self.clip_min = None
+        self.clamp = None  # (lo, hi) before the residual (Recipe.clamp)
         self.gelu = False
         self.activation = None  # a name of activations.NAMES
         self.end = start
@@ -60,7 +62,8 @@ class _Chain:
     @property
     def activated(self):
         """Whether an activation ends the epilogue (no affine op or residual may follow)."""
-        return self.relu or self.gelu or self.activation is not None
+        return (self.relu or self.gelu or self.activation is not None
+                or self.clip_min is not None)
 
     @property
     def x_source(self):
@@ -176,8 +179,9 @@ def _grow(chain, by_var, users, uses, taken, all_readers):
         if chain.residual is None and not chain.activated and name in _AFFINE:
             other = v.args[1] if v.args[0].same_as(cur) else v.args[0]
             vec = _channel_vector(_np(other), out_ch, axis, ndim) if _const(other) else None
-            if vec is not None and not (name in ("relax.subtract", "relax.divide")
-                                        and not v.args[0].same_as(cur)):
+            # (after a clamp, an affine op would have to come before it: it ends the chain)
+            if vec is not None and chain.clamp is None and not (
+                    name in ("relax.subtract", "relax.divide") and not v.args[0].same_as(cur)):
                 if name == "relax.add":
                     shift = shift + vec
                 elif name == "relax.subtract":
@@ -213,17 +217,39 @@ def _grow(chain, by_var, users, uses, taken, all_readers):
             chain.members.append(b.var)
             cur = b.var
             continue
-        if name == "relax.clip" and not chain.relu and chain.activation is None \
-                and len(v.args) == 3:
-            lo, hi = (_prim_value(a) for a in v.args[1:])
-            if lo == 0.0 and hi is not None:
-                chain.relu, chain.clip_max = True, hi
-                chain.members.append(b.var)
-                cur = b.var
-                continue
+        if name == "relax.clip" and len(v.args) == 3 and _take_clip(chain, v):
+            chain.members.append(b.var)
+            cur = b.var
+            continue
         break
     chain.scale, chain.shift, chain.end = scale, shift, cur
     return chain
+
+
+def epilogue_fields(chain) -> dict:
+    """The Recipe fields of the chain's fused activation and clamps."""
+    return dict(relu=bool(chain.relu), clip_max=chain.clip_max, clip_min=chain.clip_min,
+                clamp=chain.clamp, gelu=bool(chain.gelu), activation=chain.activation)
+
+
+def _take_clip(chain, clip) -> bool:
+    """Fold clip(v, lo, hi) into the epilogue if it can be: from 0, a ReLU6-like end (after a
+    ReLU too: a quantized model's pair capping one); from below 0, the op's own result clamped
+    before a residual, or the end clamp after one (a QDQ pair's range, relax/qdq.py)."""
+    lo, hi = (_prim_value(a) for a in clip.args[1:])
+    if (lo is None or hi is None or chain.clip_max is not None or chain.gelu
+            or chain.activation is not None):
+        return False
+    if lo == 0.0:
+        chain.relu, chain.clip_max = True, hi
+        return True
+    if lo > 0.0 or chain.activated:
+        return False
+    if chain.residual is None and chain.clamp is None:
+        chain.clamp = (lo, hi)
+    else:
+        chain.clip_min, chain.clip_max = lo, hi
+    return True
 
 
 def find_chains(func):

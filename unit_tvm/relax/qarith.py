@@ -59,6 +59,8 @@ def epilogue_fn(recipe, comp, mult, bias, residual):
             # a bmm's zero-point term depends on its run-time second operand: one per batch row
             zp_term = comp[out_idx[0], k] if recipe.kind == "bmm" else comp[k]
             v = (acc - zp_term).astype("float32") * mult[k] + bias[k]
+        if recipe.clamp:
+            v = _clamped(v, *recipe.clamp)
         if residual is not None:
             rb = recipe.residual_block
             if rb:  # a residual in NCHW[rb]c blocks (a shared uint8 edge)
@@ -77,6 +79,8 @@ def epilogue_fn(recipe, comp, mult, bias, residual):
             v = activations.expr(recipe.activation, v)
         if recipe.relu and not _clamped_at_zero(recipe):
             v = tirx.max(v, tirx.const(0.0, "float32"))
+        if recipe.clip_min is not None:
+            v = tirx.max(v, tirx.const(float(recipe.clip_min), "float32"))
         if recipe.clip_max is not None:
             v = tirx.min(v, tirx.const(float(recipe.clip_max), "float32"))
         if recipe.out_q:  # requantize for the next quantized op
@@ -84,6 +88,11 @@ def epilogue_fn(recipe, comp, mult, bias, residual):
         return v
 
     return fn
+
+
+def _clamped(v, lo, hi):
+    return tirx.min(tirx.max(v, tirx.const(float(lo), "float32")),
+                    tirx.const(float(hi), "float32"))
 
 
 def _clamped_at_zero(recipe):

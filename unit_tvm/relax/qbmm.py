@@ -20,6 +20,7 @@ import numpy as np
 from tvm import relax
 
 from . import views
+from .chains import epilogue_fields
 from .recipe import QuantizedOp, Recipe, out_shape
 
 # cosine between the int8 and the fp32 product on the calibration inputs below which a
@@ -85,8 +86,7 @@ def _bmm_fields(chain) -> dict:
     batch = int(np.prod(x_shape[:-2]))
     m, k, n = x_shape[-2], x_shape[-1], y_shape[-1]
     fields = dict(kind="bmm", in_shape=[batch, m, k], w_shape=[batch, k, n],
-                  out_shape=[batch, m, n], out_channels=n, relu=bool(chain.relu),
-                  clip_max=chain.clip_max, gelu=bool(chain.gelu), activation=chain.activation)
+                  out_shape=[batch, m, n], out_channels=n, **epilogue_fields(chain))
     if len(x_shape) != 3:
         fields["nd_in_shape"] = x_shape
     return fields

@@ -8,14 +8,12 @@ removes them before quantize() looks for its chains:
 - dequantize(quantize(x)) with one scale and zero point becomes x, and the scale and zero point
   are kept for x: a quantized op reading x takes them as its activation quantization instead of
   calibrating one. The pair also clamps x to the range the integers can hold; ONNX Runtime's
-  quantizer relies on that to drop a ReLU or a ReLU6 (a range from 0 up to at most 6), so where
-  the range starts at 0 and x can be negative the clamp stays: a clip(x, 0, top), which the conv
-  before it fuses as a ReLU6-like epilogue. Where every reader of the pair is a conv or matmul
-  with a constant weight, those readers quantize x with the pair's scale and so clamp its top
-  themselves: then it is a ReLU of x, the same kernel as the float32 model's. A clamp at both
-  ends around 0 only cuts values beyond the range the model's own calibration saw (the
-  activations ONNX Runtime drops before a pair are ReLU and Clip), and x stays unclamped; a
-  quantized reader still applies it.
+  quantizer relies on that to drop a ReLU, a ReLU6 or any Clip before a pair (a hardtanh(-1, 1)
+  lives on only as the pair's range), so the clamp stays: clip(x, lo, hi), which the op before
+  it fuses into its epilogue (before its residual add, or after it: chains.py). Where every
+  reader of the pair is a conv or matmul with a constant weight, those readers quantize x with
+  the pair's scale and so clamp it themselves: then x stays as it is, or a ReLU of x where the
+  range starts at 0 (the same kernel as the float32 model's).
 - a pair with a scale per channel (NNCF's depthwise inputs) gives one uint8 quantization over
   the union of its channels' ranges (unit-tvm's activations are per tensor);
 - a value holding only values of a pair's result (a max-pool, a reshape: NNCF puts no pair
@@ -37,8 +35,8 @@ _QUANTIZE, _DEQUANTIZE = "relax.quantize", "relax.dequantize"
 # ops whose result holds only values of their input: it keeps the input's quantization
 _SAME_VALUES = ("relax.reshape", "relax.permute_dims", "relax.squeeze", "relax.expand_dims",
                 "relax.nn.max_pool1d", "relax.nn.max_pool2d", "relax.nn.max_pool3d")
-# ops whose result is not negative where their input is not
-_KEEPS_SIGN = ("relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.mean")
+# ops whose result lies within the bounds of their input's values
+_WITHIN_INPUT = (*_SAME_VALUES, "relax.nn.avg_pool2d", "relax.mean")
 
 
 class FakeQuantization(NamedTuple):
@@ -154,8 +152,9 @@ class _StripPairs(relax.PyExprMutator):
         return call
 
     def _pair(self, dq):
-        """x for dequantize(quantize(x)) (clamped where an end of its range is 0), recording
-        the pair's quantization for x; None where it is not such a pair."""
+        """x for dequantize(quantize(x)), clamped to the pair's range unless its readers all
+        quantize x themselves, recording the pair's quantization for x; None where it is not
+        such a pair."""
         q = self.lookup_binding(dq.args[0])
         if (op_name(q) != _QUANTIZE or _integer_range(q) is None
                 or str(dq.ty.dtype) != "float32" or int(q.attrs.axis) != int(dq.attrs.axis)):
@@ -171,21 +170,26 @@ class _StripPairs(relax.PyExprMutator):
             return None
         qp = self.scales[x] = _per_tensor(scale, zp, _integer_range(q))
         lo, hi = _range(qp)
-        if hi == 0.0 or (lo == 0.0 and not self._non_negative(x)
-                         and not any(dq.args[0].same_as(v) for v in self.requantized)):
-            return relax.op.clip(x, lo, hi)
-        if lo == 0.0 and not self._non_negative(x):
+        requantized = any(dq.args[0].same_as(v) for v in self.requantized)
+        low, high = self._bounds(x)
+        if (hi == 0.0 or not requantized) and (low < lo or high > hi):
+            return relax.op.clip(x, lo, hi)  # the op before it fuses the clamp
+        if lo == 0.0 and low < 0.0:
             return relax.op.nn.relu(x)  # its readers clamp the top; the conv before fuses it
         return x
 
-    def _non_negative(self, x, depth=4):
-        """Whether x cannot be negative: a ReLU's result, a clamp at 0 or above, or a pool or
-        mean of one."""
+    def _bounds(self, x, depth=4):
+        """Bounds x is known to keep: a ReLU's, a clamp's, or those of the input of an op
+        whose result lies within its input's values (a pool, a mean, a reshape)."""
         v = self.lookup_binding(x)
         name = op_name(v)
-        if name in _KEEPS_SIGN and isinstance(v.args[0], relax.Var) and depth:
-            return self._non_negative(v.args[0], depth - 1)
-        return name == "relax.nn.relu" or (name == "relax.clip" and float(v.args[1].value) >= 0)
+        if name in _WITHIN_INPUT and isinstance(v.args[0], relax.Var) and depth:
+            return self._bounds(v.args[0], depth - 1)
+        if name == "relax.nn.relu":
+            return 0.0, np.inf
+        if name == "relax.clip":
+            return float(v.args[1].value), float(v.args[2].value)
+        return -np.inf, np.inf
 
 
 def _per_tensor(scale, zp, integer_range) -> QParams:

@@ -43,12 +43,13 @@ from ..runner import prepare_host
 from ..target import as_target, host, is_host
 from . import qbmm, u8_pools, u8_values, views
 from .qdq import fake_quantization
-from .chains import find_chains
+from .chains import epilogue_fields, find_chains
 from .frontend_fixes import clamps_as_clips, frontend_fixes
 from .graph import dataflow_bindings, max_pool_on
 from .graph import uses as count_uses
 from .qops import plain_func
-from .recipe import ATTR, CONV_KINDS, QuantizedOp, Recipe, candidates, out_dtype, out_shape
+from .recipe import (ATTR, CONV_KINDS, QuantizedOp, Recipe, candidates, implied_clamps_dropped,
+                     out_dtype, out_shape)
 from .requantize import (
     requantize_edges,
     requantize_shared_edges,
@@ -133,8 +134,7 @@ def _recipe(chain, **quantization):
     out_shape = [int(s) for s in chain.end_shape]
     fields = dict(kind=chain.kind, in_shape=x_shape, w_shape=list(chain.wq.shape),
                   out_shape=out_shape, out_channels=int(chain.wq.shape[0]), **quantization,
-                  relu=bool(chain.relu), clip_max=chain.clip_max, gelu=bool(chain.gelu),
-                  activation=chain.activation, residual=chain.residual is not None)
+                  **epilogue_fields(chain), residual=chain.residual is not None)
     if chain.kind == "dense":  # leading dims flattened into rows around the kernel
         rows = int(np.prod(x_shape[:-1]))
         fields.update(in_shape=[rows, x_shape[-1]], out_shape=[rows, out_shape[-1]])
@@ -213,6 +213,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     requantize_shortcuts(chains, by_end, [c for c, _ in known], [q for _, q in known])
     pools = requantize_through_pools(func, chains, by_end)
     plan = u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools)
+    for op in by_end.values():
+        op.recipe = implied_clamps_dropped(op.recipe)
     # bf16 matmuls read and write float32: decided after the uint8 edges, which they keep out of
     return _rewrite(mod, chains + bf16_bmms, {**by_end, **_bf16_bmm_ops(func, bf16_bmms, chains)},
                     pools, plan)
@@ -270,10 +272,10 @@ def _channel_means(chain, values):
 
 def _quantized_op(chain, x_scale, x_zp, x_mean):
     """The QuantizedOp of a chain with a constant weight: per-channel int8 weights (the chain's
-    scale folded in), the zero-point term, the dequantization multiplier and the bias. The
-    bias also takes the mean of what rounding the weights loses (bias correction, as NNCF's
-    and oneDNN's calibrations do): x_mean (per input channel) times the rounding error summed
-    over each output channel's window, where one activation channel meets one weight."""
+    scale folded in), the zero-point term, the dequantization multiplier and
+    the bias. The bias also takes the mean of what rounding the weights loses (bias correction,
+    as NNCF's and oneDNN's calibrations do): x_mean (per input channel) times the rounding error
+    summed over each output channel's window, where one activation channel meets one weight."""
     per_channel = (-1,) + (1,) * (chain.weight.ndim - 1)  # broadcast over output channels
     w = chain.weight * chain.scale.reshape(per_channel)
     w_scale = np.maximum(np.abs(w).reshape(w.shape[0], -1).max(axis=1), 1e-12) / 127.0

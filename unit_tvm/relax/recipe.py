@@ -34,6 +34,10 @@ class Recipe:
     out_channels: int
     relu: bool = False
     clip_max: float | None = None  # relu6-style clip
+    clip_min: float | None = None  # a clip's negative lower end, after the residual (no relu)
+    # (lo, hi): the op's own result clamped before the residual is added, a quantized model's
+    # pair with a range around 0 (relax/qdq.py)
+    clamp: tuple | None = None
     gelu: bool = False
     activation: str | None = None  # one of relax/activations.py's NAMES, after the residual
     residual: bool = False  # adds a residual in its epilogue
@@ -235,13 +239,35 @@ def tuning_form(recipe):
     """The recipe with its quantization constants replaced by fixed ones: what the schedule
     depends on (shapes, layouts, which epilogue steps) without what calibration chose. Layers
     of one shape (BERT's 12 encoder layers, ResNet's repeated blocks) tune once; the tuned
-    config schedules each layer's own recipe, whose loop nest differs only in constants."""
+    config schedules each layer's own recipe, whose loop nest differs only in constants.
+    The clamps a quantized model's pairs leave (clamp; clip_min with its clip_max) are left
+    out: two compares per vector do not change which loop nest is fastest, and such layers
+    share the configs of the float32 model's."""
     if is_bf16(recipe):
         return recipe  # no quantization constants
+    pair_clamp = recipe.clip_min is not None
     return recipe.replace(x_scale=0.5, x_zp=1, y_scale=0.75 if recipe.y_scale else None,
                           out_q=(0.25, 2) if recipe.out_q else None,
                           residual_q=(0.125, 3) if recipe.residual_q else None,
-                          clip_max=6.0 if recipe.clip_max is not None else None)
+                          clip_max=6.0 if recipe.clip_max is not None and not pair_clamp
+                          else None, clip_min=None, clamp=None)
+
+
+def implied_clamps_dropped(recipe: "Recipe") -> "Recipe":
+    """The recipe without an end clamp that its uint8 result applies anyway: requantized to
+    (scale, zp) it saturates at -zp * scale and (255 - zp) * scale, so a clip_max (clip_min)
+    at or beyond that end cuts nothing more, bit for bit (a quantized model's pair capping a
+    value that its readers read as uint8)."""
+    if not recipe.out_q or is_bf16(recipe):
+        return recipe
+    scale, zp = recipe.out_q
+    changes = {}
+    # within 1e-3 of a step of the end, the clamped value still rounds to the end
+    if recipe.clip_max is not None and recipe.clip_max >= (255 - zp - 1e-3) * scale:
+        changes["clip_max"] = None
+    if recipe.clip_min is not None and recipe.clip_min <= (1e-3 - zp) * scale:
+        changes["clip_min"] = None
+    return recipe.replace(**changes) if changes else recipe
 
 
 def candidates(recipe, target):
