@@ -18,7 +18,7 @@ import unit_tvm
 from unit_tvm import frontends
 from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
-from unit_tvm.relax.graph import op_name
+from unit_tvm.relax.graph import const_value, op_name
 from unit_tvm.relax.qdq import fake_quantization
 from unit_tvm.relax.u8_values import QParams
 from unit_tvm.testing import zoo
@@ -360,3 +360,47 @@ def test_an_end_clamp_that_the_uint8_result_implies_is_dropped_bit_for_bit():
     assert tuning_form(both) == tuning_form(base.replace(relu=False, out_q=(0.05, 100)))
     assert tuning_form(base.replace(clip_max=6.0)) != tuning_form(base)  # a ReLU6 stays apart
 
+
+def test_a_weight_on_an_int8_grid_keeps_its_integers():
+    """A dequantized int8 weight (per tensor, or per channel with a batch norm folded in) keeps
+    its grid: the integers are the file's, rounding them again loses nothing. A float32
+    weight gets max|w| / 127 per channel."""
+    from unit_tvm.relax.weight_scales import int8_weight_scales
+
+    rng = np.random.default_rng(3)
+    q = rng.integers(-127, 128, (32, 16, 3, 3))
+    q[5] = rng.integers(-40, 41, (16, 3, 3))  # a channel far from the per-tensor maximum
+    q[6] = 2 * rng.integers(-30, 31, (16, 3, 3))  # only even integers: a coarser grid fits
+    for per_channel in (np.full(32, 0.013), rng.uniform(0.5, 2.0, 32) * 0.013):
+        w = (q * per_channel.reshape(-1, 1, 1, 1)).astype(np.float32)
+        scales = int8_weight_scales(w)
+        back = np.round(w / scales.reshape(-1, 1, 1, 1))
+        assert np.abs(back).max() <= 127
+        np.testing.assert_allclose(back * scales.reshape(-1, 1, 1, 1), w, rtol=1e-6, atol=0)
+        assert np.isclose(scales[6], 2 * per_channel[6], rtol=1e-6)
+    w = rng.standard_normal((8, 27)).astype(np.float32)
+    np.testing.assert_allclose(int8_weight_scales(w), np.abs(w).max(axis=1) / 127, rtol=1e-6)
+
+
+def test_a_per_tensor_qdq_file_runs_with_its_own_int8_weights(tmp_path):
+    """quantize() of ONNX Runtime's per-tensor file multiplies the file's int8 weights: each
+    conv's weight times its scales equals the file's dequantized weight (before, a second
+    rounding onto max / 127 per channel moved them by up to half a step)."""
+    _, qdq, _ = _qdq_file(tmp_path, per_channel=False)
+    mod = frontends.from_onnx(onnx.load(qdq))
+    file_weights = [const_value(b.value.args[1]) for b in _bindings(fake_quantization(mod).mod)
+                    if op_name(b.value) == "relax.nn.conv2d"]
+    qmod = quantize(mod, calibration_data=())
+    calls = [b.value.args[1].fields for b in _bindings(qmod)
+             if isinstance(b.value, relax.Call) and "call_tir" in str(b.value.op)]
+    x_scales = [r["x_scale"] for _, r in recipes(qmod)]
+    assert len(file_weights) == 3 and len(calls) == 4
+    for w, args, x_scale in zip(file_weights, calls, x_scales):
+        wq, mult = const_value(args[1]).astype(np.float64), const_value(args[3])
+        assert np.ptp(mult) <= 1e-6 * mult.max()  # the file's one scale
+        got = wq * (mult.astype(np.float64) / x_scale).reshape(-1, 1, 1, 1)
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=0)
+
+
+def _bindings(mod):
+    return mod["main"].body.blocks[0].bindings

@@ -57,6 +57,7 @@ from .requantize import (
     requantize_through_pools,
     residual_only_ends,
 )
+from .weight_scales import int8_weight_scales
 
 _TMP = "__unit_tvm_main"
 # how quantize computes matmuls between two activations (its `attention` argument)
@@ -272,13 +273,13 @@ def _channel_means(chain, values):
 
 def _quantized_op(chain, x_scale, x_zp, x_mean):
     """The QuantizedOp of a chain with a constant weight: per-channel int8 weights (the chain's
-    scale folded in), the zero-point term, the dequantization multiplier and
+    scale folded in; weight_scales.py), the zero-point term, the dequantization multiplier and
     the bias. The bias also takes the mean of what rounding the weights loses (bias correction,
     as NNCF's and oneDNN's calibrations do): x_mean (per input channel) times the rounding error
     summed over each output channel's window, where one activation channel meets one weight."""
     per_channel = (-1,) + (1,) * (chain.weight.ndim - 1)  # broadcast over output channels
     w = chain.weight * chain.scale.reshape(per_channel)
-    w_scale = np.maximum(np.abs(w).reshape(w.shape[0], -1).max(axis=1), 1e-12) / 127.0
+    w_scale = int8_weight_scales(w)
     chain.wq = np.clip(np.round(w / w_scale.reshape(per_channel)), -127, 127).astype(np.int8)
     recipe = _recipe(chain, x_scale=x_scale, x_zp=x_zp)
     wsum = chain.wq.reshape(chain.wq.shape[0], -1).astype(np.int64).sum(axis=1)
