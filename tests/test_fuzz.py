@@ -56,6 +56,45 @@ def test_model_cases_are_reproducible_and_varied():
     assert fuzz.MODEL_KIND not in {fuzz.make_case(7, i).kind for i in range(400)}
 
 
+QDQ_SEED = 3  # cases 5-8: Inception and bottleneck blocks, per tensor and per channel weights
+
+
+def test_random_small_models_as_qdq_files_agree_with_onnx_runtime(capsys):
+    """The same random models quantized by ONNX Runtime into QDQ files, compiled without
+    calibration, against ONNX Runtime running each file (fuzz/qdq_check.py). The first sweep
+    found per-tensor int8 weights rounded a second time (case 8, 1.35x ONNX Runtime's error:
+    test_qdq checks the weights themselves)."""
+    require_host("x86.vpdpbusd")
+    report = fuzz.fuzz(4, QDQ_SEED, (fuzz.QDQ_KIND,), first=5, workers=2, timeout=600)
+    with capsys.disabled():
+        print("\n" + "\n".join(fuzz.result_line(r) for r in report.results))
+    assert not report.failures, "\n".join(fuzz.result_line(r) for r in report.failures)
+    assert report.counts()["all"]["tensorized-correct"] == 4
+
+
+def test_a_qdq_file_whose_pairs_lose_their_clamps_is_wrong(monkeypatch):
+    """The judge sees the bug the first QDQ support had in part: pairs that stop clamping (the
+    ReLUs ONNX Runtime drops into them come back nowhere) move the outputs ~30x as far as the
+    file's own quantization does."""
+    require_host("x86.vpdpbusd")
+    import unit_tvm.relax.qdq
+
+    monkeypatch.setattr(unit_tvm.relax.qdq, "_range", lambda q: (-np.inf, np.inf))
+    result = fuzz.run_case(fuzz.make_case(QDQ_SEED, 8, (fuzz.QDQ_KIND,)))
+    assert result.outcome == "wrong" and "apart from ONNX Runtime" in result.detail, result
+
+
+def test_qdq_cases_are_the_model_cases_with_a_weight_granularity():
+    a = fuzz.make_case(7, 5, (fuzz.QDQ_KIND,))
+    assert a == fuzz.make_case(7, 5, (fuzz.QDQ_KIND,)) and a.kind == fuzz.QDQ_KIND
+    params = [dict(fuzz.make_case(7, i, (fuzz.QDQ_KIND,)).params) for i in range(100)]
+    assert {p.pop("per_channel") for p in params} == {0, 1}
+    assert {p["family"] for p in params} == {"cnn", "encoder", "residual"}
+    assert fuzz.QDQ_KIND not in {fuzz.make_case(7, i).kind for i in range(400)}
+    with pytest.raises(ValueError, match="op-level cases only, not kind 'qdq'"):
+        fuzz.fuzz(1, 0, (fuzz.QDQ_KIND,), emulate="x86.tdpbusd")
+
+
 def test_a_model_case_that_quantize_fails_on_is_a_crash(monkeypatch):
     """quantize() is unit-tvm's: an exception there is a finding, not an invalid case."""
     import unit_tvm.relax

@@ -114,17 +114,21 @@ KINDS = ("dense", "batch_matmul", "conv1d", "conv2d", "conv3d", "group_conv2d", 
 # whole small models (fuzz/model_cases.py): asked for by name, not in the default mix (a case takes
 # seconds and needs PyTorch)
 MODEL_KIND = "model"
+# the same models quantized by ONNX Runtime into QDQ files (fuzz/qdq_check.py; needs onnxruntime)
+QDQ_KIND = "qdq"
 
 
 def make_case(seed: int, index: int, kinds=KINDS) -> Case:
     """The case number `index` of a fuzzing run with `seed` (deterministic)."""
     rng = random.Random(seed * 1_000_003 + index)
     kind = rng.choice(list(kinds))
-    if kind == MODEL_KIND:
+    if kind in (MODEL_KIND, QDQ_KIND):
         from .model_cases import model_params
 
-        return Case(seed, index, kind, "float32", "int8",
-                    tuple(sorted(model_params(rng).items())))
+        params = model_params(rng)
+        if kind == QDQ_KIND:
+            params["per_channel"] = rng.randint(0, 1)
+        return Case(seed, index, kind, "float32", "int8", tuple(sorted(params.items())))
     if rng.random() < 0.7:
         a_dtype, b_dtype = rng.choice(INT_PAIRS)
     else:

@@ -17,9 +17,11 @@ from .model_cases import make_model
 TIE_SHARE = 0.25
 
 
-def judge(got: list, plain: list, reference: list) -> str:
+def judge(got: list, plain: list, reference: list, baseline: str = "TVM's build",
+          share: float = TIE_SHARE) -> str:
     """'' when the tensorized outputs may differ from TVM's build of the quantized module by
-    rounding ties alone, else what differs. Each list holds one array per model output.
+    rounding ties alone, else what differs. Each list holds one array per model output;
+    baseline names what `plain` came from in the message, share replaces TIE_SHARE.
 
     A tie moves a value by one step and everything that value reaches: little against the
     quantization error when an output reads many values, up to half of it when an output reads
@@ -35,10 +37,10 @@ def judge(got: list, plain: list, reference: list) -> str:
         scale = np.linalg.norm(r) + 1e-12
         quantization, apart = np.linalg.norm(b - r) / scale, np.linalg.norm(g - b) / scale
         own = np.linalg.norm(g - r) / scale
-        if apart > max(TIE_SHARE * quantization, 1e-5) and own > (1 + TIE_SHARE) * quantization:
+        if apart > max(share * quantization, 1e-5) and own > (1 + share) * quantization:
             worst = np.unravel_index(np.abs(g - b).argmax(), g.shape)
-            return (f"output {i}: {apart:.3g} apart from TVM's build and {own:.3g} from the "
-                    f"float model (relative L2), where TVM's build is {quantization:.3g} from "
+            return (f"output {i}: {apart:.3g} apart from {baseline} and {own:.3g} from the "
+                    f"float model (relative L2), where {baseline} is {quantization:.3g} from "
                     f"it; worst at {tuple(map(int, worst))}: {g[worst]:.6g} != {b[worst]:.6g}")
     return ""
 

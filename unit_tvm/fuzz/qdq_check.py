@@ -1,0 +1,133 @@
+"""Run one model case (model_cases.py) as a file that arrives quantized (kind "qdq"): export it
+to ONNX, quantize the file with ONNX Runtime's quantize_static (QDQ pairs, uint8 activations,
+int8 weights, per tensor or per channel), compile the file with `unit_tvm.compile` and no
+calibration (relax/qdq.py takes the file's scales), and compare with ONNX Runtime running the
+same file.
+
+The two need not agree bit for bit: unit-tvm computes an activation between pairs (a sigmoid
+gate, a hardswish) in float32 where the file rounds it to its pair's grid, and a scale per
+channel on an activation becomes one per tensor. Both stay near the float32 model, so
+`model_check.judge` decides with ONNX Runtime in the place of TVM's build, over all inputs at
+once: an output is wrong when it is far from ONNX Runtime's and further from the float32 model
+than ONNX Runtime's is by more than QDQ_SHARE (a dropped clamp, a lost term, a wrong scale).
+"""
+
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from .check import CaseResult, first_line
+from .model_cases import make_model
+from .model_check import judge
+
+_INPUT = "input0"  # frontends.export_onnx's name for the model's input
+# two int8 executions of one file round differently (an activation in float32 or on its pair's
+# grid): on single inputs of these small models unit-tvm's distance from the float32 model was
+# 0.5-1.37x ONNX Runtime's, over eight inputs 0.90-0.97x; a dropped clamp gave 12x
+QDQ_SHARE = 0.5
+INPUTS = 4
+
+
+def _stacked(runs: list) -> list:
+    """Per model output, the outputs of every input in one array."""
+    return [np.stack([run[i] for run in runs]) for i in range(len(runs[0]))]
+
+
+def _quantized_file(model, calibration, folder: Path, per_channel: bool) -> str:
+    """The model as an ONNX file with ONNX Runtime's QDQ pairs (calibrated on `calibration`)."""
+    import torch
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    from .. import frontends
+
+    fp32 = frontends.export_onnx(model, [torch.tensor(calibration[0])], str(folder / "f.onnx"))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.samples = iter([{_INPUT: x} for x in calibration])
+
+        def get_next(self):
+            return next(self.samples, None)
+
+    path = str(folder / "qdq.onnx")
+    quantize_static(fp32, path, Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    return path
+
+
+def _onnx_runtime(path: str, inputs) -> list:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return [session.run(None, {_INPUT: x}) for x in inputs]
+
+
+def _unit_tvm(mod, inputs, target, report: list) -> list:
+    import tvm
+    from tvm import relax
+
+    import unit_tvm
+
+    ex = unit_tvm.compile(mod, target=target, report=report)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = []
+    for x in inputs:
+        result = vm["main"](tvm.runtime.tensor(x, tvm.cpu()))
+        out.append([result.numpy()] if hasattr(result, "numpy")
+                   else [t.numpy() for t in result])
+    return out
+
+
+def run_qdq_case(case, target=None) -> CaseResult:
+    """Quantize the case's model with ONNX Runtime, compile the file with unit-tvm and compare
+    with ONNX Runtime running it. Exceptions are classified, never raised."""
+    import onnx
+    import torch
+
+    from .. import frontends
+    from ..target import host
+    from ..testing import zoo
+
+    t0 = time.time()
+    target = target or host()
+    base = dict(index=case.index, kind=case.kind, description=case.describe(),
+                reproduce=case.reproduce())
+    params = dict(case.params)
+    per_channel = bool(params.pop("per_channel", 0))
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            model, shape = make_model(params, case.seed * 7919 + case.index)
+            calibration, inputs = zoo.inputs(shape, 3, seed=1), zoo.inputs(shape, INPUTS, seed=2)
+            with torch.no_grad():
+                reference = [[o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+                             for out in (model(torch.tensor(x)) for x in inputs)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                path = _quantized_file(model, calibration, Path(folder), per_channel)
+                expected = _onnx_runtime(path, inputs)
+                mod = frontends.from_onnx(onnx.load(path))
+        except Exception as e:  # noqa: BLE001 - the export, ONNX Runtime or TVM's importer
+            return CaseResult(**base, outcome="invalid", detail=first_line(e),
+                              seconds=time.time() - t0)
+    report = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = _unit_tvm(mod, inputs, target, report)
+    except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
+        return CaseResult(**base, outcome="crash", detail=first_line(e),
+                          seconds=time.time() - t0)
+    diff = judge(_stacked(got), _stacked(expected), _stacked(reference),
+                 baseline="ONNX Runtime", share=QDQ_SHARE)
+    used = sorted({instr for _, instr, _ in report if instr})
+    outcome = "wrong" if diff else ("tensorized-correct" if used else "fallback-correct")
+    return CaseResult(**base, outcome=outcome, intrinsic=",".join(used), detail=diff,
+                      seconds=time.time() - t0)
