@@ -114,8 +114,10 @@ KINDS = ("dense", "batch_matmul", "conv1d", "conv2d", "conv3d", "group_conv2d", 
 # whole small models (fuzz/model_cases.py): asked for by name, not in the default mix (a case takes
 # seconds and needs PyTorch)
 MODEL_KIND = "model"
-# the same models quantized by ONNX Runtime into QDQ files (fuzz/qdq_check.py; needs onnxruntime)
+# the same models quantized into QDQ files (fuzz/qdq_check.py; needs onnxruntime, and NNCF for
+# its third of the cases)
 QDQ_KIND = "qdq"
+QDQ_QUANTIZERS = ("ort", "ort_per_channel", "nncf")
 
 
 def make_case(seed: int, index: int, kinds=KINDS) -> Case:
@@ -127,7 +129,7 @@ def make_case(seed: int, index: int, kinds=KINDS) -> Case:
 
         params = model_params(rng)
         if kind == QDQ_KIND:
-            params["per_channel"] = rng.randint(0, 1)
+            params["quantizer"] = rng.choice(QDQ_QUANTIZERS)
         return Case(seed, index, kind, "float32", "int8", tuple(sorted(params.items())))
     if rng.random() < 0.7:
         a_dtype, b_dtype = rng.choice(INT_PAIRS)

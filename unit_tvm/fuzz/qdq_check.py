@@ -1,8 +1,8 @@
 """Run one model case (model_cases.py) as a file that arrives quantized (kind "qdq"): export it
 to ONNX, quantize the file with ONNX Runtime's quantize_static (QDQ pairs, uint8 activations,
-int8 weights, per tensor or per channel), compile the file with `unit_tvm.compile` and no
-calibration (relax/qdq.py takes the file's scales), and compare with ONNX Runtime running the
-same file.
+int8 weights per tensor or per channel) or with NNCF (its own placement of the pairs, a scale
+per channel on some activations), compile the file with `unit_tvm.compile` and no calibration
+(relax/qdq.py takes the file's scales), and compare with ONNX Runtime running the same file.
 
 The two need not agree bit for bit: unit-tvm computes an activation between pairs (a sigmoid
 gate, a hardswish) in float32 where the file rounds it to its pair's grid, and a scale per
@@ -36,19 +36,29 @@ def _stacked(runs: list) -> list:
     return [np.stack([run[i] for run in runs]) for i in range(len(runs[0]))]
 
 
-def _quantized_file(model, calibration, folder: Path, per_channel: bool) -> str:
-    """The model as an ONNX file with ONNX Runtime's QDQ pairs (calibrated on `calibration`)."""
+def _quantized_file(model, calibration, folder: Path, quantizer: str) -> str:
+    """The model as an ONNX file with QDQ pairs: quantizer "ort" or "ort_per_channel" (ONNX
+    Runtime's quantize_static, weights per tensor or per channel) or "nncf" (NNCF's
+    post-training quantization), calibrated on `calibration`."""
+    import onnx
     import torch
+
+    from .. import frontends
+
+    fp32 = frontends.export_onnx(model, [torch.tensor(calibration[0])], str(folder / "f.onnx"))
+    path = str(folder / "qdq.onnx")
+    if quantizer == "nncf":
+        import nncf
+
+        dataset = nncf.Dataset(calibration, lambda x: {_INPUT: x})
+        onnx.save(nncf.quantize(onnx.load(fp32), dataset, subset_size=len(calibration)), path)
+        return path
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
         QuantType,
         quantize_static,
     )
-
-    from .. import frontends
-
-    fp32 = frontends.export_onnx(model, [torch.tensor(calibration[0])], str(folder / "f.onnx"))
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -57,8 +67,8 @@ def _quantized_file(model, calibration, folder: Path, per_channel: bool) -> str:
         def get_next(self):
             return next(self.samples, None)
 
-    path = str(folder / "qdq.onnx")
-    quantize_static(fp32, path, Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+    quantize_static(fp32, path, Reader(), quant_format=QuantFormat.QDQ,
+                    per_channel=quantizer == "ort_per_channel",
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     return path
 
@@ -101,7 +111,7 @@ def run_qdq_case(case, target=None) -> CaseResult:
     base = dict(index=case.index, kind=case.kind, description=case.describe(),
                 reproduce=case.reproduce())
     params = dict(case.params)
-    per_channel = bool(params.pop("per_channel", 0))
+    quantizer = params.pop("quantizer")
     with tempfile.TemporaryDirectory() as folder:
         try:
             model, shape = make_model(params, case.seed * 7919 + case.index)
@@ -111,7 +121,7 @@ def run_qdq_case(case, target=None) -> CaseResult:
                              for out in (model(torch.tensor(x)) for x in inputs)]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                path = _quantized_file(model, calibration, Path(folder), per_channel)
+                path = _quantized_file(model, calibration, Path(folder), quantizer)
                 expected = _onnx_runtime(path, inputs)
                 mod = frontends.from_onnx(onnx.load(path))
         except Exception as e:  # noqa: BLE001 - the export, ONNX Runtime or TVM's importer
