@@ -214,8 +214,9 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     requantize_shortcuts(chains, by_end, [c for c, _ in known], [q for _, q in known])
     pools = requantize_through_pools(func, chains, by_end)
     plan = u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools)
-    for op in by_end.values():
-        op.recipe = implied_clamps_dropped(op.recipe)
+    if model_scales:  # a pair's cap on a ReLU; a float model's ReLU6 keeps its recipe (and
+        for op in by_end.values():  # the tuned configs its databases hold)
+            op.recipe = implied_clamps_dropped(op.recipe)
     # bf16 matmuls read and write float32: decided after the uint8 edges, which they keep out of
     return _rewrite(mod, chains + bf16_bmms, {**by_end, **_bf16_bmm_ops(func, bf16_bmms, chains)},
                     pools, plan)
