@@ -55,9 +55,10 @@ class Clamped(nn.Module):
         return nn.functional.hardtanh(self.b(y) + 3.0 * torch.sigmoid(y), -0.5, 2.0)
 
 
-def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=(), module=Residual, per_channel=True):
-    """(fp32 ONNX path, ONNX Runtime's QDQ quantization of it, calibration inputs); exclude:
-    op types left in float32."""
+def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=(), module=Residual, per_channel=True,
+              qoperator=False):
+    """(fp32 ONNX path, ONNX Runtime's QDQ (or QOperator) quantization of it, calibration
+    inputs); exclude: op types left in float32."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -78,7 +79,8 @@ def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=(), module=Residual, per_c
 
     qdq = str(tmp_path / "qdq.onnx")
     excluded = [n.name for n in onnx.load(fp32).graph.node if n.op_type in exclude]
-    quantize_static(fp32, qdq, Reader(), quant_format=QuantFormat.QDQ, per_channel=per_channel,
+    quantize_static(fp32, qdq, Reader(), per_channel=per_channel,
+                    quant_format=QuantFormat.QOperator if qoperator else QuantFormat.QDQ,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                     nodes_to_exclude=excluded)
     return fp32, qdq, cal

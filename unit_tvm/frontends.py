@@ -4,6 +4,8 @@ import contextlib
 import io
 import sys
 
+from .onnx_qoperator import qoperator_as_qdq
+
 
 def from_torch(module, example_inputs):
     """torch.nn.Module (eval mode) -> Relax IRModule via torch.export, weights as constants."""
@@ -50,6 +52,7 @@ def _empty_1d(node):
 def from_onnx(model, shapes=None):
     """ONNX model (path or onnx.ModelProto) -> Relax IRModule, initializers as constants.
 
+    A QOperator file (QLinearConv, QGemm, ...) is read as its QDQ form (onnx_qoperator.py).
     shapes: {input name: shape} for inputs with symbolic dimensions. A model that computes
     shapes at run time (Shape -> Gather -> Pad / Reshape / Slice, as exports of Swin and MaxViT
     do) either stops TVM's importer or leaves tensors of unknown shape that no later pass can
@@ -62,7 +65,7 @@ def from_onnx(model, shapes=None):
 
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(model)
-    model = _einsums_as_matmuls(model)
+    model = qoperator_as_qdq(_einsums_as_matmuls(model))
     refused, said = None, io.StringIO()
     try:
         # TVM's importer prints the failing operator before raising: shown with the first
