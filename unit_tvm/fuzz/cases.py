@@ -117,7 +117,7 @@ MODEL_KIND = "model"
 # the same models quantized into QDQ files (fuzz/qdq_check.py; needs onnxruntime, and NNCF for
 # its third of the cases)
 QDQ_KIND = "qdq"
-QDQ_QUANTIZERS = ("ort", "ort_per_channel", "ort_s8s8", "nncf")
+QDQ_QUANTIZERS = ("ort", "ort_per_channel", "ort_s8s8", "ort_qoperator", "nncf")
 
 
 def make_case(seed: int, index: int, kinds=KINDS) -> Case:

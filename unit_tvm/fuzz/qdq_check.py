@@ -1,9 +1,9 @@
 """Run one model case (model_cases.py) as a file that arrives quantized (kind "qdq"): export it
 to ONNX, quantize the file with ONNX Runtime's quantize_static (QDQ pairs, uint8 or int8
-activations, int8 weights per tensor or per channel) or with NNCF (its own placement of the
-pairs, a scale per channel on some activations), compile the file with `unit_tvm.compile` and
-no calibration (relax/qdq.py takes the file's scales), and compare with ONNX Runtime running
-the same file.
+activations, int8 weights per tensor or per channel; or its QOperator ops, which
+onnx_qoperator.py reads as QDQ) or with NNCF (its own placement of the pairs, a scale per
+channel on some activations), compile the file with `unit_tvm.compile` and no calibration
+(relax/qdq.py takes the file's scales), and compare with ONNX Runtime running the same file.
 
 The two need not agree bit for bit: unit-tvm computes an activation between pairs (a sigmoid
 gate, a hardswish) in float32 where the file rounds it to its pair's grid, and a scale per
@@ -38,10 +38,10 @@ def _stacked(runs: list) -> list:
 
 
 def _quantized_file(model, calibration, folder: Path, quantizer: str) -> str:
-    """The model as an ONNX file with QDQ pairs, calibrated on `calibration`: quantizer "ort",
-    "ort_per_channel" or "ort_s8s8" (ONNX Runtime's quantize_static: uint8 activations with
-    weights per tensor or per channel, or int8 activations) or "nncf" (NNCF's post-training
-    quantization)."""
+    """The model as a quantized ONNX file, calibrated on `calibration`: quantizer "ort",
+    "ort_per_channel" or "ort_s8s8" (ONNX Runtime's quantize_static, QDQ: uint8 activations
+    with weights per tensor or per channel, or int8 activations), "ort_qoperator" (its
+    QOperator format: QLinearConv, QGemm...) or "nncf" (NNCF's post-training quantization)."""
     import onnx
     import torch
 
@@ -70,8 +70,9 @@ def _quantized_file(model, calibration, folder: Path, quantizer: str) -> str:
             return next(self.samples, None)
 
     signed = quantizer == "ort_s8s8"  # ONNX Runtime's recommended QDQ format on x86
-    quantize_static(fp32, path, Reader(), quant_format=QuantFormat.QDQ,
-                    per_channel=quantizer != "ort",
+    quantize_static(fp32, path, Reader(), per_channel=quantizer != "ort",
+                    quant_format=QuantFormat.QOperator if quantizer == "ort_qoperator"
+                    else QuantFormat.QDQ,
                     activation_type=QuantType.QInt8 if signed else QuantType.QUInt8,
                     weight_type=QuantType.QInt8)
     return path
