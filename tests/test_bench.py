@@ -258,6 +258,6 @@ def test_bench_model_runs_a_quantized_file_as_it_is(tmp_path):
                           log=logged.append, tune=False)
     assert any("arrives quantized" in line for line in logged), logged
     assert set(res["engines"]) == {"unit-tvm int8", "ORT int8"}, logged
-    assert res["engines"]["ORT int8"]["variant"] == "the file's QDQ"
+    assert res["engines"]["ORT int8"]["variant"] == "the file's quantization"
     assert res["engines"]["ORT int8"]["cosine"] > 0.99999  # its own reference
     assert res["engines"]["unit-tvm int8"]["cosine"] > 0.9999

@@ -123,7 +123,7 @@ def ort_int8(case: ModelCase, references) -> Engine:
     x = case.inputs[0]
     with tempfile.TemporaryDirectory() as tmp:
         if case.quantized:  # the user's quantization, as ONNX Runtime runs the file
-            feed, variants = input_name(case.onnx_path), {"the file's QDQ": case.onnx_path}
+            feed, variants = input_name(case.onnx_path), {"the file's quantization": case.onnx_path}
         else:
             fp32 = _preprocessed(case, tmp)
             feed, variants = input_name(fp32), _variants(case, fp32, tmp)

@@ -96,8 +96,8 @@ def run_model(name, *, engines=ENGINES, n_inputs=ACCURACY_INPUTS, rounds=10, log
     case = make_case(name, n_inputs, **options)
     refs = _references(case)
     if case.quantized:
-        log(f"  {case.name}: arrives quantized (QDQ): every engine runs its quantization; the "
-            f"reference is ONNX Runtime running the file")
+        log(f"  {case.name}: arrives quantized (QDQ or QOperator): every engine runs its "
+            f"quantization; the reference is ONNX Runtime running the file")
     # the inputs are shared by every engine: one that writes into them (OpenVINO does, into
     # arrays it is handed) must fail loudly rather than change the others' inputs
     for x in case.inputs + case.calibration:
