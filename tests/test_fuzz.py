@@ -87,6 +87,21 @@ def test_a_qdq_file_whose_pairs_lose_their_clamps_is_wrong(monkeypatch):
     assert result.outcome == "wrong" and "apart from ONNX Runtime" in result.detail, result
 
 
+def test_a_qoperator_file_that_unit_tvm_cannot_read_is_a_crash(monkeypatch):
+    """Reading a QOperator file as QDQ is unit-tvm's work (onnx_qoperator.py): a failure
+    there is a finding, not an invalid case."""
+    import unit_tvm.onnx_qoperator
+
+    def broken(model):
+        raise ValueError("rewrite broke")
+
+    monkeypatch.setattr(unit_tvm.onnx_qoperator, "qoperator_as_qdq", broken)
+    case = fuzz.make_case(QDQ_SEED, 9, (fuzz.QDQ_KIND,))
+    assert dict(case.params)["quantizer"] == "ort_qoperator"
+    result = fuzz.run_case(case)
+    assert result.outcome == "crash" and "rewrite broke" in result.detail, result
+
+
 def test_qdq_cases_are_the_model_cases_with_a_quantizer():
     a = fuzz.make_case(7, 5, (fuzz.QDQ_KIND,))
     assert a == fuzz.make_case(7, 5, (fuzz.QDQ_KIND,)) and a.kind == fuzz.QDQ_KIND

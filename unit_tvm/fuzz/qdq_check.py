@@ -102,12 +102,13 @@ def _unit_tvm(mod, inputs, target, report: list) -> list:
 
 
 def run_qdq_case(case, target=None) -> CaseResult:
-    """Quantize the case's model with ONNX Runtime, compile the file with unit-tvm and compare
+    """Quantize the case's model with its quantizer, compile the file with unit-tvm and compare
     with ONNX Runtime running it. Exceptions are classified, never raised."""
     import onnx
     import torch
 
     from .. import frontends
+    from ..onnx_qoperator import qoperator_as_qdq
     from ..target import host
     from ..testing import zoo
 
@@ -128,14 +129,20 @@ def run_qdq_case(case, target=None) -> CaseResult:
                 warnings.simplefilter("ignore")
                 path = _quantized_file(model, calibration, Path(folder), quantizer)
                 expected = _onnx_runtime(path, inputs)
-                mod = frontends.from_onnx(onnx.load(path))
-        except Exception as e:  # noqa: BLE001 - the export, ONNX Runtime or TVM's importer
+                file = onnx.load(path)
+        except Exception as e:  # noqa: BLE001 - the export or ONNX Runtime fails: not ours
             return CaseResult(**base, outcome="invalid", detail=first_line(e),
                               seconds=time.time() - t0)
     report = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            file = qoperator_as_qdq(file)  # unit-tvm's (frontends.from_onnx does it too)
+            try:
+                mod = frontends.from_onnx(file)
+            except Exception as e:  # noqa: BLE001 - TVM's importer refuses the file
+                return CaseResult(**base, outcome="invalid", detail=first_line(e),
+                                  seconds=time.time() - t0)
             got = _unit_tvm(mod, inputs, target, report)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
         return CaseResult(**base, outcome="crash", detail=first_line(e),

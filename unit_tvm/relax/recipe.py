@@ -35,8 +35,8 @@ class Recipe:
     relu: bool = False
     clip_max: float | None = None  # relu6-style clip
     clip_min: float | None = None  # a clip's negative lower end, after the residual (no relu)
-    # (lo, hi): the op's own result clamped before the residual is added, a quantized model's
-    # pair with a range around 0 (relax/qdq.py)
+    # (lo, hi): the op's own result clamped before the residual is added (a hardtanh, or a
+    # quantized model's pair with a range around 0: relax/qdq.py)
     clamp: tuple | None = None
     gelu: bool = False
     activation: str | None = None  # one of relax/activations.py's NAMES, after the residual
@@ -240,9 +240,9 @@ def tuning_form(recipe):
     depends on (shapes, layouts, which epilogue steps) without what calibration chose. Layers
     of one shape (BERT's 12 encoder layers, ResNet's repeated blocks) tune once; the tuned
     config schedules each layer's own recipe, whose loop nest differs only in constants.
-    The clamps a quantized model's pairs leave (clamp; clip_min with its clip_max) are left
-    out: two compares per vector do not change which loop nest is fastest, and such layers
-    share the configs of the float32 model's."""
+    Clamps around 0 (clamp; clip_min with its clip_max: a hardtanh, or what a quantized
+    model's pairs leave) are left out: two compares per vector do not change which loop nest
+    is fastest, and a QDQ file's layers share the configs of its float32 model's."""
     if is_bf16(recipe):
         return recipe  # no quantization constants
     pair_clamp = recipe.clip_min is not None
