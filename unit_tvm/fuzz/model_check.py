@@ -45,7 +45,8 @@ def judge(got: list, plain: list, reference: list, baseline: str = "TVM's build"
     return ""
 
 
-def _run(ex, inputs):
+def run_outputs(ex, inputs) -> list:
+    """Per input, the list of a built model's outputs (numpy) on this CPU."""
     import tvm
     from tvm import relax
 
@@ -90,9 +91,9 @@ def run_model_case(case, target=None) -> CaseResult:
             warnings.simplefilter("ignore")
             # quantize's module must build and run with TVM's own schedules too
             qmod = quantize(mod, target=target, calibration_data=calibration)
-            plain = _run(tvm.compile(qmod, target=target), inputs)
+            plain = run_outputs(tvm.compile(qmod, target=target), inputs)
             tpass = UnitTensorize(target)
-            got = _run(build_relax(tpass(qmod), target), inputs)
+            got = run_outputs(build_relax(tpass(qmod), target), inputs)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
         return CaseResult(**base, outcome="crash", detail=first_line(e),
                           seconds=time.time() - t0)

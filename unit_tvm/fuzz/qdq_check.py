@@ -22,7 +22,7 @@ import numpy as np
 
 from .check import CaseResult, first_line
 from .model_cases import make_model
-from .model_check import judge
+from .model_check import judge, run_outputs
 
 _INPUT = "input0"  # frontends.export_onnx's name for the model's input
 # two int8 executions of one file round differently (an activation in float32 or on its pair's
@@ -85,27 +85,13 @@ def _onnx_runtime(path: str, inputs) -> list:
     return [session.run(None, {_INPUT: x}) for x in inputs]
 
 
-def _unit_tvm(mod, inputs, target, report: list) -> list:
-    import tvm
-    from tvm import relax
-
-    import unit_tvm
-
-    ex = unit_tvm.compile(mod, target=target, report=report)
-    vm = relax.VirtualMachine(ex, tvm.cpu())
-    out = []
-    for x in inputs:
-        result = vm["main"](tvm.runtime.tensor(x, tvm.cpu()))
-        out.append([result.numpy()] if hasattr(result, "numpy")
-                   else [t.numpy() for t in result])
-    return out
-
-
 def run_qdq_case(case, target=None) -> CaseResult:
     """Quantize the case's model with its quantizer, compile the file with unit-tvm and compare
     with ONNX Runtime running it. Exceptions are classified, never raised."""
     import onnx
     import torch
+
+    import unit_tvm
 
     from .. import frontends
     from ..onnx_qoperator import qoperator_as_qdq
@@ -143,7 +129,7 @@ def run_qdq_case(case, target=None) -> CaseResult:
             except Exception as e:  # noqa: BLE001 - TVM's importer refuses the file
                 return CaseResult(**base, outcome="invalid", detail=first_line(e),
                                   seconds=time.time() - t0)
-            got = _unit_tvm(mod, inputs, target, report)
+            got = run_outputs(unit_tvm.compile(mod, target=target, report=report), inputs)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
         return CaseResult(**base, outcome="crash", detail=first_line(e),
                           seconds=time.time() - t0)
