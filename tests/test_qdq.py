@@ -56,7 +56,7 @@ class Clamped(nn.Module):
 
 
 def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=(), module=Residual, per_channel=True,
-              qoperator=False):
+              qoperator=False, activations="QUInt8"):
     """(fp32 ONNX path, ONNX Runtime's QDQ (or QOperator) quantization of it, calibration
     inputs); exclude: op types left in float32."""
     from onnxruntime.quantization import (
@@ -81,8 +81,8 @@ def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=(), module=Residual, per_c
     excluded = [n.name for n in onnx.load(fp32).graph.node if n.op_type in exclude]
     quantize_static(fp32, qdq, Reader(), per_channel=per_channel,
                     quant_format=QuantFormat.QOperator if qoperator else QuantFormat.QDQ,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    nodes_to_exclude=excluded)
+                    activation_type=getattr(QuantType, activations),
+                    weight_type=QuantType.QInt8, nodes_to_exclude=excluded)
     return fp32, qdq, cal
 
 
@@ -177,6 +177,19 @@ def test_a_clip_the_quantizer_dropped_comes_back_in_the_epilogues(tmp_path):
     for g, want in zip(got, _onnx_runtime(qdq, xs)):
         assert g.min() >= -0.51 and g.max() <= 2.01
         np.testing.assert_allclose(g, want, atol=0.05)
+
+
+def test_a_16_bit_qdq_file_runs_as_the_float_rounding_it_says(tmp_path):
+    """Pairs of 16-bit activations are no int8 edges: compile runs them as TVM's float32
+    quantize / dequantize ops, says so, and matches ONNX Runtime on the file (it asked for
+    calibration inputs instead: "calibration_data is empty")."""
+    _, path, _ = _qdq_file(tmp_path, activations="QUInt16")
+    xs = zoo.inputs((1, 3, 16, 16), 2, seed=2)
+    mod = frontends.from_onnx(onnx.load(path))
+    with pytest.warns(UserWarning, match=r"\['uint16'\], not 8-bit"):
+        ex = unit_tvm.compile(mod)
+    for got, want in zip(_run(ex, xs), _onnx_runtime(path, xs)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_a_float_model_still_needs_calibration():

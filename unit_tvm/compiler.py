@@ -15,7 +15,7 @@ from .relax.frontend_fixes import frontend_fixes
 from .relax.gpu import UnitTensorizeGPU, default_gpu_schedule, to_fp16, to_fp16_nhwc, to_nhwc
 from .relax.gpu_int8 import calibration_from
 from .relax.leftovers import fp32_leftovers, summary
-from .relax.qdq import arrives_quantized
+from .relax.qdq import arrives_quantized, pair_dtypes
 from .runner import prepare_host, target_for
 from .target import is_cpu, is_gpu
 from .tuner import Database
@@ -68,6 +68,10 @@ def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # 
                              report)
     if quantize is None and arrives_quantized(mod):
         quantize = {}  # a QDQ model: int8 where its own pairs say (relax/qdq.py)
+    elif quantize is None and pair_dtypes(mod):
+        warnings.warn(f"the model's quantize / dequantize pairs are {sorted(pair_dtypes(mod))}, "
+                      "not 8-bit: they run as float32 rounding ops and the model as float32 "
+                      "(unit-tvm computes 8-bit pairs in int8)", stacklevel=2)
     if quantize is not None:
         # quantize repairs the frontends' output itself (inference_form), as for any caller
         mod = quantize_fn(mod, target=target, **quantize)

@@ -205,8 +205,8 @@ def _per_tensor(scale, zp, integer_range) -> QParams:
     return QParams(step, int(np.clip(round(-lo / step), 0, 255)))
 
 
-def arrives_quantized(mod: tvm.IRModule) -> bool:
-    """Whether main holds a dequantize of a quantize (a QDQ model's activation pair)."""
+def pair_dtypes(mod: tvm.IRModule) -> set:
+    """The integer dtypes of main's activation pairs (a dequantize of a quantize's result)."""
     found = []
 
     def visit(e):
@@ -216,10 +216,16 @@ def arrives_quantized(mod: tvm.IRModule) -> bool:
     func = mod["main"]
     relax.analysis.post_order_visit(func, visit)
     if not found or not isinstance(func.body, relax.SeqExpr):
-        return False
-    quantized = {b.var for block in func.body.blocks for b in block.bindings
+        return set()
+    quantized = {b.var: b.value for block in func.body.blocks for b in block.bindings
                  if op_name(b.value) == _QUANTIZE}
-    return any(v in quantized for v in found)
+    return {str(quantized[v].ty.dtype) for v in found if v in quantized}
+
+
+def arrives_quantized(mod: tvm.IRModule) -> bool:
+    """Whether main holds 8-bit activation pairs (a QDQ model's, which quantize() takes as its
+    activation quantization; 16-bit pairs run as the float32 rounding ops they are)."""
+    return bool(pair_dtypes(mod) & {"int8", "uint8"})
 
 
 def fake_quantization(mod: tvm.IRModule) -> FakeQuantization:
