@@ -261,6 +261,33 @@ def test_a_pair_becomes_its_input_clamped_unless_quantized_readers_clamp_it(
     np.testing.assert_allclose(got, want_out, rtol=1e-5, atol=1e-5)
 
 
+def test_a_pair_with_a_dequantize_per_reader_clamps_for_its_float_reader():
+    """A file may give each reader of a quantized value its own DequantizeLinear (ONNX
+    Runtime's DedicatedQDQPair): that a conv quantizes one of them itself does not clamp what
+    the float32 add reads from the other (it read a ReLU of x, uncapped, before)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 4, 3, 3], "float32"))
+    weight = relax.const(np.full((4, 4, 1, 1), 0.25, "float32"))
+    scale, zp = relax.const(0.05, "float32"), relax.const(0, "uint8")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(x * relax.const(16.0))
+            q = bb.emit(relax.op.quantize(y, scale, zp, axis=1, out_dtype="uint8"))
+            to_conv = bb.emit(relax.op.dequantize(q, scale, zp, axis=1))
+            to_add = bb.emit(relax.op.dequantize(q, scale, zp, axis=1))
+            conv = bb.emit(relax.op.nn.conv2d(to_conv, weight))
+            out = bb.emit_output(relax.op.add(conv, to_add + relax.const(1.0)))
+        bb.emit_func_output(out)
+    mod, _ = fake_quantization(bb.get())
+    assert "quantize" not in mod["main"].script()
+    a = np.random.default_rng(0).standard_normal((1, 4, 3, 3)).astype("float32")
+    (got,) = _run(unit_tvm.lowering.compile_relax(mod, unit_tvm.target.host()), [a])
+    y = np.clip(a * 16, 0.0, 12.75)
+    want = np.full((1, 4, 3, 3), 0.25 * y.sum(axis=1, keepdims=True)) + y + 1.0
+    assert (a * 16).max() > 12.75  # the cap matters on this input
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_dequantized_constants_fold_per_channel():
     """A per-channel int8 weight (axis 0) and a scalar-quantized constant become the float32
     values ONNX defines: (q - zero point) * scale along the axis."""

@@ -111,20 +111,21 @@ def _becomes_int8(call, data, by_var) -> bool:
 
 
 def _requantized_by_readers(func):
-    """The quantize results whose dequantized value only ops that quantize() makes int8 read,
+    """The quantize results whose dequantized values only ops that quantize() makes int8 read,
     as their data: each quantizes its input with the pair's scale, applying the pair's clamp
-    itself."""
+    itself. Every dequantize of the result counts (a file may give each reader its own)."""
     bindings = dataflow_bindings(func)
     by_var = {b.var: b.value for b in bindings}
     readers = graph_readers(bindings)
-    out = set()
+    verdict = {}
     for b in bindings:
         if op_name(b.value) != _DEQUANTIZE or not isinstance(b.value.args[0], relax.Var):
             continue
         users = readers.get(b.var, [])
-        if users and all(_becomes_int8(u.value, b.var, by_var) for u in users):
-            out.add(b.value.args[0])
-    return out
+        q = b.value.args[0]
+        verdict[q] = verdict.get(q, True) and bool(users) and all(
+            _becomes_int8(u.value, b.var, by_var) for u in users)
+    return {q for q, int8_only in verdict.items() if int8_only}
 
 
 @relax.expr_functor.mutator
