@@ -9,6 +9,7 @@ from onnx import helper
 import unit_tvm
 from unit_tvm import frontends
 from unit_tvm.onnx_qoperator import is_qoperator, qoperator_as_qdq
+from unit_tvm.relax import quantize, recipes
 from unit_tvm.testing import zoo
 
 from .conftest import require_host
@@ -35,10 +36,16 @@ def test_a_qoperator_file_runs_int8_as_close_to_float_as_onnx_runtime(tmp_path):
     assert not is_qoperator(converted) and "MaxPool" in kinds
     pool = kinds.index("MaxPool")
     assert kinds[pool - 1] == "DequantizeLinear" and kinds[pool + 1] == "QuantizeLinear"
+    # one DequantizeLinear per quantized value, shared by its readers (the block input feeds
+    # a conv and the residual add): one pair, whose ReLU the conv before it takes once
+    read = [n.input[0] for n in converted.graph.node if n.op_type == "DequantizeLinear"]
+    assert len(read) == len(set(read)), read
     xs = zoo.inputs((1, 3, 16, 16), 4, seed=2)
     report = []
     got = _run(unit_tvm.compile(frontends.from_onnx(model), report=report), xs)
     assert [bool(instr) for _, instr, _ in report] == [True] * 4, report
+    qmod = quantize(frontends.from_onnx(model), calibration_data=())
+    assert [r["relu"] for _, r in recipes(qmod)] == [True, True, True, False]
     reference = _onnx_runtime(fp32, xs)
     file_distance = _distance(_onnx_runtime(path, xs), reference)
     assert _distance(got, reference) <= 1.25 * file_distance + 1e-4, file_distance

@@ -29,18 +29,23 @@ class _Rewriter:
         self.inits = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
         self.nodes, self.new_inits, self.qparams = [], [], {}
         self._count = 0
+        self._dequantized = {}
 
     def name(self, base):
         self._count += 1
         return f"{base}__qdq{self._count}"
 
     def dq(self, x, scale, zp):
-        """A float tensor: DequantizeLinear of x (per tensor)."""
+        """A float tensor: DequantizeLinear of x (per tensor), one per (x, scale, zero point):
+        the readers of a value share it, as they share one pair in a QDQ file (a conv's
+        epilogue then takes the ReLU or clamp that the pair stands for once)."""
         from onnx import helper
 
-        out = self.name(x)
-        self.nodes.append(helper.make_node("DequantizeLinear", [x, scale, zp], [out]))
-        return out
+        key = (x, scale, zp)
+        if key not in self._dequantized:
+            self._dequantized[key] = out = self.name(x)
+            self.nodes.append(helper.make_node("DequantizeLinear", [x, scale, zp], [out]))
+        return self._dequantized[key]
 
     def q(self, x, out, scale, zp):
         """QuantizeLinear of the float x into `out`, recorded as quantized."""
