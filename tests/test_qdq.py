@@ -42,6 +42,22 @@ class Residual(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+class TwoBlocks(nn.Module):
+    """A stem and two ResNet basic blocks: the first block's output is read by a conv and by
+    the second block's residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.convs = nn.ModuleList(nn.Conv2d(16, 16, 3, padding=1) for _ in range(4))
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        for a, b in (self.convs[:2], self.convs[2:]):
+            x = torch.relu(x + b(torch.relu(a(x))))
+        return x.mean((2, 3))
+
+
 class Clamped(nn.Module):
     """A hardtanh, which ONNX Runtime's quantizer drops into the pair after the conv, read by a
     float32 sigmoid and a conv whose residual sum is clamped the same way."""
@@ -56,7 +72,7 @@ class Clamped(nn.Module):
 
 
 def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=(), module=Residual, per_channel=True,
-              qoperator=False, activations="QUInt8"):
+              qoperator=False, activations="QUInt8", dedicated=False):
     """(fp32 ONNX path, ONNX Runtime's QDQ (or QOperator) quantization of it, calibration
     inputs); exclude: op types left in float32."""
     from onnxruntime.quantization import (
@@ -82,7 +98,8 @@ def _qdq_file(tmp_path, shape=(1, 3, 16, 16), exclude=(), module=Residual, per_c
     quantize_static(fp32, qdq, Reader(), per_channel=per_channel,
                     quant_format=QuantFormat.QOperator if qoperator else QuantFormat.QDQ,
                     activation_type=getattr(QuantType, activations),
-                    weight_type=QuantType.QInt8, nodes_to_exclude=excluded)
+                    weight_type=QuantType.QInt8, nodes_to_exclude=excluded,
+                    extra_options={"DedicatedQDQPair": dedicated})
     return fp32, qdq, cal
 
 
@@ -286,6 +303,22 @@ def test_a_pair_with_a_dequantize_per_reader_clamps_for_its_float_reader():
     want = np.full((1, 4, 3, 3), 0.25 * y.sum(axis=1, keepdims=True)) + y + 1.0
     assert (a * 16).max() > 12.75  # the cap matters on this input
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dequantize_per_reader_gives_the_recipes_of_one_shared(tmp_path):
+    """ONNX Runtime's DedicatedQDQPair gives every reader its own DequantizeLinear: the copies
+    become one pair, so the convs fuse the ReLUs and write uint8 as for the plain file (the
+    stem's ReLU ran separately here, and ResNet-18's file had ten such ReLUs)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shared_file = _qdq_file(tmp_path / "a", module=TwoBlocks)[1]
+    shared = quantize(frontends.from_onnx(onnx.load(shared_file)), calibration_data=())
+    dedicated_file = _qdq_file(tmp_path / "b", module=TwoBlocks, dedicated=True)[1]
+    kinds = [n.op_type for n in onnx.load(dedicated_file).graph.node]
+    assert kinds.count("DequantizeLinear") > kinds.count("QuantizeLinear"), kinds
+    dedicated = quantize(frontends.from_onnx(onnx.load(dedicated_file)), calibration_data=())
+    assert [r for _, r in recipes(dedicated)] == [r for _, r in recipes(shared)]
+    assert "R.nn.relu" not in dedicated["main"].script()
 
 
 def test_dequantized_constants_fold_per_channel():

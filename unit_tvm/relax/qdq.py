@@ -232,6 +232,10 @@ def arrives_quantized(mod: tvm.IRModule) -> bool:
 def fake_quantization(mod: tvm.IRModule) -> FakeQuantization:
     """`mod` without relax.quantize / relax.dequantize pairs and constants (see the module
     docstring), and the model's quantization of each value a pair read."""
+    if pair_dtypes(mod):
+        # a file may dequantize one value once per reader (ONNX Runtime's DedicatedQDQPair):
+        # one pair per value, so that the op before it fuses its clamp once
+        mod = relax.transform.EliminateCommonSubexpr()(mod)
     strip = _StripPairs(mod)
     mod = rewrite_functions(mod, strip)
     # the aliases a removed pair leaves would stop the chains' epilogues; both passes keep the
