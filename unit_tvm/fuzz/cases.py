@@ -130,6 +130,8 @@ def make_case(seed: int, index: int, kinds=KINDS) -> Case:
         params = model_params(rng)
         if kind == QDQ_KIND:
             params["quantizer"] = rng.choice(QDQ_QUANTIZERS)
+            if params["quantizer"] in ("ort", "ort_per_channel", "ort_s8s8"):
+                params["dedicated"] = rng.randint(0, 1)  # a DequantizeLinear per reader
         return Case(seed, index, kind, "float32", "int8", tuple(sorted(params.items())))
     if rng.random() < 0.7:
         a_dtype, b_dtype = rng.choice(INT_PAIRS)

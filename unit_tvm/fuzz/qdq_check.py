@@ -37,11 +37,12 @@ def _stacked(runs: list) -> list:
     return [np.stack([run[i] for run in runs]) for i in range(len(runs[0]))]
 
 
-def _quantized_file(model, calibration, folder: Path, quantizer: str) -> str:
+def _quantized_file(model, calibration, folder: Path, quantizer: str, dedicated=False) -> str:
     """The model as a quantized ONNX file, calibrated on `calibration`: quantizer "ort",
     "ort_per_channel" or "ort_s8s8" (ONNX Runtime's quantize_static, QDQ: uint8 activations
     with weights per tensor or per channel, or int8 activations), "ort_qoperator" (its
-    QOperator format: QLinearConv, QGemm...) or "nncf" (NNCF's post-training quantization)."""
+    QOperator format: QLinearConv, QGemm...) or "nncf" (NNCF's post-training quantization);
+    dedicated: ONNX Runtime's DedicatedQDQPair (a DequantizeLinear per reader)."""
     import onnx
     import torch
 
@@ -74,7 +75,8 @@ def _quantized_file(model, calibration, folder: Path, quantizer: str) -> str:
                     quant_format=QuantFormat.QOperator if quantizer == "ort_qoperator"
                     else QuantFormat.QDQ,
                     activation_type=QuantType.QInt8 if signed else QuantType.QUInt8,
-                    weight_type=QuantType.QInt8)
+                    weight_type=QuantType.QInt8,
+                    extra_options={"DedicatedQDQPair": bool(dedicated)})
     return path
 
 
@@ -103,7 +105,7 @@ def run_qdq_case(case, target=None) -> CaseResult:
     base = dict(index=case.index, kind=case.kind, description=case.describe(),
                 reproduce=case.reproduce())
     params = dict(case.params)
-    quantizer = params.pop("quantizer")
+    quantizer, dedicated = params.pop("quantizer"), params.pop("dedicated", 0)
     with tempfile.TemporaryDirectory() as folder:
         try:
             model, shape = make_model(params, case.seed * 7919 + case.index)
@@ -113,7 +115,7 @@ def run_qdq_case(case, target=None) -> CaseResult:
                              for out in (model(torch.tensor(x)) for x in inputs)]
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                path = _quantized_file(model, calibration, Path(folder), quantizer)
+                path = _quantized_file(model, calibration, Path(folder), quantizer, dedicated)
                 expected = _onnx_runtime(path, inputs)
                 file = onnx.load(path)
         except Exception as e:  # noqa: BLE001 - the export or ONNX Runtime fails: not ours
