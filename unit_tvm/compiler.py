@@ -66,11 +66,12 @@ def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # 
     if is_gpu(target):
         return _compile_cuda(frontend_fixes(mod), target, quantize, database, tune, trials,
                              report)
-    if quantize is None and arrives_quantized(mod):
+    pairs = pair_dtypes(mod) if quantize is None else set()
+    if arrives_quantized(pairs):
         quantize = {}  # a QDQ model: int8 where its own pairs say (relax/qdq.py)
-    elif quantize is None and pair_dtypes(mod):
-        warnings.warn(f"the model's quantize / dequantize pairs are {sorted(pair_dtypes(mod))}, "
-                      "not 8-bit: they run as float32 rounding ops and the model as float32 "
+    elif pairs:
+        warnings.warn(f"the model's quantize / dequantize pairs are {sorted(pairs)}, not "
+                      "8-bit: they run as float32 rounding ops and the model as float32 "
                       "(unit-tvm computes 8-bit pairs in int8)", stacklevel=2)
     if quantize is not None:
         # quantize repairs the frontends' output itself (inference_form), as for any caller

@@ -66,9 +66,10 @@ class _Rewriter:
         """The float bias of an int32 bias quantized with x_scale * w_scale (zero point 0)."""
         if b not in self.inits or x_scale not in self.inits or w_scale not in self.inits:
             raise ValueError(f"QOperator bias {b}: its scales are not constants")
-        value = self.inits[b].astype(np.float64) * (
-            self.inits[x_scale].astype(np.float64) * self.inits[w_scale].astype(np.float64))
-        return self.const(b, value.astype(np.float32))
+        from .relax.qdq import dequantized
+
+        scale = self.inits[x_scale].astype(np.float64) * self.inits[w_scale].astype(np.float64)
+        return self.const(b, dequantized(self.inits[b], scale, 0, 0))
 
     def weight(self, w, scale, zp, axis):
         """A float weight: the constant (w - zp) * scale (its scale per channel along `axis`
@@ -77,13 +78,9 @@ class _Rewriter:
             if np.size(self.inits.get(scale, 0)) > 1:
                 raise ValueError(f"QOperator weight {w}: per-channel scales on a run-time value")
             return self.dq(w, scale, zp)
-        q = self.inits[w].astype(np.float64)
-        shape = [1] * q.ndim
-        shape[axis] = -1
-        s, z = (self.inits[n].astype(np.float64) for n in (scale, zp))
-        if s.size > 1:
-            s, z = s.reshape(shape), z.reshape(shape)
-        return self.const(w, ((q - z) * s).astype(np.float32))
+        from .relax.qdq import dequantized
+
+        return self.const(w, dequantized(*(self.inits[n] for n in (w, scale, zp)), axis))
 
 
 def _attrs(node, drop=()):

@@ -57,7 +57,9 @@ def _per_axis(values, ndim, axis):
     return values.reshape(shape)
 
 
-def _dequantized(data, scale, zp, axis):
+def dequantized(data, scale, zp, axis) -> np.ndarray:
+    """ONNX DequantizeLinear of constants: (data - zp) * scale (per `axis` where they are
+    vectors), in float32."""
     ndim = data.ndim
     real = (data.astype(np.float64) - _per_axis(zp, ndim, axis)) * _per_axis(scale, ndim, axis)
     return real.astype(np.float32)
@@ -145,7 +147,7 @@ class _StripPairs(relax.PyExprMutator):
         if all(c is not None for c in consts):
             data, scale, zp = consts
             if name == _DEQUANTIZE:
-                return relax.const(_dequantized(data, scale, zp, axis))
+                return relax.const(dequantized(data, scale, zp, axis))
             return relax.const(_quantized(data, scale, zp, axis, str(call.ty.dtype)))
         if name == _DEQUANTIZE and isinstance(call.args[0], relax.Var):
             stripped = self._pair(call)
@@ -171,7 +173,7 @@ class _StripPairs(relax.PyExprMutator):
             return None
         qp = self.scales[x] = _per_tensor(scale, zp, _integer_range(q))
         lo, hi = _range(qp)
-        requantized = any(dq.args[0].same_as(v) for v in self.requantized)
+        requantized = dq.args[0] in self.requantized
         low, high = self._bounds(x)
         if (hi == 0.0 or not requantized) and (low < lo or high > hi):
             return relax.op.clip(x, lo, hi)  # the op before it fuses the clamp
@@ -208,25 +210,17 @@ def _per_tensor(scale, zp, integer_range) -> QParams:
 
 def pair_dtypes(mod: tvm.IRModule) -> set:
     """The integer dtypes of main's activation pairs (a dequantize of a quantize's result)."""
-    found = []
-
-    def visit(e):
-        if op_name(e) == _DEQUANTIZE and isinstance(e.args[0], relax.Var):
-            found.append(e.args[0])
-
-    func = mod["main"]
-    relax.analysis.post_order_visit(func, visit)
-    if not found or not isinstance(func.body, relax.SeqExpr):
-        return set()
-    quantized = {b.var: b.value for block in func.body.blocks for b in block.bindings
-                 if op_name(b.value) == _QUANTIZE}
-    return {str(quantized[v].ty.dtype) for v in found if v in quantized}
+    bindings = dataflow_bindings(mod["main"])
+    quantized = {b.var: b.value for b in bindings if op_name(b.value) == _QUANTIZE}
+    return {str(quantized[b.value.args[0]].ty.dtype) for b in bindings
+            if op_name(b.value) == _DEQUANTIZE and b.value.args[0] in quantized}
 
 
-def arrives_quantized(mod: tvm.IRModule) -> bool:
-    """Whether main holds 8-bit activation pairs (a QDQ model's, which quantize() takes as its
-    activation quantization; 16-bit pairs run as the float32 rounding ops they are)."""
-    return bool(pair_dtypes(mod) & {"int8", "uint8"})
+def arrives_quantized(dtypes: set) -> bool:
+    """Whether pairs of these dtypes (`pair_dtypes`) make a model that arrives quantized: 8-bit
+    ones, which quantize() takes as its activation quantization (16-bit pairs run as the
+    float32 rounding ops they are)."""
+    return bool(dtypes & {"int8", "uint8"})
 
 
 def fake_quantization(mod: tvm.IRModule) -> FakeQuantization:
