@@ -169,13 +169,12 @@ def profile_model(name, *, database=None, tune=False, trials=None, repeats=5,
                   attention=None) -> Profile:
     """Compile the zoo model `name` as bench-model does (int8, database configs; tuned when
     tune=True; attention as quantize takes it) and profile its inferences kernel by kernel."""
-    from .bench.engine_tvm import relax_module
+    from .bench.engine_tvm import calibration, relax_module
     from .bench.model import make_case
 
     case = make_case(name, 2)
-    # a file that arrives quantized runs its own quantization, as bench-model runs it
-    calibration = () if case.quantized else case.calibration
-    return profile_module(relax_module(case), calibration, case.inputs[0], name=name,
+    mod = relax_module(case)  # a file that arrives quantized runs as bench-model runs it
+    return profile_module(mod, calibration(case, mod), case.inputs[0], name=name,
                           database=database, tune=tune, trials=trials, repeats=repeats,
                           attention=attention)
 

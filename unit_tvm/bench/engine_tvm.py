@@ -7,6 +7,7 @@ from tvm import relax
 from .. import frontends
 from ..compiler import build_relax
 from ..relax import UnitTensorize, quantize
+from ..relax.qdq import arrives_quantized, pair_dtypes
 from ..target import host
 from ..tuner import Database, default_path
 from .engines import Engine, ModelCase, Stopwatch, first_output
@@ -43,17 +44,20 @@ def _target(case):
     return case.options.get("target") or host()
 
 
-def _calibration(case):
-    """What quantize() calibrates on: nothing for a file that arrives quantized (it runs the
-    file's own quantization, as the other engines then do)."""
-    return () if case.quantized else case.calibration
+def calibration(case: ModelCase, mod: tvm.IRModule):
+    """What quantize() calibrates `mod` (the case's Relax module) on: nothing for a file whose
+    8-bit pairs make it arrive quantized (it runs the file's own quantization, as the other
+    engines then do); the calibration inputs otherwise (a float model, or a file with 16-bit
+    pairs, which quantize() computes around as float32 ops)."""
+    return () if arrives_quantized(pair_dtypes(mod)) else case.calibration
 
 
 def unit_tvm_int8(case: ModelCase) -> Engine:
     """int8 post-training quantization + tensorized kernels (tuned when case.options['tune'])."""
     watch = Stopwatch()
     target = _target(case)
-    qmod = quantize(relax_module(case), calibration_data=_calibration(case), target=target)
+    mod = relax_module(case)
+    qmod = quantize(mod, calibration_data=calibration(case, mod), target=target)
     return _unit_tvm(case, qmod, "unit-tvm int8", "int8", watch)
 
 
@@ -80,7 +84,8 @@ def tvm_int8(case: ModelCase) -> Engine:
     """The same quantized model with TVM's default schedules."""
     watch = Stopwatch()
     target = _target(case)
-    qmod = quantize(relax_module(case), calibration_data=_calibration(case), target=target)
+    mod = relax_module(case)
+    qmod = quantize(mod, calibration_data=calibration(case, mod), target=target)
     return _vm_engine("TVM int8", "int8", tvm.compile(qmod, target=target), case, watch,
                       "default schedules")
 
