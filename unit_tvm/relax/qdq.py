@@ -209,8 +209,11 @@ def _per_tensor(scale, zp, integer_range) -> QParams:
 
 
 def pair_dtypes(mod: tvm.IRModule) -> set:
-    """The integer dtypes of main's activation pairs (a dequantize of a quantize's result)."""
-    bindings = dataflow_bindings(mod["main"])
+    """The integer dtypes of main's activation pairs (a dequantize of a quantize's result), in
+    any of its blocks (compile takes a main of any form)."""
+    body = mod["main"].body
+    blocks = body.blocks if isinstance(body, relax.SeqExpr) else []
+    bindings = [b for block in blocks for b in block.bindings]
     quantized = {b.var: b.value for b in bindings if op_name(b.value) == _QUANTIZE}
     return {str(quantized[b.value.args[0]].ty.dtype) for b in bindings
             if op_name(b.value) == _DEQUANTIZE and b.value.args[0] in quantized}
