@@ -20,6 +20,7 @@ from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
 from unit_tvm.relax.graph import const_value, op_name
 from unit_tvm.relax.qdq import fake_quantization
+from unit_tvm.relax.quantize import inference_form as quantize_inference_form
 from unit_tvm.relax.u8_values import QParams
 from unit_tvm.testing import zoo
 
@@ -384,6 +385,68 @@ def test_a_per_channel_pair_gives_one_quantization_over_its_channels(dtype, want
     _, found = fake_quantization(bb.get())
     (got,) = set(found.values())
     assert got.zp == want.zp and np.isclose(got.scale, want.scale, rtol=1e-3), got
+
+
+def _depthwise_after_pair(activation, top=6.0):
+    """conv 1x1 (4 -> 8) + bias, `activation`, a uint8 pair with a scale per channel (ranges
+    1:100, NNCF's form), then a depthwise 3x3 conv with a channel multiplier of 2 on int8
+    per-channel weights; (module, the pair's scales)."""
+    rng = np.random.default_rng(3)
+    scales = (top / 255.0) * np.geomspace(0.01, 1.0, 8).astype("float32")
+    w1 = relax.const(rng.standard_normal((8, 4, 1, 1)).astype("float32"))
+    b1 = relax.const(rng.standard_normal((1, 8, 1, 1)).astype("float32"))
+    steps = rng.uniform(0.5, 2.0, 16).astype("float32") / 127
+    w2 = rng.integers(-127, 128, (16, 1, 3, 3)).astype("float32") * steps[:, None, None, None]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([1, 4, 9, 9], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.add(bb.emit(relax.op.nn.conv2d(x, w1)), b1))
+            act = {"relu6": lambda v: relax.op.clip(v, 0.0, 6.0), "relu": relax.op.nn.relu,
+                   "silu": relax.op.nn.silu}[activation]
+            y = bb.emit(act(y))
+            s, z = relax.const(scales), relax.const(np.zeros(8, "uint8"))
+            q = bb.emit(relax.op.quantize(y, s, z, axis=1, out_dtype="uint8"))
+            d = bb.emit(relax.op.dequantize(q, s, z, axis=1))
+            out = bb.emit_output(relax.op.nn.conv2d(d, relax.const(w2), padding=1, groups=8))
+        bb.emit_func_output(out)
+    return bb.get(), scales
+
+
+@pytest.mark.parametrize("activation", ["relu6", "relu"])
+def test_a_per_channel_pair_before_depthwise_convs_keeps_the_files_integers(activation):
+    """A per-channel pair that depthwise convs read (NNCF's) becomes one scale per tensor
+    exactly: the value is multiplied by S / s[c] before the ReLU (folded into the conv before
+    it) and the depthwise weights by s[c] / S, so the integers are the file's: the compiled
+    model equals the module run with its float32 rounding ops; over the channels' union (the
+    fallback) the 1:100 channels would lose most of their steps."""
+    mod, scales = _depthwise_after_pair(activation)
+    _, found = fake_quantization(quantize_inference_form(mod))
+    assert [q.scale for q in set(found.values())] == [pytest.approx(float(scales.max()))]
+    xs = zoo.inputs((1, 4, 9, 9), 3, seed=5)
+    want = _run(build_relax(mod, unit_tvm.target.host()), xs)
+    qmod = quantize(mod)
+    # the first conv reads the float32 input (no pair): only the depthwise one is int8
+    assert [r["groups"] for _, r in recipes(qmod)] == [8], qmod["main"]
+    got = _run(unit_tvm.compile(mod), xs)
+    for g, w in zip(got, want):
+        # the values of the smallest channels are 1/100 of the largest's
+        for c in range(16):
+            np.testing.assert_allclose(g[0, c], w[0, c], rtol=1e-4,
+                                       atol=1e-4 * np.abs(w[0, c]).max())
+
+
+@pytest.mark.parametrize("activation,top", [("silu", 6.0), ("relu6", 8.0)])
+def test_a_per_channel_pair_that_cannot_be_rescaled_takes_the_union(activation, top):
+    """SiLU does not commute with a scale per channel, and a ReLU6 whose pair reaches beyond 6
+    clamps at 6 below the integers' top: those pairs keep one quantization over the union of
+    the channels' ranges."""
+    mod, scales = _depthwise_after_pair(activation, top)
+    _, found = fake_quantization(quantize_inference_form(mod))
+    (got,) = set(found.values())
+    assert got.zp == 0 and np.isclose(got.scale, scales.max(), rtol=1e-6)
+    assert "relax.multiply" not in [op_name(b.value) for b in fake_quantization(
+        quantize_inference_form(mod)).mod["main"].body.blocks[0].bindings]
 
 
 def test_a_float_squeeze_excitation_conv_runs_as_a_matmul():

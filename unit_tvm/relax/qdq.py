@@ -14,8 +14,11 @@ removes them before quantize() looks for its chains:
   reader of the pair is a conv or matmul with a constant weight, those readers quantize x with
   the pair's scale and so clamp it themselves: then x stays as it is, or a ReLU of x where the
   range starts at 0 (the same kernel as the float32 model's).
-- a pair with a scale per channel (NNCF's depthwise inputs) gives one uint8 quantization over
-  the union of its channels' ranges (unit-tvm's activations are per tensor);
+- a pair with a scale per channel (NNCF's depthwise inputs) is made one per tensor with the
+  same integers where depthwise convs read it and the activation before it commutes with a
+  scale (relax/qdq_channels.py); any other gives one uint8 quantization over the union of its
+  channels' ranges (unit-tvm's activations are per tensor), which neither keeps their steps
+  nor clamps each channel to its own range;
 - a value holding only values of a pair's result (a max-pool, a reshape: NNCF puts no pair
   after a max-pool) has the pair's quantization too.
 """
@@ -29,6 +32,7 @@ from tvm import relax
 from .chains import CONVS
 from .graph import const_value, dataflow_bindings, op_name, rewrite_functions
 from .graph import readers as graph_readers
+from .qdq_channels import per_tensor_channels
 from .u8_values import QParams
 
 _QUANTIZE, _DEQUANTIZE = "relax.quantize", "relax.dequantize"
@@ -233,6 +237,7 @@ def fake_quantization(mod: tvm.IRModule) -> FakeQuantization:
         # a file may dequantize one value once per reader (ONNX Runtime's DedicatedQDQPair):
         # one pair per value, so that the op before it fuses its clamp once
         mod = relax.transform.EliminateCommonSubexpr()(mod)
+        mod = per_tensor_channels(mod)  # NNCF's depthwise inputs, exactly where possible
     strip = _StripPairs(mod)
     mod = rewrite_functions(mod, strip)
     # the aliases a removed pair leaves would stop the chains' epilogues; both passes keep the
