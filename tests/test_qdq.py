@@ -387,10 +387,11 @@ def test_a_per_channel_pair_gives_one_quantization_over_its_channels(dtype, want
     assert got.zp == want.zp and np.isclose(got.scale, want.scale, rtol=1e-3), got
 
 
-def _depthwise_after_pair(activation, top=6.0):
+def _depthwise_after_pair(activation, top=6.0, returned=False):
     """conv 1x1 (4 -> 8) + bias, `activation`, a uint8 pair with a scale per channel (ranges
     1:100, NNCF's form), then a depthwise 3x3 conv with a channel multiplier of 2 on int8
-    per-channel weights; (module, the pair's scales)."""
+    per-channel weights (returned: the pair's value is an output too); (module, the pair's
+    scales)."""
     rng = np.random.default_rng(3)
     scales = (top / 255.0) * np.geomspace(0.01, 1.0, 8).astype("float32")
     w1 = relax.const(rng.standard_normal((8, 4, 1, 1)).astype("float32"))
@@ -407,9 +408,10 @@ def _depthwise_after_pair(activation, top=6.0):
             y = bb.emit(act(y))
             s, z = relax.const(scales), relax.const(np.zeros(8, "uint8"))
             q = bb.emit(relax.op.quantize(y, s, z, axis=1, out_dtype="uint8"))
-            d = bb.emit(relax.op.dequantize(q, s, z, axis=1))
+            dequantized = relax.op.dequantize(q, s, z, axis=1)
+            d = bb.emit_output(dequantized) if returned else bb.emit(dequantized)
             out = bb.emit_output(relax.op.nn.conv2d(d, relax.const(w2), padding=1, groups=8))
-        bb.emit_func_output(out)
+        bb.emit_func_output(relax.Tuple([d, out]) if returned else out)
     return bb.get(), scales
 
 
@@ -436,12 +438,13 @@ def test_a_per_channel_pair_before_depthwise_convs_keeps_the_files_integers(acti
                                        atol=1e-4 * np.abs(w[0, c]).max())
 
 
-@pytest.mark.parametrize("activation,top", [("silu", 6.0), ("relu6", 8.0)])
-def test_a_per_channel_pair_that_cannot_be_rescaled_takes_the_union(activation, top):
-    """SiLU does not commute with a scale per channel, and a ReLU6 whose pair reaches beyond 6
-    clamps at 6 below the integers' top: those pairs keep one quantization over the union of
-    the channels' ranges."""
-    mod, scales = _depthwise_after_pair(activation, top)
+@pytest.mark.parametrize("activation,top,returned", [("silu", 6.0, False), ("relu6", 8.0, False),
+                                                     ("relu6", 6.0, True)])
+def test_a_per_channel_pair_that_cannot_be_rescaled_takes_the_union(activation, top, returned):
+    """SiLU does not commute with a scale per channel, a ReLU6 whose pair reaches beyond 6
+    clamps at 6 below the integers' top, and a pair's value the model returns must keep its
+    values: those pairs keep one quantization over the union of the channels' ranges."""
+    mod, scales = _depthwise_after_pair(activation, top, returned)
     _, found = fake_quantization(quantize_inference_form(mod))
     (got,) = set(found.values())
     assert got.zp == 0 and np.isclose(got.scale, scales.max(), rtol=1e-6)

@@ -102,13 +102,13 @@ def _plan_pair(b, by_var, uses):
     scale, zp = params
     if (scale <= 0).any() or not (zp == zp[0]).all() or np.allclose(scale, scale.max()):
         return None
-    dqs = uses.get(b.var, [])
-    if not dqs or not all(op_name(r.value) == _DEQUANTIZE and _same_params(q, r.value)
-                          for r in dqs):
+    dqs = uses.get(b.var, [])  # None: the function returns it
+    if not dqs or not all(r is not None and op_name(r.value) == _DEQUANTIZE
+                          and _same_params(q, r.value) for r in dqs):
         return None
-    convs = [c for r in dqs for c in uses.get(r.var, [])]
-    if not convs or not all(_depthwise_on(c.value, r.var, channels)
-                            for r in dqs for c in uses.get(r.var, [])):
+    convs = [(r, c) for r in dqs for c in uses.get(r.var, [])]
+    if not convs or not all(c is not None and _depthwise_on(c.value, r.var, channels)
+                            for r, c in convs):
         return None
     top = 255 if str(q.ty.dtype) == "uint8" else 127
     found = _commuting_source(x, by_var, uses, scale, float(zp[0]), top)
@@ -155,6 +155,13 @@ def _scalars(plan):
     return relax.const(np.float32(plan.scale)), relax.const(plan.zp)
 
 
+def _returned(func):
+    found = []
+    relax.analysis.post_order_visit(
+        func.body.body, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
+    return found
+
+
 def per_tensor_channels(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with every pair of a scale per channel that depthwise convs read made per tensor,
     exactly (see the module docstring); other pairs as they are."""
@@ -162,6 +169,9 @@ def per_tensor_channels(mod: tvm.IRModule) -> tvm.IRModule:
     bindings = dataflow_bindings(func)
     by_var = {b.var: b.value for b in bindings}
     uses = readers(bindings)
+    # a value the function returns has a reader outside the bindings: it must keep its values
+    for v in _returned(func):
+        uses.setdefault(v, []).append(None)
     quantizes, dequantizes, convs = {}, {}, {}
     for b in bindings:
         if op_name(b.value) != _QUANTIZE:
