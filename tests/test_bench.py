@@ -231,6 +231,26 @@ def test_an_onnx_file_tvm_cannot_import_still_gets_the_other_engines(tmp_path):
                for line in logged), logged
 
 
+def test_bench_model_runs_a_zoo_model_at_a_batch_size():
+    """--batch: every engine gets the batched inputs (a wrong batch would not match the
+    references' shapes), and the case is named after it."""
+    res = model.run_model("bert_layer", engines=("unit-tvm int8", "PyTorch int8"), n_inputs=2,
+                          rounds=1, log=lambda *a: None, batch=2, tune=False)
+    assert res["model"] == "bert_layer_b2"
+    assert set(res["engines"]) == {"unit-tvm int8", "PyTorch int8"}
+    for engine in res["engines"].values():
+        assert engine["cosine"] > 0.99 and engine["min_ms"] > 0, res["engines"]
+    case = model.make_case("bert_layer", 1, batch=3)
+    assert case.shape[0] == 3 and case.inputs[0].shape == tuple(case.shape)
+
+
+def test_batch_is_for_zoo_models_only(tmp_path):
+    with pytest.raises(ValueError, match="exported with"):
+        model.make_case(str(tmp_path / "m.onnx"), batch=2)
+    with pytest.raises(ValueError, match="at least 1"):
+        model.make_case("resnet18", batch=0)
+
+
 def test_bench_model_rejects_an_onnx_file_it_cannot_feed(tmp_path):
     import onnx
     from onnx import TensorProto, helper

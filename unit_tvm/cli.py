@@ -250,10 +250,15 @@ def _add_op_commands(sub):
     p.set_defaults(fn=_cmd_bench_gpu)
 
 
+def _batch_arg(p):
+    p.add_argument("--batch", type=int, default=1,
+                   help="a zoo model's batch size (default 1; an ONNX file keeps its own)")
+
+
 def _add_model_commands(sub):
     """bench-model, compile, run, profile, reproduce: whole models and the paper's figures."""
-    p = sub.add_parser("bench-model", help="batch-1 latency and int8 accuracy of zoo models "
-                       "and ONNX files")
+    p = sub.add_parser("bench-model", help="latency and int8 accuracy of zoo models and ONNX "
+                       "files (batch 1 unless --batch)")
     p.add_argument("models", nargs="+",
                    help="zoo models (" + " ".join(ZOO_MODELS) + ") or .onnx files (one float32 "
                    "input; the PyTorch engines are skipped for them)")
@@ -265,6 +270,7 @@ def _add_model_commands(sub):
     p.add_argument("--engines", nargs="+", help="only these engines (default: all int8 ones)")
     p.add_argument("--rounds", type=int, default=10,
                    help="interleaved timing rounds (3 timed single calls per engine each)")
+    _batch_arg(p)
     p.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: fp16 on the first NVIDIA GPU vs PyTorch fp16 (eager and CUDA "
                    "graph) and TVM's own GPU build")
@@ -296,7 +302,8 @@ def _add_model_commands(sub):
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.set_defaults(fn=cmd_run)
     p = sub.add_parser("profile", help="per-kernel time, GOPS and %% of peak of a compiled model")
-    p.add_argument("model", help="a zoo model: " + " ".join(ZOO_MODELS))
+    p.add_argument("model", help="a zoo model (" + " ".join(ZOO_MODELS) + ") or an .onnx file")
+    _batch_arg(p)
     _tuning_args(p, "per distinct op")
     p.add_argument("--tune", action="store_true", help="tune what the database lacks")
     p.add_argument("--repeats", type=int, default=5, help="timed runs of each kernel call")

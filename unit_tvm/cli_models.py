@@ -37,6 +37,8 @@ def cmd_bench_model(args):
         log(f"{name}:")
         options = {"n_inputs": args.inputs or model.ACCURACY_INPUTS, "rounds": args.rounds,
                    "trials": args.trials, "tune": not args.no_tune}
+        if args.batch != 1:  # (a fleet server of an older unit-tvm knows no batch)
+            options["batch"] = args.batch
         if runner is None:
             results.append(model.run_model(name, engines=engines, log=log,
                                            database=args.database, **options))
@@ -127,7 +129,7 @@ def cmd_profile(args):
     """unit-tvm profile MODEL: per-kernel time, GOPS and % of peak of the compiled model."""
     prof = profile.profile_model(args.model, database=args.database, tune=args.tune,
                                  trials=args.trials, repeats=args.repeats,
-                                 attention=args.attention)
+                                 attention=args.attention, batch=args.batch)
     if args.json:
         print(json.dumps({"model": prof.model, "end_to_end_ms": prof.end_to_end_ms,
                           "kernel_ms": prof.kernel_ms, "in_run_ms": prof.in_run_ms,

@@ -166,15 +166,16 @@ def _nbytes(arg):
 
 
 def profile_model(name, *, database=None, tune=False, trials=None, repeats=5,
-                  attention=None) -> Profile:
-    """Compile the zoo model `name` as bench-model does (int8, database configs; tuned when
-    tune=True; attention as quantize takes it) and profile its inferences kernel by kernel."""
+                  attention=None, batch=1) -> Profile:
+    """Compile the zoo model `name` (or an ONNX file) as bench-model does (int8, database
+    configs; tuned when tune=True; attention as quantize takes it; a zoo model at `batch`) and
+    profile its inferences kernel by kernel."""
     from .bench.engine_tvm import calibration, relax_module
     from .bench.model import make_case
 
-    case = make_case(name, 2)
+    case = make_case(name, 2, batch=batch)
     mod = relax_module(case)  # a file that arrives quantized runs as bench-model runs it
-    return profile_module(mod, calibration(case, mod), case.inputs[0], name=name,
+    return profile_module(mod, calibration(case, mod), case.inputs[0], name=case.name,
                           database=database, tune=tune, trials=trials, repeats=repeats,
                           attention=attention)
 

@@ -1,5 +1,6 @@
-"""Model benchmark (`unit-tvm bench-model`): batch-1 latency and accuracy of unit-tvm against
-the engines a user of this CPU would otherwise pick, all in one process, one timing protocol.
+"""Model benchmark (`unit-tvm bench-model`): latency (batch 1 unless asked) and accuracy of
+unit-tvm against the engines a user of this CPU would otherwise pick, all in one process, one
+timing protocol.
 A model is a zoo name or an ONNX file; from a file, the engines that start from ONNX (unit-tvm,
 TVM, OpenVINO, ONNX Runtime) run it and the PyTorch ones are skipped, and fp32 references come
 from ONNX Runtime.
@@ -47,12 +48,18 @@ MIN_COSINE = 0.99
 ACCURACY_INPUTS = 32
 
 
-def make_case(name, n_inputs=ACCURACY_INPUTS, n_calibration=4, threads=None,
+def make_case(name, n_inputs=ACCURACY_INPUTS, n_calibration=4, threads=None, batch=1,
               **options) -> ModelCase:
     """The zoo model `name` (or the ONNX file `name`) with its calibration and accuracy inputs:
-    fixed-seed normal samples of its input shape."""
+    fixed-seed normal samples of its input shape; a zoo model's batch is `batch` (its case is
+    named e.g. resnet50_b8; an ONNX file runs at the shape it was exported with)."""
     threads = threads or host_threads()
+    if batch < 1:
+        raise ValueError(f"batch must be at least 1, got {batch}")
     if name.endswith(".onnx"):
+        if batch != 1:
+            raise ValueError(f"{name}: --batch applies to zoo models; an ONNX file runs at the "
+                             "shape it was exported with")
         from ..sources import onnx_input
 
         engine_ort.check_single_float_input(name)
@@ -65,6 +72,8 @@ def make_case(name, n_inputs=ACCURACY_INPUTS, n_calibration=4, threads=None,
                          zoo.inputs(shape, n_inputs, seed=2), threads, options, onnx_path=name,
                          quantized=quantized)
     model, shape = zoo.get(name)
+    if batch != 1:
+        name, shape = f"{name}_b{batch}", (batch, *shape[1:])
     return ModelCase(name, model, shape, zoo.inputs(shape, n_calibration, seed=1),
                      zoo.inputs(shape, n_inputs, seed=2), threads, options)
 
@@ -91,9 +100,9 @@ def strongest(engines: dict) -> str:
 
 
 def run_model(name, *, engines=ENGINES, n_inputs=ACCURACY_INPUTS, rounds=10, log=print,
-              **options) -> dict:
+              batch=1, **options) -> dict:
     """Build every engine, check its accuracy, time them interleaved; a plain-data result."""
-    case = make_case(name, n_inputs, **options)
+    case = make_case(name, n_inputs, batch=batch, **options)
     refs = _references(case)
     if case.quantized:
         log(f"  {case.name}: arrives quantized (QDQ or QOperator): every engine runs its "
