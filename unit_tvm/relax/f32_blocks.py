@@ -18,7 +18,8 @@ import tvm
 from tvm import relax
 
 from .edge_layouts import producers
-from .graph import readers as binding_readers, static_shape
+from .graph import readers as binding_readers
+from .graph import static_shape, vars_in
 from .qarith import round_up
 from .recipe import candidates
 
@@ -65,7 +66,7 @@ def regions(func, calls, recipes, target) -> dict:
     layer) keeps it NCHW."""
     bindings, call_index = producers(func, calls)
     readers_of = binding_readers(bindings)
-    returned = _vars_in(func.body.body)
+    returned = set(vars_in(func.body.body))
     var_of = {i: v for v, i in call_index.items()}
     found = {}
     for i, recipe in enumerate(recipes):
@@ -228,17 +229,6 @@ def _side_operand(s, shape):
     if tuple(s) in ((1, c, 1, 1), (c, 1, 1)):
         return "channel"
     return None
-
-
-def _vars_in(expr):
-    found = set()
-
-    def visit(e):
-        if isinstance(e, relax.Var):
-            found.add(e)
-
-    relax.analysis.post_order_visit(expr, visit)
-    return found
 
 
 def blocked_op(builder, call, args, block):

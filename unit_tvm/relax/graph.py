@@ -39,6 +39,24 @@ def static_shape(expr):
     return [int(d) for d in dims]
 
 
+def vars_in(expr) -> list:
+    """The variables `expr` reads, in visiting order (a variable read twice is listed twice)."""
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.Var):
+            found.append(e)
+
+    relax.analysis.post_order_visit(expr, visit)
+    return found
+
+
+def integer_range(quantize_call):
+    """(qmin, qmax) of a relax.quantize call's output dtype, or None (not 8-bit)."""
+    dtype = str(quantize_call.ty.dtype)
+    return (0, 255) if dtype == "uint8" else (-128, 127) if dtype == "int8" else None
+
+
 def uses(bindings, func):
     """{Var: number of reads} over the bindings' values and the function's result."""
     count = {}

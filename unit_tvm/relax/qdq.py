@@ -30,7 +30,7 @@ import tvm
 from tvm import relax
 
 from .chains import CONVS
-from .graph import const_value, dataflow_bindings, op_name, rewrite_functions
+from .graph import const_value, dataflow_bindings, integer_range, op_name, rewrite_functions
 from .graph import readers as graph_readers
 from .qdq_channels import per_tensor_channels
 from .u8_values import QParams
@@ -74,12 +74,6 @@ def _quantized(data, scale, zp, axis, dtype):
     ndim = data.ndim
     q = np.round(data / _per_axis(scale, ndim, axis)) + _per_axis(zp, ndim, axis)
     return np.clip(q, info.min, info.max).astype(dtype)
-
-
-def _integer_range(call):
-    """(qmin, qmax) of a quantize call's output dtype, or None (not 8-bit)."""
-    dtype = str(call.ty.dtype)
-    return (0, 255) if dtype == "uint8" else (-128, 127) if dtype == "int8" else None
 
 
 def _weight(expr, by_var):
@@ -163,7 +157,7 @@ class _StripPairs(relax.PyExprMutator):
         quantize x themselves, recording the pair's quantization for x; None where it is not
         such a pair."""
         q = self.lookup_binding(dq.args[0])
-        if (op_name(q) != _QUANTIZE or _integer_range(q) is None
+        if (op_name(q) != _QUANTIZE or integer_range(q) is None
                 or str(dq.ty.dtype) != "float32" or int(q.attrs.axis) != int(dq.attrs.axis)):
             return None
         x = q.args[0]
@@ -175,7 +169,7 @@ class _StripPairs(relax.PyExprMutator):
         if (scale.size != zp.size or not np.array_equal(scale, dq_scale)
                 or not np.array_equal(zp, dq_zp) or (scale <= 0).any()):
             return None
-        qp = self.scales[x] = _per_tensor(scale, zp, _integer_range(q))
+        qp = self.scales[x] = _per_tensor(scale, zp, integer_range(q))
         lo, hi = _range(qp)
         requantized = dq.args[0] in self.requantized
         low, high = self._bounds(x)

@@ -26,7 +26,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .graph import const_value, dataflow_bindings, op_name, readers, rewrite_functions
+from .graph import (const_value, dataflow_bindings, integer_range, op_name, readers,
+                    rewrite_functions, vars_in)
 
 _QUANTIZE, _DEQUANTIZE = "relax.quantize", "relax.dequantize"
 _AFFINE_OR_CONV = ("relax.add", "relax.subtract", "relax.multiply", "relax.divide",
@@ -93,7 +94,7 @@ def _plan_pair(b, by_var, uses):
     """The _Plan of the quantize binding b, or None where relax/qdq.py's fallback stays."""
     q, x = b.value, b.value.args[0]
     shape = getattr(x.ty, "shape", None) if isinstance(x, relax.Var) else None
-    if shape is None or len(shape) != 4 or str(q.ty.dtype) not in ("uint8", "int8"):
+    if shape is None or len(shape) != 4 or integer_range(q) is None:
         return None
     channels = int(shape[1])
     params = _channel_params(q, channels)
@@ -110,8 +111,7 @@ def _plan_pair(b, by_var, uses):
     if not convs or not all(c is not None and _depthwise_on(c.value, r.var, channels)
                             for r, c in convs):
         return None
-    top = 255 if str(q.ty.dtype) == "uint8" else 127
-    found = _commuting_source(x, by_var, uses, scale, float(zp[0]), top)
+    found = _commuting_source(x, by_var, uses, scale, float(zp[0]), integer_range(q)[1])
     if found is None:
         return None
     s_max = float(scale.max())
@@ -155,13 +155,6 @@ def _scalars(plan):
     return relax.const(np.float32(plan.scale)), relax.const(plan.zp)
 
 
-def _returned(func):
-    found = []
-    relax.analysis.post_order_visit(
-        func.body.body, lambda e: found.append(e) if isinstance(e, relax.Var) else None)
-    return found
-
-
 def per_tensor_channels(mod: tvm.IRModule) -> tvm.IRModule:
     """`mod` with every pair of a scale per channel that depthwise convs read made per tensor,
     exactly (see the module docstring); other pairs as they are."""
@@ -170,7 +163,7 @@ def per_tensor_channels(mod: tvm.IRModule) -> tvm.IRModule:
     by_var = {b.var: b.value for b in bindings}
     uses = readers(bindings)
     # a value the function returns has a reader outside the bindings: it must keep its values
-    for v in _returned(func):
+    for v in vars_in(func.body.body):
         uses.setdefault(v, []).append(None)
     quantizes, dequantizes, convs = {}, {}, {}
     for b in bindings:

@@ -8,7 +8,7 @@ import tvm_ffi
 from tvm import relax
 
 from . import qbmm, u8_pools, u8_values, views
-from .graph import dataflow_bindings, max_pool_on
+from .graph import dataflow_bindings, max_pool_on, vars_in
 from .qops import plain_func
 from .recipe import out_dtype, out_shape
 
@@ -21,17 +21,6 @@ def as_main(mod):
     new = tvm.IRModule(funcs, attrs=mod.attrs)
     new["main"] = mod[TMP].with_attr("global_symbol", "main")
     return new
-
-
-def _free_vars(expr):
-    found = []
-
-    def visit(e):
-        if isinstance(e, relax.Var):
-            found.append(e)
-
-    relax.analysis.post_order_visit(expr, visit)
-    return found
 
 
 class _Rewriter:
@@ -115,7 +104,7 @@ class _Rewriter:
             deps = ([chain.x_source] + ([chain.y_source] if chain.y is not None else [])
                     + ([chain.residual] if chain.residual is not None else []))
         else:
-            deps = _free_vars(b.value)
+            deps = vars_in(b.value)
         for d in deps:
             self.emit_var(d)
         if var in self.by_end:
