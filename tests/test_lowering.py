@@ -65,8 +65,9 @@ def test_gpu_targets_keep_tvms_pipeline():
     (16, 32, (7, 1), (3, 0), True),   # its 7x1: the same tile, padding rows skipped by a test
 ])
 def test_a_row_wide_tile_skips_padding_rows_and_is_exact(c, k, window, pad, row_test, rng):
-    """The 17-column tile (1088 bytes) is on the stack, so the padding-row test is added
-    (schedules/padding_taps.py); the kernel equals the plain int8 loop nest either way."""
+    """The 17-column tile (1088 bytes) is on the stack, so the padding-row test is added and the
+    window-row loop unrolled (schedules/padding_taps.py); the kernel equals the plain int8 loop
+    nest either way."""
     require_host("x86.vpdpbusd")
     intrin = intrinsics.get("x86.vpdpbusd")
     recipe = _recipe(c, k, (17, 17), window, pad)
@@ -77,6 +78,7 @@ def test_a_row_wide_tile_skips_padding_rows_and_is_exact(c, k, window, pad, row_
     script = func.script()
     assert "for i3_1 in T.unroll(17)" in script
     assert ("+ rr >= 3 and" in script) == row_test
+    assert ("for rr in T.unroll(7)" in script) == row_test  # each row its own test, unrolled
 
 
 def test_the_row_wide_tile_needs_no_workspace():
