@@ -12,6 +12,9 @@
   float32 for them and the next one quantized it back (mobilenet_v2.onnx ran 4x slower than
   the same model from PyTorch). With constant scalar bounds they become relax's relu / clip,
   which a conv's epilogue takes (`clamps_as_clips`, after constants are folded).
+- GELUs spelled out (ONNX before opset 20: Div, Erf, Add, Mul, Mul; Hugging Face's tanh
+  "gelu_new") as relax.nn.gelu / gelu_tanh, which a dense layer's epilogue takes
+  (spelled_gelu.py).
 """
 
 import math
@@ -21,6 +24,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
+from .spelled_gelu import SpelledGelus
 from .graph import const_value, op_name, rewrite_functions
 
 
@@ -159,7 +163,9 @@ class _ClampsAsClip(relax.PyExprMutator):
 def frontend_fixes(mod, ctx):
     """tvm.transform.Pass: the repairs above on every Relax function of the module."""
     mod = rewrite_functions(mod, _BoolCumsumAsInt64(mod))
-    return rewrite_functions(mod, _EinsumAsMatmul(mod))
+    mod = rewrite_functions(mod, _EinsumAsMatmul(mod))
+    # a spelled-out GELU's ops that nothing else reads are dead once it is one op
+    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, SpelledGelus(mod)))
 
 
 def clamps_as_clips(mod: tvm.IRModule) -> tvm.IRModule:
