@@ -7,11 +7,11 @@ conv, its activation and a few elementwise ops, an optional squeeze-excitation g
 many readers of the result (a conv, a residual add, a global mean and a dense layer, a pool, a
 concat, the value returned as it is); channel counts include partly full blocks of 16. An
 encoder model is one transformer layer: fused or separate projections, plain, causal or
-PyTorch's fused attention, post-, pre- or RMS norm, a GELU, ReLU, SiLU or SwiGLU feed-forward,
-the hidden states or a pooled head as output. A residual model is a stem conv (1x1 to 7x7,
-stride 1 or 2, a pool after it or not) and one to three ResNet basic, bottleneck or Inception
-blocks (a grid reduction at stride 2) with batch norms, then a pooled or flattened dense head or
-a 1x1 conv. Needs PyTorch (the test extra).
+PyTorch's fused attention, post-, pre- or RMS norm, a GELU (either form, as one op or written
+out), ReLU, SiLU or SwiGLU feed-forward, the hidden states or a pooled head as output. A
+residual model is a stem conv (1x1 to 7x7, stride 1 or 2, a pool after it or not) and one to
+three ResNet basic, bottleneck or Inception blocks (a grid reduction at stride 2) with batch
+norms, then a pooled or flattened dense head or a 1x1 conv. Needs PyTorch (the test extra).
 """
 
 import random
@@ -21,7 +21,9 @@ OPS = ("scale", "bias", "clamp", "act", "self_gate", "div_scalar", "div_channel"
        "max_zero")
 READERS = ("conv", "residual", "mean_dense", "returned", "avg_pool", "max_pool", "concat",
            "two_outputs", "dense_and_conv")
-FFN_ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu")
+# "gelu_erf_ops" / "gelu_tanh_ops": the two GELUs written out op by op, as Hugging Face's
+# models and ONNX exports spell them (relax/spelled_gelu.py reads them back as one op)
+FFN_ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_erf_ops", "gelu_tanh_ops", "relu", "silu", "swiglu")
 NORMS = ("post", "pre", "rms")
 ATTENTIONS = ("explicit", "causal", "sdpa")
 TOKEN_READERS = ("hidden", "mean_head", "first_head")
@@ -161,6 +163,18 @@ def _norm(x, layer, rms):
     return x * (x.pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt() * layer.weight if rms else layer(x)
 
 
+def _gelu_erf_ops(x):
+    import torch
+
+    return x * 0.5 * (1.0 + torch.erf(x / 2.0 ** 0.5))
+
+
+def _gelu_tanh_ops(x):
+    import torch
+
+    return 0.5 * x * (1.0 + torch.tanh((2.0 / torch.pi) ** 0.5 * (x + 0.044715 * x.pow(3.0))))
+
+
 def _encoder(p: dict):
     import torch
     from torch import nn
@@ -203,6 +217,7 @@ def _encoder(p: dict):
                 h = F.silu(gate) * h
             else:
                 h = {"gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
+                     "gelu_erf_ops": _gelu_erf_ops, "gelu_tanh_ops": _gelu_tanh_ops,
                      "relu": F.relu, "silu": F.silu}[p["ffn"]](h)
             return self.down(h)
 
