@@ -24,8 +24,8 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .spelled_gelu import SpelledGelus
 from .graph import const_value, op_name, rewrite_functions
+from .spelled_gelu import SpelledGelus
 
 
 @relax.expr_functor.mutator
