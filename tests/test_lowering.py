@@ -81,6 +81,20 @@ def test_a_row_wide_tile_skips_padding_rows_and_is_exact(c, k, window, pad, row_
     assert ("for rr in T.unroll(7)" in script) == row_test  # each row its own test, unrolled
 
 
+def test_a_window_longer_than_the_unroll_bound_keeps_a_loop(rng):
+    """A 9x1 window (more rows than MAX_UNROLLED_TAPS) keeps its padding-row test inside a
+    serial row loop, and stays exact."""
+    require_host("x86.vpdpbusd")
+    intrin = intrinsics.get("x86.vpdpbusd")
+    recipe = _recipe(16, 16, (17, 17), (9, 1), (4, 0))
+    x = rng.integers(0, 256, size=(1, 1, 17, 17, 16)).astype("uint8")
+    got, want, func, _ = tensorized_and_plain(recipe, intrin, x, rng, mult=(2e-6, 1e-5))
+    np.testing.assert_array_equal(got, want)
+    script = func.script()
+    assert "+ rr >= 4 and" in script and "for rr in range(9)" in script
+    assert "T.unroll(9)" not in script
+
+
 def test_the_row_wide_tile_needs_no_workspace():
     """A 1x1 conv allocates nothing but its tile: TVM's pipeline asks the runtime for it,
     unit-tvm's keeps it on the stack."""
