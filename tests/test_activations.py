@@ -100,12 +100,45 @@ def test_fused_activations_equal_plain_build_and_fp32():
         assert _cos(got, ref) > 0.999
 
 
+class ClipMlp(nn.Module):
+    """CLIP's quick GELU, x * sigmoid(1.702 x) as Hugging Face writes it, after a conv and
+    after the first dense layer of an MLP; then once with the constant on the other side."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(8, 16, 1)
+        self.fc1, self.fc2 = nn.Linear(16, 64), nn.Linear(64, 10)
+
+    def forward(self, x):
+        y = self.c(x)
+        y = (y * torch.sigmoid(1.702 * y)).mean((2, 3))
+        h = self.fc1(y)
+        return self.fc2(h * torch.sigmoid(h * 1.702))
+
+
+def test_quick_gelu_is_fused_and_exact():
+    """Both quick GELUs become recipe activations (no sigmoid left in the graph); the
+    tensorized build equals TVM's plain build and stays close to the fp32 model."""
+    require_host("x86.vpdpbusd")
+    model = ClipMlp()
+    cal, xs, refs = _prepare(model, (1, 8, 6, 6))
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(xs[0])]), calibration_data=cal)
+    assert _activations(qmod) == ["", "quick_gelu", "quick_gelu"]
+    assert "R.sigmoid(" not in qmod["main"].script()
+    host = unit_tvm.target.host()
+    plain = _run(tvm.compile(qmod, target=host), xs)
+    tensorized = _run(unit_tvm.compiler.build_relax(UnitTensorize(host)(qmod), host), xs)
+    for got, base, ref in zip(tensorized, plain, refs):
+        np.testing.assert_allclose(got, base, rtol=1e-5, atol=1e-5)
+        assert _cos(got, ref) > 0.999
+
+
 @pytest.mark.parametrize("name", activations.NAMES)
 def test_activation_expressions_equal_torch(name, host_target):
     """Each activation's TIR (through the vectorizable fastmath) equals torch's float32 op
     within 1e-6 absolute over [-12, 12]."""
     torch_fn = {"silu": F.silu, "hardswish": F.hardswish, "sigmoid": torch.sigmoid,
-                "tanh": torch.tanh,
+                "tanh": torch.tanh, "quick_gelu": lambda t: t * torch.sigmoid(1.702 * t),
                 "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}[name]
     xs = np.linspace(-12, 12, 4801).astype("float32")
     x = tvm.te.placeholder(xs.shape, "float32", name="x")

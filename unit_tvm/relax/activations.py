@@ -1,6 +1,7 @@
 """The smooth activations a quantized op's epilogue computes: how each is spelled in Relax after
-the op (what a frontend makes of torch's SiLU, hardswish, sigmoid, tanh and tanh-GELU), and what
-each is as a float32 TIR expression (through unit_tvm.fastmath, which vectorizes).
+the op (what a frontend makes of torch's SiLU, hardswish, sigmoid, tanh and tanh-GELU, and of
+CLIP's quick GELU, x * sigmoid(1.702 x)), and what each is as a float32 TIR expression (through
+unit_tvm.fastmath, which vectorizes).
 
 Left as ops of their own they are kernels that read and write the op's float32 result, and the
 op cannot write uint8 for the next quantized op: torchvision's efficientnet_b0 spent half of its
@@ -16,7 +17,8 @@ from .. import fastmath
 
 # a single op on the chain's value -> the activation's name in a Recipe
 _SINGLE = {"relax.sigmoid": "sigmoid", "relax.tanh": "tanh", "relax.nn.gelu_tanh": "gelu_tanh"}
-NAMES = ("silu", "hardswish", *_SINGLE.values())
+NAMES = ("silu", "hardswish", "quick_gelu", *_SINGLE.values())
+QUICK_GELU = 1.702  # x * sigmoid(1.702 x): CLIP's (and Hugging Face's "quick_gelu") GELU
 
 
 class Found(NamedTuple):
@@ -66,6 +68,24 @@ def _silu(cur, rs, readers, uses):
             and _op(mul) == "relax.multiply" and _reads(mul, cur, sig.var)):
         return Found("silu", (sig.var, mul.var), mul.var)
     return None
+
+
+def _quick_gelu(cur, rs, readers, uses):
+    """x * 1.702 (either operand order), its sigmoid, then x times that."""
+    for scaled, mul in (rs, rs[::-1]):
+        args = scaled.value.args if _op(scaled) == "relax.multiply" else ()
+        if not any(a.same_as(cur) for a in args) or not any(
+                _near(_scalar(a), QUICK_GELU) for a in args):
+            continue
+        sig = _only_reader(scaled.var, readers, uses)
+        if (_op(sig) == "relax.sigmoid" and _only_reader(sig.var, readers, uses) is mul
+                and _op(mul) == "relax.multiply" and _reads(mul, cur, sig.var)):
+            return Found("quick_gelu", (scaled.var, sig.var, mul.var), mul.var)
+    return None
+
+
+def _near(value, want):
+    return value is not None and abs(value - want) <= 1e-6 * abs(want)
 
 
 def _sixth(binding, var):
@@ -120,7 +140,8 @@ def match(cur, readers, uses) -> "Found | None":
     if uses.get(cur, 0) == 1 and len(rs) == 1 and _op(rs[0]) in _SINGLE:
         return Found(_SINGLE[_op(rs[0])], (rs[0].var,), rs[0].var)
     if uses.get(cur, 0) == 2 and len(rs) == 2:
-        return _silu(cur, rs, readers, uses) or _hardswish(cur, rs, readers, uses)
+        return (_silu(cur, rs, readers, uses) or _quick_gelu(cur, rs, readers, uses)
+                or _hardswish(cur, rs, readers, uses))
     return None
 
 
@@ -147,6 +168,7 @@ _BODIES = {
     "sigmoid": fastmath.sigmoid,
     "tanh": fastmath.tanh,
     "silu": lambda x: x * fastmath.sigmoid(x),
+    "quick_gelu": lambda x: x * fastmath.sigmoid(x * _f(QUICK_GELU)),
     "hardswish": lambda x: x * tirx.min(tirx.max(x + _f(3.0), _f(0.0)), _f(6.0)) * _f(1 / 6),
     "gelu_tanh": _gelu_tanh,
 }
