@@ -8,22 +8,25 @@ many readers of the result (a conv, a residual add, a global mean and a dense la
 concat, the value returned as it is); channel counts include partly full blocks of 16. An
 encoder model is one transformer layer: fused or separate projections, plain, causal or
 PyTorch's fused attention, post-, pre- or RMS norm, a GELU (either form, as one op or written
-out), ReLU, SiLU or SwiGLU feed-forward, the hidden states or a pooled head as output. A
-residual model is a stem conv (1x1 to 7x7, stride 1 or 2, a pool after it or not) and one to
-three ResNet basic, bottleneck or Inception blocks (a grid reduction at stride 2) with batch
-norms, then a pooled or flattened dense head or a 1x1 conv. Needs PyTorch (the test extra).
+out, or CLIP's quick GELU), ReLU, SiLU or SwiGLU feed-forward, the hidden states or a pooled
+head as output. A residual model is a stem conv (1x1 to 7x7, stride 1 or 2, a pool after it or
+not) and one to three ResNet basic, bottleneck or Inception blocks (a grid reduction at stride
+2) with batch norms, then a pooled or flattened dense head or a 1x1 conv. Needs PyTorch (the
+test extra).
 """
 
 import random
 
-ACTIVATIONS = ("relu", "relu6", "silu", "hardswish", "sigmoid", "tanh", "gelu", "leaky", "none")
+ACTIVATIONS = ("relu", "relu6", "silu", "hardswish", "sigmoid", "tanh", "gelu", "quick_gelu",
+               "leaky", "none")
 OPS = ("scale", "bias", "clamp", "act", "self_gate", "div_scalar", "div_channel", "add_channel",
        "max_zero")
 READERS = ("conv", "residual", "mean_dense", "returned", "avg_pool", "max_pool", "concat",
            "two_outputs", "dense_and_conv")
 # "gelu_erf_ops" / "gelu_tanh_ops": the two GELUs written out op by op, as Hugging Face's
 # models and ONNX exports spell them (relax/spelled_gelu.py reads them back as one op)
-FFN_ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_erf_ops", "gelu_tanh_ops", "relu", "silu", "swiglu")
+FFN_ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_erf_ops", "gelu_tanh_ops", "quick_gelu", "relu",
+                   "silu", "swiglu")
 NORMS = ("post", "pre", "rms")
 ATTENTIONS = ("explicit", "causal", "sdpa")
 TOKEN_READERS = ("hidden", "mean_head", "first_head")
@@ -68,6 +71,7 @@ def _activation(name, x):
 
     table = {"relu": F.relu, "relu6": F.relu6, "silu": F.silu, "hardswish": F.hardswish,
              "sigmoid": torch.sigmoid, "tanh": torch.tanh, "gelu": F.gelu,
+             "quick_gelu": lambda v: v * torch.sigmoid(1.702 * v),
              "leaky": lambda v: F.leaky_relu(v, 0.1), "none": lambda v: v}
     return table[name](x)
 
@@ -218,6 +222,7 @@ def _encoder(p: dict):
             else:
                 h = {"gelu": F.gelu, "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
                      "gelu_erf_ops": _gelu_erf_ops, "gelu_tanh_ops": _gelu_tanh_ops,
+                     "quick_gelu": lambda v: v * torch.sigmoid(1.702 * v),
                      "relu": F.relu, "silu": F.silu}[p["ffn"]](h)
             return self.down(h)
 
