@@ -143,17 +143,13 @@ def skip_padding_taps(func: tirx.PrimFunc, buffer: str, axis: int, lo: int, hi: 
         body, kind = mutator.mutate(loop.body), loop.kind
         if loop.loop_var.same_as(innermost.loop_var):
             body = tirx.IfThenElse(inside, body, None)
-            if kind == tirx.ForKind.SERIAL and _extent(loop) <= MAX_UNROLLED_TAPS:
+            extent = getattr(loop.extent, "value", None)
+            if kind == tirx.ForKind.SERIAL and extent is not None and extent <= MAX_UNROLLED_TAPS:
                 kind = tirx.ForKind.UNROLLED
         return tirx.For(loop.loop_var, loop.min, loop.extent, kind, body,
                         loop.thread_binding, loop.annotations, loop.step)
 
     return func.with_body(tvm_ffi.structural_mutate(func.body, [(tirx.For, guard)]))
-
-
-def _extent(loop) -> int:
-    """A loop's constant extent, or a number above every bound when it is not constant."""
-    return int(loop.extent) if isinstance(loop.extent, tirx.IntImm) else 1 << 30
 
 
 def _tile_bytes(node, loops):

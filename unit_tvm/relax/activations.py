@@ -14,6 +14,7 @@ import tvm
 from tvm import relax, tirx
 
 from .. import fastmath
+from .graph import scalar_const, scalar_near
 
 # a single op on the chain's value -> the activation's name in a Recipe
 _SINGLE = {"relax.sigmoid": "sigmoid", "relax.tanh": "tanh", "relax.nn.gelu_tanh": "gelu_tanh"}
@@ -33,14 +34,6 @@ class Found(NamedTuple):
 def _op(binding):
     v = binding.value
     return v.op.name if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) else None
-
-
-def _scalar(expr):
-    """The value of a one-element float constant, or None."""
-    if not isinstance(expr, tvm.ir.expr.Constant):
-        return None
-    value = expr.value.numpy()
-    return float(value.reshape(-1)[0]) if value.size == 1 else None
 
 
 def _bound(expr):
@@ -75,7 +68,7 @@ def _quick_gelu(cur, rs, readers, uses):
     for scaled, mul in (rs, rs[::-1]):
         args = scaled.value.args if _op(scaled) == "relax.multiply" else ()
         if not any(a.same_as(cur) for a in args) or not any(
-                _near(_scalar(a), QUICK_GELU) for a in args):
+                scalar_near(a, QUICK_GELU) for a in args):
             continue
         sig = _only_reader(scaled.var, readers, uses)
         if (_op(sig) == "relax.sigmoid" and _only_reader(sig.var, readers, uses) is mul
@@ -84,15 +77,11 @@ def _quick_gelu(cur, rs, readers, uses):
     return None
 
 
-def _near(value, want):
-    return value is not None and abs(value - want) <= 1e-6 * abs(want)
-
-
 def _sixth(binding, var):
     """Whether the binding scales `var` by 1/6 (divides by 6 or multiplies by 1/6)."""
     if binding is None or not binding.value.args[0].same_as(var):
         return False
-    value = _scalar(binding.value.args[1])
+    value = scalar_const(binding.value.args[1])
     return value is not None and (
         (_op(binding) == "relax.divide" and value == 6.0)
         or (_op(binding) == "relax.multiply" and abs(value - 1 / 6) < 1e-7))
@@ -103,7 +92,7 @@ def _hardswish(cur, rs, readers, uses):
     multiply (ONNX's HardSwish as TVM reads it) or after it (torch.export's)."""
     add, mul = rs
     if _op(add) != "relax.add" or not add.value.args[0].same_as(cur) \
-            or _scalar(add.value.args[1]) != 3.0:
+            or scalar_const(add.value.args[1]) != 3.0:
         return None
     members, b, lo, hi = [add.var], add, None, None
     while True:

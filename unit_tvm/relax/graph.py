@@ -29,6 +29,19 @@ def const_value(expr):
     return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
 
 
+def scalar_const(expr) -> float | None:
+    """The value of a one-element constant, or None for anything else."""
+    value = const_value(expr)
+    return float(value.reshape(-1)[0]) if value is not None and value.size == 1 else None
+
+
+def scalar_near(expr, want: float, rtol: float = 1e-6) -> bool:
+    """Whether `expr` is a one-element constant within `rtol` of `want` (a float32 spelling of
+    a real constant such as sqrt(2) or 1.702)."""
+    value = scalar_const(expr)
+    return value is not None and abs(value - want) <= rtol * abs(want)
+
+
 def static_shape(expr):
     """The static shape of a tensor-typed expression as a list of ints, or None (not a tensor,
     an unknown shape, or a symbolic dimension)."""

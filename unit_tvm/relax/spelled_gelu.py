@@ -18,28 +18,14 @@ place, x^3 as power(x, 3) or x * x * x; scalar constants on either side of each 
 
 import math
 
-import numpy as np
 import tvm_ffi
 from tvm import relax
 
-from .graph import const_value, op_name
+from .graph import op_name, scalar_const, scalar_near
 
 SQRT2 = math.sqrt(2.0)
 TANH_SCALE = math.sqrt(2.0 / math.pi)
 CUBIC = 0.044715
-_RTOL = 1e-6  # float32 spellings of the constants are within this of the reals
-
-
-def _scalar(expr) -> float | None:
-    """The value of a one-element float constant, or None."""
-    value = const_value(expr)
-    if value is None or value.size != 1 or not np.issubdtype(value.dtype, np.floating):
-        return None
-    return float(value.reshape(-1)[0])
-
-
-def _near(value, want) -> bool:
-    return value is not None and abs(value - want) <= _RTOL * abs(want)
 
 
 def _call(expr, lookup, name):
@@ -54,9 +40,9 @@ def _scaled(expr, lookup, op, want):
     if call is None:
         return None
     a, b = call.args
-    if _near(_scalar(b), want):
+    if scalar_near(b, want):
         return a
-    if op == "relax.multiply" and _near(_scalar(a), want):
+    if op == "relax.multiply" and scalar_near(a, want):
         return b
     return None
 
@@ -69,10 +55,10 @@ def _groupings(call, lookup):
         inner = _call(other, lookup, "relax.multiply")
         if inner is None:
             continue
-        if _near(_scalar(this), 0.5):
+        if scalar_near(this, 0.5):
             yield tuple(inner.args)
         for half, rest in (tuple(inner.args), tuple(inner.args)[::-1]):
-            if _near(_scalar(half), 0.5):
+            if scalar_near(half, 0.5):
                 yield rest, this
 
 
@@ -82,7 +68,7 @@ def _plus_one(expr, lookup):
     if add is None:
         return None
     a, b = add.args
-    return b if _scalar(a) == 1.0 else (a if _scalar(b) == 1.0 else None)
+    return b if scalar_const(a) == 1.0 else (a if scalar_const(b) == 1.0 else None)
 
 
 def _erf_argument(expr, lookup):
@@ -98,7 +84,7 @@ def _is_cube_of(expr, x, lookup) -> bool:
     """Whether `expr` is power(x, 3) or x * x * x (any grouping)."""
     power = _call(expr, lookup, "relax.power")
     if power is not None:
-        return power.args[0].same_as(x) and _scalar(power.args[1]) == 3.0
+        return power.args[0].same_as(x) and scalar_const(power.args[1]) == 3.0
     outer = _call(expr, lookup, "relax.multiply")
     if outer is None:
         return False
