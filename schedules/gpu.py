@@ -35,7 +35,7 @@ from tvm import s_tir, te, tirx
 
 from ..te_expr import substitute
 from .gpu_config import (  # noqa: F401 - also the strategy's public names
-    MAX_THREADS, PAD_BYTES, SHARED_LIMIT, Fragment, GpuConfig, config_space, fit,
+    GRID_SPLITS, MAX_THREADS, PAD_BYTES, SHARED_LIMIT, Fragment, GpuConfig, config_space, fit,
     fits_device, fragment_of, paired_tiles)
 
 
@@ -76,13 +76,37 @@ def _unpaired_m_tiles(prepared):
     return -(-(m.op_extent + m.padding) // m.intrin_extent)
 
 
+# thread blocks that fill the data-center GPUs this targets once (A100: 108 SMs, H100 and
+# H200: 132); a default config with fewer splits the reduction across blocks to get there
+FILL_BLOCKS = 128
+# fragments of K a block keeps at least when the reduction is split across blocks: shorter
+# slices add more partials to sum than they save
+MIN_SLICE_FRAGMENTS = 8
+
+
+def _blocks(config, m_tiles, n_tiles, other_blocks):
+    """Thread blocks of a fitted config."""
+    return ((m_tiles // (config.p * config.warps_m)) * (n_tiles // (config.p * config.warps_n))
+            * other_blocks * config.grid_split_k)
+
+
 def default(prepared, target=None):
-    """The default config, fitted to a Prepared op as if M were not paired: pairing opens p = 2
-    to the tuner, but on a small layer it also divides the thread blocks filling the GPU by
-    four (14x8 fragments: 14 blocks against 52 at p = 1), which only timing can weigh, so the
-    untuned default stays what it was (the paired fragment's blocks run beside the others)."""
-    _, n_tiles, k_tiles = tiles(prepared)
-    return fit(fit(GpuConfig(), _unpaired_m_tiles(prepared), n_tiles, k_tiles), *tiles(prepared))
+    """The default config: 2x2 warps of 2x2 fragments each, two fragments of K per stage,
+    fitted to a Prepared op as if M were not paired (pairing opens p = 2 to the tuner, but on a
+    small layer it also divides the thread blocks by four: only timing can weigh that); where
+    that leaves the GPU's SMs idle (fewer than FILL_BLOCKS blocks, as batch-1 layers at 7x7 to
+    14x14 do), one fragment per warp, then the reduction split across blocks."""
+    m_tiles, n_tiles, k_tiles = tiles(prepared)
+    other = _other_blocks(prepared)
+    config = fit(fit(GpuConfig(), _unpaired_m_tiles(prepared), n_tiles, k_tiles), m_tiles,
+                 n_tiles, k_tiles)
+    if _blocks(config, m_tiles, n_tiles, other) < FILL_BLOCKS and config.p > 1:
+        config = fit(dataclasses.replace(config, p=1), m_tiles, n_tiles, k_tiles)
+    slices = 1
+    while (slices < max(GRID_SPLITS) and k_tiles // (2 * slices) >= MIN_SLICE_FRAGMENTS
+           and _blocks(config, m_tiles, n_tiles, other) * slices < FILL_BLOCKS):
+        slices *= 2
+    return fit(dataclasses.replace(config, grid_split_k=slices), m_tiles, n_tiles, k_tiles)
 
 
 def space(prepared, target=None):
@@ -105,20 +129,21 @@ def describe(config, prepared=None):
             + (", implicit" if config.implicit else "")
             + (", element copies" if not config.vector_copy else "")
             + (", cp.async pipeline" if config.pipeline else "")
-            + (", block epilogue" if config.block_epilogue else ""))
+            + (", block epilogue" if config.block_epilogue else "")
+            + (f", {config.grid_split_k} K slices across blocks" if config.grid_split_k > 1
+               else ""))
 
 
 def features(config, prepared, target=None):
     """Numeric features of a GpuConfig for a Prepared op (input of the tuner's cost model)."""
     m_tiles, n_tiles, k_tiles = tiles(prepared)
     c = fit(config, m_tiles, n_tiles, k_tiles)
-    blocks = (m_tiles // (c.p * c.warps_m)) * (n_tiles // (c.p * c.warps_n)) * _other_blocks(
-        prepared)
-    steps = k_tiles // (c.k_step * c.split_k)
+    blocks = _blocks(c, m_tiles, n_tiles, _other_blocks(prepared))
+    steps = k_tiles // (c.k_step * c.split_k * c.grid_split_k)
     shared = c.shared_bytes(_fragment(prepared), *_operand_bytes(prepared))
     return np.array([c.p, c.warps_m, c.warps_n, c.k_step, c.split_k, float(c.fuse_spatial),
                      float(c.implicit), float(c.vector_copy), float(c.pipeline),
-                     float(c.block_epilogue),
+                     float(c.block_epilogue), c.grid_split_k,
                      c.threads(), shared / 1024.0,
                      math.log2(max(blocks, 1)), math.log2(max(steps, 1)),
                      c.p * c.p / (2 * c.p)], np.float32)
@@ -321,6 +346,26 @@ def _bind_other_blocks(sch, core, block_epilogue):
     return epilogue
 
 
+def _split_k_across_blocks(sch, block, loops, k_pos, slices):
+    """(core, its loops, [slice loop]): with `slices` > 1 the reduction loop at `k_pos` is cut
+    into that many contiguous slices, each accumulated by its own thread blocks into a global
+    buffer of partials (rfactor: the core keeps its loops, the slice loop now data-parallel);
+    the original block becomes a kernel of its own that sums the slices, one output element
+    per thread. A small layer at batch 1 fills a few of the GPU's SMs with long serial
+    reductions otherwise (Table I's 7x7 layer: 48 output fragments, 66 fragments of K)."""
+    if slices == 1:
+        return block, loops, []
+    slice_loop, _ = sch.split(loops[k_pos], [slices, None])
+    slice_sum, block = block, sch.rfactor(slice_loop, 0)
+    sum_loops = sch.get_loops(slice_sum)
+    outputs = sch.fuse(*sum_loops[:-1]) if len(sum_loops) > 2 else sum_loops[0]
+    bx, tx = sch.split(outputs, [None, 128])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    loops = sch.get_loops(block)
+    return block, loops, [loops[k_pos]]
+
+
 def _result_tile(sch, acc, write_back, epilogue, block_loop, threads_y):
     """Where the block's result goes once `acc` stores its fragments: with the block epilogue
     the tile (the fragments, or the split-K sum of them) stays in shared memory and the block's
@@ -352,33 +397,39 @@ def apply(sch, prepared, intrin, config):
     warps = wm * wn * sk
     a_op, b_op, d_op = intrin.operands
     k_pos = k_match.op_index
+    block, loops, grid = _split_k_across_blocks(sch, block, loops, k_pos, config.grid_split_k)
+    k_first = k_pos + len(grid)  # the reduction each block keeps
     # the slices interleave per shared stage (k = ((ko * sk + slice) * ks + kk) * K + ki) so the
     # stage of all slices is one dense tile
     write_back = None
     if sk > 1:
-        ko, kz, kk, ki = sch.split(loops[k_pos], [None, sk, ks, frag.k])
+        ko, kz, kk, ki = sch.split(loops[k_first], [None, sk, ks, frag.k])
         # each slice of warps accumulates its part of the reduction into a shared partial; the
         # rfactor block gets its own loop nest, with the same loops
         write_back, block = block, sch.rfactor(kz, 0)
         sch.set_scope(block, 0, "shared")
         loops = sch.get_loops(block)
-        ko, kz, kk, ki = loops[k_pos:k_pos + 4]
-        k_loops = set(range(k_pos, k_pos + 4))
+        grid = loops[k_pos:k_first]
+        ko, kz, kk, ki = loops[k_first:k_first + 4]
+        k_loops = set(range(k_pos, k_first + 4))
     else:
-        ko, kk, ki = sch.split(loops[k_pos], [None, ks, frag.k])
-        k_loops = {k_pos}
+        ko, kk, ki = sch.split(loops[k_first], [None, ks, frag.k])
+        k_loops = set(range(k_pos, k_first + 1))
     bm, tym, pm = sch.split(loops[m_pos], [None, wm, p])
     bn, tyn, pn = sch.split(loops[n_pos], [None, wn, p])
     others = [loops[i] for i in outer_spatial if i not in (m_pos, n_pos)]
     red_others = [loops[i] for i in range(n_spatial, len(loops)) if i not in k_loops]
     im, jn = loops[m_match.op_index], loops[n_match.op_index]
     slices = [kz] if sk > 1 else []
-    sch.reorder(*others, bm, bn, *slices, tym, tyn, *red_others, ko, kk, pm, pn, im, jn, ki)
-    if config.fuse_spatial or not others:
-        bx = sch.fuse(*others, bm, bn)
+    fused = config.fuse_spatial or not others
+    # the slice loop joins the block index: beside M and N, or inside an unfused blockIdx.y
+    lead = [*grid, *others] if fused else [*others, *grid]
+    sch.reorder(*lead, bm, bn, *slices, tym, tyn, *red_others, ko, kk, pm, pn, im, jn, ki)
+    if fused:
+        bx = sch.fuse(*grid, *others, bm, bn)
     else:
         sch.bind(sch.fuse(*others) if len(others) > 1 else others[0], "blockIdx.y")
-        bx = sch.fuse(bm, bn)
+        bx = sch.fuse(*grid, bm, bn)
     sch.bind(bx, "blockIdx.x")
     ty = sch.fuse(*slices, tym, tyn)
     sch.bind(ty, "threadIdx.y")

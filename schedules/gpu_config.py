@@ -38,7 +38,9 @@ class GpuConfig:
     pipeline: two shared stages per operand, the next k step's filled by cp.async while the
     warps multiply the current one (only with vector copies, and only where both operands'
     stages copy whole vectors); block_epilogue: the block writes its output tile from shared
-    memory (off: whole fragments to a global buffer, copied to the output by a second kernel)."""
+    memory (off: whole fragments to a global buffer, copied to the output by a second kernel);
+    grid_split_k: reduction slices across thread blocks, each block accumulating one slice of K
+    into a global buffer of partials that a kernel of its own sums (no block epilogue then)."""
 
     p: int = 2
     warps_m: int = 2
@@ -57,19 +59,20 @@ class GpuConfig:
     # not measured on a GPU yet (written after the H200 run): off until the ablation's
     # "+ block epilogue" step shows what it gains
     block_epilogue: bool = False
+    grid_split_k: int = 1
 
     def key(self):
         return {"p": self.p, "warps_m": self.warps_m, "warps_n": self.warps_n,
                 "k_step": self.k_step, "fuse_spatial": self.fuse_spatial,
                 "split_k": self.split_k, "implicit": self.implicit,
                 "vector_copy": self.vector_copy, "pipeline": self.pipeline,
-                "block_epilogue": self.block_epilogue}
+                "block_epilogue": self.block_epilogue, "grid_split_k": self.grid_split_k}
 
     @staticmethod
     def from_key(d):
         """The config a database record's key describes (records from before `implicit`,
-        `vector_copy`, `pipeline` or `block_epilogue` existed describe what the schedule did
-        then)."""
+        `vector_copy`, `pipeline`, `block_epilogue` or `grid_split_k` existed describe what the
+        schedule did then)."""
         return GpuConfig(**{"implicit": False, "vector_copy": False, "pipeline": False,
                             "block_epilogue": False, **d})
 
@@ -110,14 +113,19 @@ def _largest_divisor(n, limit):
 
 
 def fit(config, m_tiles, n_tiles, k_tiles):
-    """The config clipped to the workload: every factor divides its loop (no predicates)."""
+    """The config clipped to the workload: every factor divides its loop (no predicates); the
+    slices across blocks are taken from K first, the block's own slices and k_step from what
+    each block keeps."""
     p = _largest_divisor(math.gcd(m_tiles, n_tiles), config.p)  # divides both
     wm = _largest_divisor(m_tiles // p, config.warps_m)
     wn = _largest_divisor(n_tiles // p, config.warps_n)
-    sk = _largest_divisor(k_tiles, config.split_k)
-    ks = _largest_divisor(k_tiles // sk, config.k_step)
+    gs = _largest_divisor(k_tiles, config.grid_split_k)
+    sk = _largest_divisor(k_tiles // gs, config.split_k)
+    ks = _largest_divisor(k_tiles // (gs * sk), config.k_step)
+    # the block epilogue writes a finished tile: a block holding one slice of K has none
     return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk, config.implicit, config.vector_copy,
-                     config.pipeline and config.vector_copy, config.block_epilogue)
+                     config.pipeline and config.vector_copy, config.block_epilogue and gs == 1,
+                     gs)
 
 
 def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
@@ -126,17 +134,22 @@ def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
             and config.shared_bytes(fragment, a_bytes, b_bytes, acc_bytes) <= SHARED_LIMIT)
 
 
+GRID_SPLITS = (1, 2, 4, 8)
+
+
 def config_space(m_tiles, n_tiles, k_tiles, fragment, a_bytes=2, b_bytes=2, acc_bytes=4):
     """Distinct fitted configs within the thread and shared-memory limits: p in 1, 2, 4; warps
-    1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4; spatial fusion on and off; explicit and
-    implicit operand preparation; vector and element copies; vector copies pipelined or not;
-    the output written by a second kernel or by the block."""
-    out = []
-    for p, wm, wn, ks, sk, fuse, implicit, vector, pipe, block_out in itertools.product(
-            *[(1, 2, 4)] * 5, (True, False), (False, True), (True, False), (False, True),
-            (False, True)):
-        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit, vector, pipe, block_out), m_tiles,
-                n_tiles, k_tiles)
-        if c not in out and fits_device(c, fragment, a_bytes, b_bytes, acc_bytes):
+    1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4 in the block and 1, 2, 4, 8 across blocks;
+    spatial fusion on and off; explicit and implicit operand preparation; vector and element
+    copies; vector copies pipelined or not; the output written by a second kernel or by the
+    block."""
+    seen, out = set(), []
+    for p, wm, wn, ks, sk, gs, fuse, implicit, vector, pipe, block_out in itertools.product(
+            *[(1, 2, 4)] * 5, GRID_SPLITS, (True, False), (False, True), (True, False),
+            (False, True), (False, True)):
+        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit, vector, pipe, block_out, gs),
+                m_tiles, n_tiles, k_tiles)
+        if c not in seen and fits_device(c, fragment, a_bytes, b_bytes, acc_bytes):
+            seen.add(c)
             out.append(c)
     return out

@@ -50,18 +50,23 @@ WORKLOADS = [
 # configs beyond the default: split-K through shared memory, unfused block index, wide windows,
 # implicit preparation (the gather or pack done by the shared-memory stage; the default runs
 # it as a kernel of its own), element copies, cp.async pipelines (with split-K too), the output
-# written by the block (alone and after a split-K sum)
+# written by the block (alone and after a split-K sum), K split across blocks (alone, and with
+# split-K in the block, a pipeline and an unfused block index)
 CONFIGS = [gpu.GpuConfig(split_k=2), gpu.GpuConfig(p=1, split_k=4, fuse_spatial=False),
            gpu.GpuConfig(p=4, warps_m=1, warps_n=1, k_step=4),
            gpu.GpuConfig(implicit=True, split_k=2), gpu.GpuConfig(vector_copy=False),
            gpu.GpuConfig(pipeline=True), gpu.GpuConfig(pipeline=True, implicit=True, split_k=2),
-           gpu.GpuConfig(block_epilogue=True), gpu.GpuConfig(block_epilogue=True, split_k=2)]
+           gpu.GpuConfig(block_epilogue=True), gpu.GpuConfig(block_epilogue=True, split_k=2),
+           gpu.GpuConfig(grid_split_k=4),
+           gpu.GpuConfig(p=1, grid_split_k=2, split_k=2, pipeline=True, implicit=True,
+                         fuse_spatial=False)]
 CONFIG_IDS = ["split2", "split4_unfused", "p4", "implicit_split2", "element_copies", "pipeline",
-              "pipeline_implicit_split2", "block_epilogue", "block_epilogue_split2"]
+              "pipeline_implicit_split2", "block_epilogue", "block_epilogue_split2", "grid4",
+              "grid2_split2_pipeline_unfused"]
 # the compile test runs these in `make test-all` only (their ideas are covered by the others:
 # split-K by implicit_split2 and block_epilogue_split2, windows by the default p=2 and the
 # ablation test, the block epilogue alone by its own test)
-_COMPILE_SLOW = {"split4_unfused", "element_copies", "block_epilogue", "p4", "split2"}
+_COMPILE_SLOW = {"split4_unfused", "element_copies", "block_epilogue", "p4", "split2", "grid4"}
 COMPILE_CONFIGS = [pytest.param(c, id=i, marks=[pytest.mark.slow] if i in _COMPILE_SLOW else [])
                    for c, i in zip(CONFIGS, CONFIG_IDS)]
 
@@ -102,6 +107,7 @@ def test_gpu_config_space_fits_limits():
     space = gpu.config_space(16, 16, 16, wmma)
     assert len(space) > 5
     assert {c.split_k for c in space} == {1, 2, 4}
+    assert {c.grid_split_k for c in space} >= {1, 2, 4}
     assert {c.fuse_spatial for c in space} == {True, False}
     for c in space:
         assert c.threads() <= gpu.MAX_THREADS
@@ -165,6 +171,61 @@ def test_gpu_pipeline_fills_the_next_stage_with_cp_async():
     assert not used.pipeline
     space = gpu.space(prepared)
     assert any(c.pipeline for c in space) and all(c.vector_copy for c in space if c.pipeline)
+
+
+def _grid(sch, block):
+    """The blockIdx.x extent of the kernel holding `block` in a scheduled module."""
+    for loop in sch.get_loops(sch.get_sblock(block)):
+        binding = sch.get(loop).thread_binding
+        if binding is not None and binding.thread_tag == "blockIdx.x":
+            return int(sch.get(loop).extent)
+    raise AssertionError(f"{block} is not under blockIdx.x")
+
+
+@needs_nvcc
+def test_gpu_grid_split_k_sums_slices_in_a_kernel_of_its_own():
+    """K split across blocks: the core's grid grows by the slice count, each block writes its
+    slice's fragments to a global buffer of partials (no shared memory), and a kernel of its own
+    sums the slices into the core's result; in the block's own split-K the partials go to
+    shared memory as before. The fitted slice count divides K's fragments."""
+    op = ops.matmul_bn(256, 256, 256, "float16", "float16", "float32")
+    intrin = "cuda.wmma.f16f32"
+    plain = unit_tvm.rewrite(op, intrin, config=gpu.GpuConfig(), target=_cuda("sm_90"))
+    split = unit_tvm.rewrite(op, intrin, config=gpu.GpuConfig(grid_split_k=4),
+                             target=_cuda("sm_90"))
+    assert _grid(split, "matmul_core_rf_update_o") == 4 * _grid(plain, "matmul_core_update_o")
+    assert _grid(split, "matmul_core") == 256 * 256 // 128  # the sum: an output per thread
+    src = _compile_checked(split, "sm_90")
+    stores = re.findall(r"store_matrix_sync\(\(&\((.*?)\[", src)
+    assert stores and not any("shared" in s for s in stores)
+    # the partials, summed by a kernel of their own into the core's result
+    assert re.search(r"void __launch_bounds__\(128\) \w+\(float\* __restrict__ \w+_core_ptr, "
+                     r"float\* __restrict__ \w+_core_rf_ptr\)", src)
+    assert gpu.fit(gpu.GpuConfig(grid_split_k=8), 4, 12, 66).grid_split_k == 6
+    assert gpu.fit(gpu.GpuConfig(grid_split_k=8, block_epilogue=True), 4, 12, 66) \
+        .block_epilogue is False
+
+
+def test_gpu_default_fills_the_gpu_on_small_layers():
+    """Table I's 7x7 layer (48 output fragments, 66 of K) gets one fragment per warp and its
+    reduction split across blocks; a 71x71 layer (3792 output fragments) keeps the 2x2 window
+    and whole reductions."""
+    from unit_tvm.prepare import prepare
+
+    def prepared_layer(c, h, k, r):
+        g = gpu_conv.ConvGeometry(1, h, h, c, k, r, r)
+        tensors = gpu_conv.gemm_te(g, "float16", "float32", WMMA)
+        return prepare(tensors[-1], "cuda.wmma.f16f32", params=tensors[:-1],
+                       **gpu.prepare_options(None))
+
+    small, large = prepared_layer(1056, 7, 192, 1), prepared_layer(80, 73, 192, 3)
+    m, n, _ = gpu.tiles(small)
+    d = gpu.default(small)
+    assert d.p == 1 and d.grid_split_k > 1
+    assert gpu._blocks(d, m, n, 1) >= 4 * gpu._blocks(gpu.fit(gpu.GpuConfig(), *gpu.tiles(small)),
+                                                      m, n, 1)
+    big = gpu.default(large)
+    assert big.p == 2 and big.grid_split_k == 1
 
 
 def test_gpu_config_window_divides_both_sides():
@@ -479,3 +540,4 @@ def test_cuda_target_names_the_device_architecture():
 
     target = cuda_target(SimpleNamespace(compute_version="9.0"))
     assert target.kind.name == "cuda" and str(target.attrs["arch"]) == "sm_90"
+
