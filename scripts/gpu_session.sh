@@ -4,18 +4,24 @@
 #
 #   scripts/gpu_session.sh stage            copy .gpu/a (first half of TVM) to the machine
 #   scripts/gpu_session.sh setup            add .gpu/b, install TVM, check the GPU
-#   scripts/gpu_session.sh test             pytest of the GPU tests (JUnit XML + log)
+#   scripts/gpu_session.sh test             pytest of the tests that need a GPU (JUnit XML +
+#                                           log; GPU_ALL_TESTS=1: the compile-only ones too)
 #   scripts/gpu_session.sh bench DTYPE [TRIALS]   bench-gpu Table I (float16 | int8)
 #   scripts/gpu_session.sh models [ARGS]    bench-model --target cuda on the four zoo models
 #                                           (GPU_MODELS="resnet18 bert_base" for fewer per call)
 #   scripts/gpu_session.sh ablation [TRIALS] [--quick]  reproduce fig11-gpu (the GPU ablation,
 #                                           Table I, fp16; --quick: its first four layers)
 #   scripts/gpu_session.sh profile MODEL [ARGS]  time each kernel of unit-tvm's build of MODEL
+#   scripts/gpu_session.sh configs [SAMPLE]  Table I under the named configs of
+#                                           unit_tvm.bench.gpu_configs and SAMPLE (default 40)
+#                                           more per layer from the tuning space: the default
+#                                           rule's evidence
 #   scripts/gpu_session.sh all [SECONDS]    one lease's plan in one call of SECONDS (default
-#                                           540): setup, test, models resnet18 bert_base,
-#                                           ablation (4 layers), bench float16, each cut to
-#                                           the time left (GPU_MODELS, GPU_ROUNDS, GPU_TRIALS,
-#                                           GPU_NO_ABLATION=1 change them); everything under
+#                                           540): setup, configs, test, models resnet18
+#                                           bert_base, ablation (4 layers), bench float16, each
+#                                           cut to the time left (GPU_SAMPLE, GPU_MODELS,
+#                                           GPU_ROUNDS, GPU_TRIALS, GPU_NO_ABLATION=1,
+#                                           GPU_NO_CONFIGS=1 change them); everything under
 #                                           $OUT packed into $OUT/gpu_all.tgz (a call returns
 #                                           at most 8 files)
 #
@@ -68,10 +74,13 @@ d.exist, d.device_name, d.compute_version, "SMs", d.multi_processor_count)'
 }
 
 run_tests() {
-    local workers=()
-    $PY -c "import xdist" 2>/dev/null && workers=(-n 8)
-    $PY -m pytest -q -p no:cacheprovider ${workers[@]+"${workers[@]}"} tests/test_gpu.py \
-        tests/test_gpu_model.py \
+    # the tests that need the GPU (-m gpu; the compile-only ones run in CI), or every GPU test
+    # with GPU_ALL_TESTS=1
+    local workers=() select=(-m gpu)
+    $PY -c "import xdist" 2>/dev/null && workers=(-n "$(( $(nproc) > 12 ? 12 : 8 ))")
+    [[ -z ${GPU_ALL_TESTS:-} ]] || select=()
+    $PY -m pytest -q -p no:cacheprovider ${workers[@]+"${workers[@]}"} \
+        ${select[@]+"${select[@]}"} tests/test_gpu.py tests/test_gpu_model.py \
         tests/test_cli.py -k "gpu" \
         --junitxml "$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 }
@@ -97,6 +106,11 @@ models() {
     cp "$UNIT_TVM_DATABASE" "$OUT/gpu_db.jsonl" 2>/dev/null || true
 }
 
+configs() {
+    $PY -m unit_tvm.bench.gpu_configs --sample "${1:-40}" --out "$OUT" 2>&1 \
+        | tee "$OUT/gpu_configs.log" | tail -45
+}
+
 profile() {
     $PY -m unit_tvm.bench.gpu_profile "$@" --out "$OUT" 2>&1 | tee -a "$OUT/gpu_profile.log" \
         | grep -v "it/s\]" | tail -30
@@ -119,6 +133,7 @@ all() {
     local deadline=$(( $(date +%s) + ${1:-540} ))
     setup > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; return 1; }
     tail -3 "$OUT/setup.log"
+    [[ -n ${GPU_NO_CONFIGS:-} ]] || within "$deadline" "$0" configs "${GPU_SAMPLE:-40}"
     within "$deadline" "$0" test
     GPU_MODELS=${GPU_MODELS:-resnet18 bert_base} within "$deadline" "$0" models --no-tune \
         --rounds "${GPU_ROUNDS:-10}"
@@ -138,7 +153,8 @@ case "${1:-all}" in
     models) shift; models "$@" ;;
     ablation) shift; ablation "${1:-16}" "${@:2}" ;;
     profile) shift; profile "$@" ;;
+    configs) configs "${2:-40}" ;;
     all) all "${2:-540}" ;;
-    *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|ablation [TRIALS]|profile MODEL|models [ARGS]|all [SECONDS]" >&2
+    *) echo "usage: $0 stage|setup|test|bench DTYPE [TRIALS]|ablation [TRIALS]|profile MODEL|configs [SAMPLE]|models [ARGS]|all [SECONDS]" >&2
        exit 2 ;;
 esac

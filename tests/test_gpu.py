@@ -1,6 +1,7 @@
 """GPU strategy: every schedule compiles for sm_80 and sm_90 with nvcc, wmma in the PTX, and fits
 the device limits. Numerics run only where a GPU is present (pytest -m gpu)."""
 
+import os
 import re
 
 import numpy as np
@@ -541,3 +542,25 @@ def test_cuda_target_names_the_device_architecture():
     target = cuda_target(SimpleNamespace(compute_version="9.0"))
     assert target.kind.name == "cuda" and str(target.attrs["arch"]) == "sm_90"
 
+
+@needs_nvcc
+def test_gpu_config_study_builds_in_parallel_and_summarizes(tmp_path):
+    """`python -m unit_tvm.bench.gpu_configs` (run where a GPU is lent): the named configs and
+    a sample of the tuning space for a layer are built by worker processes into loadable
+    libraries; the summary compares each named config with the legacy default and cuDNN."""
+    from unit_tvm.bench import gpu_configs
+
+    layer = (128, 16, 128, 3, 1)
+    jobs, where, built = gpu_configs.build_all([layer], ["legacy", "default"], "sm_90",
+                                               str(tmp_path), workers=1, sample=2,
+                                               log=lambda _: None)
+    assert {name for _, name in where} == {"legacy", "default", "s0", "s1"}
+    assert all(path and error is None for path, error in built), built
+    assert gpu.GpuConfig.from_key(jobs[where[(0, "default")]][1]).grid_split_k > 1
+    assert all(os.path.getsize(path) > 0 for path, _ in built)  # loading needs a GPU's runtime
+    rows = [{"layer": "L1", "config": "legacy", "ms": 2.0, "cudnn_ms": 1.0},
+            {"layer": "L1", "config": "default", "ms": 1.0, "cudnn_ms": 1.0},
+            {"layer": "L1", "config": "s0", "ms": 0.5, "cudnn_ms": 1.0}]
+    out = gpu_configs.summary(rows, log=lambda _: None)
+    assert out["default"]["vs_legacy"] == pytest.approx(2.0)
+    assert out["legacy"]["vs_cudnn"] == pytest.approx(0.5) and "s0" not in out

@@ -1,0 +1,255 @@
+"""`python -m unit_tvm.bench.gpu_configs`: Table I's layers under a fixed list of GPU configs.
+
+The evidence for the GPU strategy's default rule (schedules/gpu.py `default`): every layer of
+Table I in the form the model path chooses, built under each named config of CANDIDATES (each
+fitted to the layer), every kernel checked against TVM's CPU build and timed the same way
+(rounds of 20 calls, min of the per-round means), beside PyTorch's cuDNN conv (the faster of
+eager and CUDA graph). The kernels are built in parallel processes (a device machine has many
+cores and nvcc takes seconds per kernel), then loaded and timed one after the other on the GPU.
+Writes gpu_configs.json (one row per layer and config) and prints per config its geomean against
+the legacy default and against cuDNN.
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import multiprocessing
+import os
+import random
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+
+from ..schedules import gpu
+
+INTRIN = "cuda.wmma.f16f32"
+
+
+def _fixed(**knobs):
+    return lambda prepared: gpu.fit(gpu.GpuConfig(**knobs), *gpu.tiles(prepared))
+
+
+def _legacy(prepared):
+    """The default before blocks were counted: 2x2 warps of 2x2 fragments, k_step 2, fitted."""
+    m, n, k = gpu.tiles(prepared)
+    return gpu.fit(gpu.fit(gpu.GpuConfig(), gpu._unpaired_m_tiles(prepared), n, k), m, n, k)
+
+
+def _default_with(**knobs):
+    def config(prepared):
+        return gpu.fit(dataclasses.replace(gpu.default(prepared), **knobs), *gpu.tiles(prepared))
+    return config
+
+
+# name -> config of a Prepared layer; P: cp.async pipeline, I: implicit preparation, g: slices
+# of K across blocks, sk: slices in the block
+CANDIDATES = {
+    "legacy": _legacy,
+    "default": gpu.default,
+    "default P": _default_with(pipeline=True),
+    "default I": _default_with(implicit=True),
+    "p1 2x2 k1 sk2": _fixed(p=1, k_step=1, split_k=2),
+    "p1 2x2 k1 sk4 P": _fixed(p=1, k_step=1, split_k=4, pipeline=True),
+    "p1 2x2 k1 sk2 g4": _fixed(p=1, k_step=1, split_k=2, grid_split_k=4),
+    "p1 2x2 k2 g4 P": _fixed(p=1, grid_split_k=4, pipeline=True),
+    "p1 1x1 k2 sk2 g8": _fixed(p=1, warps_m=1, warps_n=1, split_k=2, grid_split_k=8),
+    "p1 1x2 k2 sk2 g4 P": _fixed(p=1, warps_m=1, split_k=2, grid_split_k=4, pipeline=True),
+    "p1 2x1 k4 g8 P": _fixed(p=1, warps_n=1, k_step=4, grid_split_k=8, pipeline=True),
+    "p2 2x2 k2 sk2 g4 P": _fixed(split_k=2, grid_split_k=4, pipeline=True),
+    "p1 1x1 k4 sk4 g8 PI": _fixed(p=1, warps_m=1, warps_n=1, k_step=4, split_k=4,
+                                  grid_split_k=8, pipeline=True, implicit=True),
+    "p1 2x2 k2 sk4 g2 PI": _fixed(p=1, split_k=4, grid_split_k=2, pipeline=True,
+                                  implicit=True),
+    "p1 1x2 k4 sk2 g2 P": _fixed(p=1, warps_m=1, k_step=4, split_k=2, grid_split_k=2,
+                                 pipeline=True),
+}
+
+
+def prepared_layer(layer, dtype="float16"):
+    """The Prepared graph of a Table I layer (C, H, K, R, stride) in the model path's form."""
+    from .. import intrinsics
+    from ..prepare import prepare
+    from ..relax import gpu_conv
+
+    c, h, k, r, s = layer
+    intrin = intrinsics.get(INTRIN)
+    frag = gpu.fragment_of(intrin)
+    g = gpu_conv.ConvGeometry(1, h, h, c, k, r, r, (s, s))
+    tensors = gpu_conv.te_for_form(g, gpu_conv.choose_form(g, frag), dtype, "float32", frag)
+    return prepare(tensors[-1], intrin, params=tensors[:-1], **gpu.prepare_options(None))
+
+
+def _module(layer, key, arch):
+    """The built kernel of a Table I layer under the config `key`, for `arch`."""
+    import tvm
+
+    from .. import intrinsics, lowering
+    from ..rewriter import schedule
+
+    target = tvm.target.Target({"kind": "cuda", "arch": arch})
+    sch = schedule(prepared_layer(layer), intrinsics.get(INTRIN), gpu.GpuConfig.from_key(key),
+                   target)
+    return lowering.build(sch.mod, target)
+
+
+def _build(job):
+    """(layer, config key, arch, path) -> (path, None) or (None, error): one kernel exported
+    (an error starting "export" when only the export failed: no host compiler)."""
+    layer, key, arch, path = job
+    try:
+        lib = _module(layer, key, arch)
+    except Exception as e:  # noqa: BLE001 - a config that does not build is a result
+        return None, f"{type(e).__name__}: {e}"[:300]
+    try:
+        lib.export_library(path)
+    except Exception as e:  # noqa: BLE001 - built, but this machine cannot link it
+        return None, f"export: {type(e).__name__}: {e}"[:300]
+    return path, None
+
+
+def _jobs(layers, names, arch, folder, sample=0):
+    """Distinct (layer, fitted config) builds and the (layer index, name) -> job index map; with
+    `sample`, that many more configs per layer drawn from the tuning space (named "s<j>")."""
+    jobs, index, where = [], {}, {}
+    for i, layer in enumerate(layers):
+        prepared = prepared_layer(layer)
+        configs = [(name, CANDIDATES[name](prepared)) for name in names]
+        space = gpu.space(prepared)
+        drawn = random.Random(i).sample(space, min(sample, len(space)))
+        configs += [(f"s{j}", c) for j, c in enumerate(drawn)]
+        for name, config in configs:
+            ident = (i, json.dumps(config.key(), sort_keys=True))
+            if ident not in index:
+                index[ident] = len(jobs)
+                jobs.append((layer, config.key(), arch, os.path.join(folder, f"k{len(jobs)}.so")))
+            where[(i, name)] = index[ident]
+    return jobs, where
+
+
+def build_all(layers, names, arch, folder, workers=None, sample=0, log=print):
+    """(jobs, (layer index, name) -> job index, [(path, error)] per job): every distinct kernel
+    built for `arch` into `folder` by `workers` processes."""
+    workers = workers or max(1, min(16, os.cpu_count() or 1) - 1)
+    jobs, where = _jobs(layers, names, arch, folder, sample)
+    t0 = time.time()
+    ctx = multiprocessing.get_context("spawn")  # a fresh TVM per worker, no forked pools
+    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        built = list(pool.map(_build, jobs))
+    log(f"built {len(jobs)} kernels in {time.time() - t0:.0f}s on {workers} processes")
+    return jobs, where, built
+
+
+def run(layers, names=None, workers=None, repeat=7, sample=0, log=print):
+    """Rows {layer, config, key, ms, error, cudnn_ms} of every layer under every named config."""
+    import tvm
+
+    from .. import intrinsics
+    from ..target import cuda_target
+    from ..tuner.search import _inputs, reference_output
+    from .gpu_ops import time_torch_cudnn
+
+    names = names or list(CANDIDATES)
+    dev = tvm.cuda(0)
+    target = cuda_target(dev)
+    with tempfile.TemporaryDirectory() as folder:
+        jobs, where, built = build_all(layers, names, str(target.attrs["arch"]), folder, workers,
+                                       sample, log)
+        rows, timed = [], {}
+        rng = np.random.default_rng(0)
+        for i, layer in enumerate(layers):
+            prepared = prepared_layer(layer)
+            arrays = _inputs(prepared, intrinsics.get(INTRIN), rng)
+            expected = reference_output(prepared, arrays, target)
+            torch_t = time_torch_cudnn(*layer, repeat)
+            cudnn = min(torch_t.eager_min, torch_t.graph_min) * 1e3 if torch_t else math.nan
+            mine = [name for (li, name) in where if li == i]
+            for name in mine:
+                j = where[(i, name)]
+                if name not in names and (built[j][1] or "").startswith("export"):
+                    continue  # no host compiler: the sample is not built again one by one
+                if j not in timed:
+                    timed[j] = _time(jobs[j], built[j], dev, arrays, expected, repeat)
+                ms, error = timed[j]
+                rows.append({"layer": f"L{i + 1}", "shape": list(layer), "config": name,
+                             "key": jobs[j][1], "ms": ms, "error": error, "cudnn_ms": cudnn})
+            log(f"L{i + 1:<3} cuDNN {cudnn:.4f}  " + "  ".join(
+                f"{r['config']} {r['ms']:.4f}" for r in rows if r["layer"] == f"L{i + 1}"
+                and r["config"] in names))
+    return rows
+
+
+def _time(job, built, dev, arrays, expected, repeat):
+    """(ms, error) of one built kernel (built again here where only its export failed):
+    checked, then rounds of 20 calls, min."""
+    import tvm
+
+    from ..runner import run_checked
+
+    path, error = built
+    try:
+        if path is not None:
+            lib = tvm.runtime.load_module(path)
+        elif error.startswith("export"):
+            lib = _module(*job[:3])
+        else:
+            return math.nan, error
+        return run_checked(lib, dev, arrays, expected, 20, repeat) * 1e3, ""
+    except Exception as e:  # noqa: BLE001 - a wrong or failing kernel is a result
+        return math.nan, f"{type(e).__name__}: {e}"[:300]
+
+
+def summary(rows, log=print):
+    """Per config: layers that ran, geomean speedup over `legacy` and over cuDNN."""
+    by = {}
+    for r in rows:
+        if r["config"] in CANDIDATES:
+            by.setdefault(r["config"], {})[r["layer"]] = r
+    legacy = by.get("legacy", {})
+    out = {}
+    for name, layers in by.items():
+        ok = {k: v for k, v in layers.items() if not math.isnan(v["ms"])}
+        vs_legacy = [legacy[k]["ms"] / v["ms"] for k, v in ok.items()
+                     if k in legacy and not math.isnan(legacy[k]["ms"])]
+        vs_cudnn = [v["cudnn_ms"] / v["ms"] for v in ok.values() if not math.isnan(v["cudnn_ms"])]
+        out[name] = {"ran": len(ok), "of": len(layers), "vs_legacy": _geomean(vs_legacy),
+                     "vs_cudnn": _geomean(vs_cudnn)}
+        log(f"{name:<24} ran {len(ok):>2}/{len(layers):<2} vs legacy "
+            f"{out[name]['vs_legacy']:.2f}x  vs cuDNN {out[name]['vs_cudnn']:.2f}x")
+    best = {}
+    for r in rows:
+        if not math.isnan(r["ms"]) and r["ms"] < best.get(r["layer"], (math.inf,))[0]:
+            best[r["layer"]] = (r["ms"], r["config"], r["cudnn_ms"])
+    ratios = [c / ms for ms, _, c in best.values() if not math.isnan(c)]
+    log("best per layer: " + ", ".join(f"{k} {v[1]} {v[0]:.4f}" for k, v in best.items()))
+    log(f"best per layer vs cuDNN: {_geomean(ratios):.2f}x")
+    return out
+
+
+def _geomean(values):
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
+
+
+def main(argv=None):
+    """Command line: --quick (L1-L4), --workers, --out."""
+    from ..testing.workloads import TABLE_I
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--workers", type=int)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--sample", type=int, default=0,
+                    help="configs per layer drawn from the tuning space besides the named ones")
+    ap.add_argument("--out", default=".")
+    args = ap.parse_args(argv)
+    rows = run(TABLE_I[:4] if args.quick else TABLE_I, workers=args.workers,
+               repeat=args.repeat, sample=args.sample)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gpu_configs.json"), "w") as f:
+        json.dump({"rows": rows, "summary": summary(rows)}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
