@@ -42,22 +42,17 @@ class GpuConfig:
     grid_split_k: reduction slices across thread blocks, each block accumulating one slice of K
     into a global buffer of partials that a kernel of its own sums (no block epilogue then)."""
 
+    # the knobs' base values (what GpuConfig() and a record without a knob mean); the default
+    # a layer gets is schedules/gpu.py `default`, fitted to its tiles
     p: int = 2
     warps_m: int = 2
     warps_n: int = 2
     k_step: int = 2
     fuse_spatial: bool = True
     split_k: int = 1
-    # explicit by default: on an H200, resnet18 with implicit preparation as the default ran
-    # 0.775 ms in fp16 and 1.127 ms in int8 against 0.737 / 0.697 with explicit (RESULTS
-    # 2026-11-26, both runs): int8 gathers with padding copy 4 bytes per thread, fp16 ones
-    # 16 where the analyzer proves them contiguous. The tuner still weighs both per layer
-    # (it kept implicit on 7 of Table I's 16 layers).
     implicit: bool = False
     vector_copy: bool = True
     pipeline: bool = False
-    # not measured on a GPU yet (written after the H200 run): off until the ablation's
-    # "+ block epilogue" step shows what it gains
     block_epilogue: bool = False
     grid_split_k: int = 1
 
@@ -108,8 +103,8 @@ def paired_tiles(tiles: int) -> int:
     return tiles + 1 if tiles > 1 and tiles % 2 else tiles
 
 
-def _largest_divisor(n, limit):
-    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+def _largest_divisor(n, limit, allowed=lambda d: True):
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0 and allowed(d))
 
 
 def fit(config, m_tiles, n_tiles, k_tiles):
@@ -120,12 +115,16 @@ def fit(config, m_tiles, n_tiles, k_tiles):
     wm = _largest_divisor(m_tiles // p, config.warps_m)
     wn = _largest_divisor(n_tiles // p, config.warps_n)
     gs = _largest_divisor(k_tiles, config.grid_split_k)
-    sk = _largest_divisor(k_tiles // gs, config.split_k)
-    ks = _largest_divisor(k_tiles // (gs * sk), config.k_step)
     # the block epilogue writes a finished tile: a block holding one slice of K has none
+    epilogue = config.block_epilogue and gs == 1
+    # the block's threads sum its slices into the tile it writes, p * p * 256 elements per warp
+    # of a slice: an even share per thread needs split-K to divide 8 p^2 (3 would put the sum
+    # under a predicate, where CUDA cannot take the barrier before the epilogue reads it)
+    sk = _largest_divisor(k_tiles // gs, config.split_k,
+                          lambda d: not epilogue or 8 * p * p % d == 0)
+    ks = _largest_divisor(k_tiles // (gs * sk), config.k_step)
     return GpuConfig(p, wm, wn, ks, config.fuse_spatial, sk, config.implicit, config.vector_copy,
-                     config.pipeline and config.vector_copy, config.block_epilogue and gs == 1,
-                     gs)
+                     config.pipeline and config.vector_copy, epilogue, gs)
 
 
 def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):

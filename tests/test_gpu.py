@@ -207,26 +207,37 @@ def test_gpu_grid_split_k_sums_slices_in_a_kernel_of_its_own():
         .block_epilogue is False
 
 
-def test_gpu_default_fills_the_gpu_on_small_layers():
-    """Table I's 7x7 layer (48 output fragments, 66 of K) gets one fragment per warp and its
-    reduction split across blocks; a 71x71 layer (3792 output fragments) keeps the 2x2 window
-    and whole reductions."""
+@needs_nvcc
+@pytest.mark.parametrize("dtype,intrin,kernels", [("float16", "cuda.wmma.f16f32", 1),
+                                                  ("int8", "cuda.wmma.s8s32", 2)])
+def test_gpu_default_runs_a_layer_in_one_kernel(dtype, intrin, kernels):
+    """The default computes an fp16 conv in one kernel (the gather in the shared-memory stages,
+    the output written by the block) and an int8 one in two (its padded gather a pass of its
+    own); it pipelines the stages and splits K in the block by K's length; a 71x71 output
+    keeps two fragments per warp, Table I's 7x7 layer one."""
     from unit_tvm.prepare import prepare
 
     def prepared_layer(c, h, k, r):
         g = gpu_conv.ConvGeometry(1, h, h, c, k, r, r)
-        tensors = gpu_conv.gemm_te(g, "float16", "float32", WMMA)
-        return prepare(tensors[-1], "cuda.wmma.f16f32", params=tensors[:-1],
-                       **gpu.prepare_options(None))
+        acc = "float32" if dtype == "float16" else "int32"
+        tensors = gpu_conv.gemm_te(g, dtype, acc, WMMA)
+        return prepare(tensors[-1], intrin, params=tensors[:-1], **gpu.prepare_options(None))
 
     small, large = prepared_layer(1056, 7, 192, 1), prepared_layer(80, 73, 192, 3)
-    m, n, _ = gpu.tiles(small)
-    d = gpu.default(small)
-    assert d.p == 1 and d.grid_split_k > 1
-    assert gpu._blocks(d, m, n, 1) >= 4 * gpu._blocks(gpu.fit(gpu.GpuConfig(), *gpu.tiles(small)),
-                                                      m, n, 1)
-    big = gpu.default(large)
-    assert big.p == 2 and big.grid_split_k == 1
+    d, big = gpu.default(small), gpu.default(large)
+    assert (d.p, d.split_k, big.p) == (1, 2, 2)  # K: 66 fragments, 4 slices do not divide it
+    assert d.block_epilogue and d.pipeline and d.implicit == (dtype == "float16")
+    lib = lowering.build(unit_tvm.rewriter.schedule(small, intrinsics.get(intrin), d,
+                                                    _cuda("sm_90")).mod,
+                         _cuda("sm_90"))
+    assert len(nvcc.launch_shapes(lib)) == kernels
+
+
+def test_gpu_split_k_divides_the_tile_the_block_epilogue_sums():
+    """With the block epilogue, split-K must divide 8 p^2 (each thread an even share of the
+    sum): 3 slices would put the sum under a predicate, where no barrier can follow it."""
+    assert gpu.fit(gpu.GpuConfig(p=1, split_k=4, block_epilogue=True), 4, 12, 66).split_k == 2
+    assert gpu.fit(gpu.GpuConfig(p=1, split_k=4), 4, 12, 66).split_k == 3
 
 
 def test_gpu_config_window_divides_both_sides():
@@ -556,7 +567,8 @@ def test_gpu_config_study_builds_in_parallel_and_summarizes(tmp_path):
                                                log=lambda _: None)
     assert {name for _, name in where} == {"legacy", "default", "s0", "s1"}
     assert all(path and error is None for path, error in built), built
-    assert gpu.GpuConfig.from_key(jobs[where[(0, "default")]][1]).grid_split_k > 1
+    assert gpu.GpuConfig.from_key(jobs[where[(0, "default")]][1]).block_epilogue
+    assert not gpu.GpuConfig.from_key(jobs[where[(0, "legacy")]][1]).block_epilogue
     assert all(os.path.getsize(path) > 0 for path, _ in built)  # loading needs a GPU's runtime
     rows = [{"layer": "L1", "config": "legacy", "ms": 2.0, "cudnn_ms": 1.0},
             {"layer": "L1", "config": "default", "ms": 1.0, "cudnn_ms": 1.0},

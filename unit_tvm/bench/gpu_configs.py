@@ -33,9 +33,12 @@ def _fixed(**knobs):
 
 
 def _legacy(prepared):
-    """The default before blocks were counted: 2x2 warps of 2x2 fragments, k_step 2, fitted."""
+    """The default until 2026-11-27: 2x2 warps of 2x2 fragments, k_step 2, the gather and the
+    output copy as kernels of their own, fitted to M before pairing."""
     m, n, k = gpu.tiles(prepared)
-    return gpu.fit(gpu.fit(gpu.GpuConfig(), gpu._unpaired_m_tiles(prepared), n, k), m, n, k)
+    rows = prepared.original_mapping.loops[0]
+    unpaired = -(-(rows.op_extent + rows.padding) // rows.intrin_extent)
+    return gpu.fit(gpu.fit(gpu.GpuConfig(), unpaired, n, k), m, n, k)
 
 
 def _default_with(**knobs):
@@ -44,27 +47,37 @@ def _default_with(**knobs):
     return config
 
 
-# name -> config of a Prepared layer; P: cp.async pipeline, I: implicit preparation, g: slices
-# of K across blocks, sk: slices in the block
+def _default_filled(prepared):
+    """The default with K split across blocks until FILL_BLOCKS (the block epilogue then off)."""
+    m, n, k = gpu.tiles(prepared)
+    config, slices = gpu.default(prepared), 1
+    while slices < 8 and gpu._blocks(config, m, n, 1) * slices < gpu.FILL_BLOCKS:
+        slices *= 2
+    return gpu.fit(dataclasses.replace(config, grid_split_k=slices), m, n, k)
+
+
+# name -> config of a Prepared layer: the former default, today's, and today's with one knob
+# changed (what the next GPU session checks the rule with), then other corners of the space;
+# P: cp.async pipeline, I: implicit preparation, E: block epilogue, g: slices of K across
+# blocks, sk: slices in the block
 CANDIDATES = {
     "legacy": _legacy,
     "default": gpu.default,
-    "default P": _default_with(pipeline=True),
-    "default I": _default_with(implicit=True),
-    "p1 2x2 k1 sk2": _fixed(p=1, k_step=1, split_k=2),
+    "default sk1": _default_with(split_k=1),
+    "default sk4": _default_with(split_k=4),
+    "default k1": _default_with(k_step=1),
+    "default 2x2": _default_with(warps_m=2),
+    "default 1x1": _default_with(warps_n=1),
+    "default p2": _default_with(p=2),
+    "default no P": _default_with(pipeline=False),
+    "default no I": _default_with(implicit=False),
+    "default no E": _default_with(block_epilogue=False),
+    "default filled": _default_filled,
     "p1 2x2 k1 sk4 P": _fixed(p=1, k_step=1, split_k=4, pipeline=True),
-    "p1 2x2 k1 sk2 g4": _fixed(p=1, k_step=1, split_k=2, grid_split_k=4),
-    "p1 2x2 k2 g4 P": _fixed(p=1, grid_split_k=4, pipeline=True),
-    "p1 1x1 k2 sk2 g8": _fixed(p=1, warps_m=1, warps_n=1, split_k=2, grid_split_k=8),
-    "p1 1x2 k2 sk2 g4 P": _fixed(p=1, warps_m=1, split_k=2, grid_split_k=4, pipeline=True),
-    "p1 2x1 k4 g8 P": _fixed(p=1, warps_n=1, k_step=4, grid_split_k=8, pipeline=True),
-    "p2 2x2 k2 sk2 g4 P": _fixed(split_k=2, grid_split_k=4, pipeline=True),
-    "p1 1x1 k4 sk4 g8 PI": _fixed(p=1, warps_m=1, warps_n=1, k_step=4, split_k=4,
-                                  grid_split_k=8, pipeline=True, implicit=True),
-    "p1 2x2 k2 sk4 g2 PI": _fixed(p=1, split_k=4, grid_split_k=2, pipeline=True,
-                                  implicit=True),
-    "p1 1x2 k4 sk2 g2 P": _fixed(p=1, warps_m=1, k_step=4, split_k=2, grid_split_k=2,
-                                 pipeline=True),
+    "p2 2x1 k3 IPE": _fixed(p=2, warps_n=1, k_step=3, implicit=True, pipeline=True,
+                            block_epilogue=True),
+    "p1 1x1 k1 sk3 g6 IP": _fixed(p=1, warps_m=1, warps_n=1, k_step=1, split_k=3,
+                                  grid_split_k=6, implicit=True, pipeline=True),
 }
 
 
