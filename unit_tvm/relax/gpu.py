@@ -29,6 +29,7 @@ from ..target import as_target, is_gpu
 from ..tuner import tune_instruction
 from . import gpu_conv, gpu_int8
 from .gpu_conv import ConvGeometry
+from .gpu_window import WindowReduction
 from .graph import const_value, dataflow_bindings, rewrite_functions
 
 # the accumulator dtype of the Tensor Core kernels, per operand dtype they take
@@ -359,7 +360,9 @@ class UnitTensorizeGPU:
 
 
 def default_gpu_schedule(mod: tvm.IRModule, target) -> tvm.IRModule:
-    """TVM's own GPU pipeline for what the pass left: legalize, fuse, dlight schedules."""
+    """TVM's own GPU pipeline for what the pass left: legalize, fuse, dlight schedules (with
+    one rule of ours before TVM's reductions: windows of a few values per output, as depthwise
+    convs and pooling have, one thread per output)."""
     mod = relax.transform.LegalizeOps()(mod)
     mod = relax.transform.AnnotateTIROpPattern()(mod)
     mod = relax.transform.FoldConstant()(mod)
@@ -367,6 +370,7 @@ def default_gpu_schedule(mod: tvm.IRModule, target) -> tvm.IRModule:
     mod = relax.transform.FuseTIR()(mod)
     with as_target(target):
         mod = dlight.ApplyDefaultSchedule(dlight.gpu.Matmul(), dlight.gpu.GEMV(),
-                                          dlight.gpu.Reduction(), dlight.gpu.GeneralReduction(),
+                                          WindowReduction(), dlight.gpu.Reduction(),
+                                          dlight.gpu.GeneralReduction(),
                                           dlight.gpu.Fallback())(mod)
     return mod
