@@ -65,7 +65,8 @@ def test_depthwise_conv_gets_a_thread_per_output():
     assert 'scope="local"' in script
     lib = tvm.tirx.build(depthwise[0][1].with_attr("global_symbol", "main"), target=SM90)
     src = nvcc.cuda_source(lib)
-    assert len(nvcc.launch_shapes(lib)) == 1  # the bias in the conv's kernel
+    assert len(nvcc.launch_shapes(lib)) == 1  # the bias and the ReLU6 in the conv's kernel
+    assert "max(" in src and "min(" in src
     nvcc.ptx(src, "sm_90")
 
 

@@ -72,7 +72,8 @@ def _clip_as_min_max(mod, ctx):
 def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
     """A float32 Relax model laid out as the GPU path computes it: a batch norm after a conv
     folded into its weights and a bias (TVM's FoldBatchnormToConv2D), any other one into
-    elementwise ops, NHWC x OHWI convs (values still fp32)."""
+    elementwise ops, clips as a maximum and a minimum, NHWC x OHWI convs (values still
+    fp32)."""
     return tvm.transform.Sequential([
         # unfolded, each batch norm was its own kernel after the conv (resnet18 on an H200: 19
         # of them, ~10 us each timed alone); folded, only the bias add is left, which fuses
@@ -80,6 +81,10 @@ def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
+        # ConvertLayout has no rule for clip: a ReLU6 stayed NCHW between two transposes, a
+        # kernel of its own after each of mobilenet_v2's convs; a maximum and a minimum follow
+        # the layout and fuse with the conv's bias
+        _clip_as_min_max,
         relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
         relax.transform.FoldConstant(),  # the weights' layout transforms
     ])(mod)
