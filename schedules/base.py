@@ -31,6 +31,10 @@ class Strategy(Protocol):
     def space(self, prepared, target) -> list:
         """Every config the tuner may try, the default first."""
 
+    def seeds(self, prepared, target) -> list:
+        """Configs of the space the tuner measures right after the default, before it samples
+        the rest at random (may be empty)."""
+
     def features(self, config, prepared, target) -> np.ndarray:
         """Numbers describing a config for the tuner's cost model."""
 

@@ -111,6 +111,36 @@ def default(prepared, target=None):
                n_tiles, k_tiles)
 
 
+# the default's neighbours, one knob changed each: what the tuner measures first (seeds) and
+# what `python -m unit_tvm.bench.gpu_configs` times beside the default
+NEIGHBOURS = {
+    "split-K 1": lambda c: dataclasses.replace(c, split_k=1),
+    "split-K 4": lambda c: dataclasses.replace(c, split_k=4),
+    "k_step 1": lambda c: dataclasses.replace(c, k_step=1),
+    "k_step 4": lambda c: dataclasses.replace(c, k_step=4),
+    "warps 2x2": lambda c: dataclasses.replace(c, warps_m=2),
+    "warps 1x1": lambda c: dataclasses.replace(c, warps_n=1),
+    "p 2": lambda c: dataclasses.replace(c, p=2),
+    "no pipeline": lambda c: dataclasses.replace(c, pipeline=False),
+    "implicit toggled": lambda c: dataclasses.replace(c, implicit=not c.implicit),
+    "no block epilogue": lambda c: dataclasses.replace(c, block_epilogue=False),
+    "K over 4 blocks": lambda c: dataclasses.replace(c, grid_split_k=4),
+}
+
+
+def seeds(prepared, target=None):
+    """The configs the tuner measures right after the default, before sampling the space at
+    random: the default's NEIGHBOURS, fitted, distinct, within the device's limits."""
+    first = default(prepared, target)
+    fitted = (fit(change(first), *tiles(prepared)) for change in NEIGHBOURS.values())
+    out = []
+    for c in fitted:
+        if c != first and c not in out and fits_device(c, _fragment(prepared),
+                                                        *_operand_bytes(prepared)):
+            out.append(c)
+    return out
+
+
 def space(prepared, target=None):
     """Every config the tuner may try for a Prepared op (p, warps, k_step, split-K, spatial
     fusion, implicit preparation), the default first."""

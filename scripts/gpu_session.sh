@@ -21,7 +21,9 @@
 #                                           bert_base, ablation (4 layers), bench float16, each
 #                                           cut to the time left (GPU_SAMPLE, GPU_MODELS,
 #                                           GPU_ROUNDS, GPU_TRIALS, GPU_NO_ABLATION=1,
-#                                           GPU_NO_CONFIGS=1 change them); everything under
+#                                           GPU_NO_CONFIGS=1 change them; GPU_TUNE_TRIALS=N
+#                                           adds GPU_TUNED_MODELS, default resnet18, tuned
+#                                           with N trials per layer, under tuned/); everything under
 #                                           $OUT packed into $OUT/gpu_all.tgz (a call returns
 #                                           at most 8 files)
 #
@@ -137,6 +139,9 @@ all() {
     within "$deadline" "$0" test
     GPU_MODELS=${GPU_MODELS:-resnet18 bert_base} within "$deadline" "$0" models --no-tune \
         --rounds "${GPU_ROUNDS:-10}"
+    # tuned: each conv and dense layer searched (the default and its neighbours first)
+    [[ -z ${GPU_TUNE_TRIALS:-} ]] || OUT="$OUT/tuned" GPU_MODELS=${GPU_TUNED_MODELS:-resnet18} \
+        within "$deadline" "$0" models --trials "$GPU_TUNE_TRIALS" --rounds "${GPU_ROUNDS:-10}"
     [[ -n ${GPU_NO_ABLATION:-} ]] || within "$deadline" "$0" ablation 4 --quick
     within "$deadline" "$0" bench float16 "${GPU_TRIALS:-8}"
     (cd "$OUT" && tar czf /tmp/gpu_all.tgz --exclude=gpu_all.tgz . \

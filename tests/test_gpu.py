@@ -314,6 +314,38 @@ def test_gpu_tuning_space_and_database_without_a_gpu(tmp_path):
     assert hit.from_database and hit.config == space[3]
 
 
+def test_gpu_tuner_measures_the_default_and_its_neighbours_first(monkeypatch):
+    """The tuner's first candidates on a GPU are the default and its one-knob neighbours
+    (gpu.seeds: split-K, k_step, warps, p, pipeline, implicit, epilogue, K across blocks), so
+    a few trials already cover the class the config study found fastest. Candidates are timed
+    here by a runner that ranks them in measuring order (no GPU on this machine)."""
+    from unit_tvm.runner import Measurement
+    from unit_tvm.tuner import search, tune
+
+    prepared = _prepared(ops.matmul_bn(256, 256, 256, "float16", "float16", "float32"),
+                         "cuda.wmma.f16f32")
+    order = []
+    monkeypatch.setattr(search, "candidate_module",
+                        lambda p, i, config, t: order.append(config) or config)
+
+    class InOrder:
+        name = "in order"
+
+        def target(self):
+            return _cuda("sm_90")
+
+        def measure(self, libs, arrays, expected=None, **_):
+            return [Measurement(1e-3 * (1 + order.index(lib))) for lib in libs]
+
+    seeds = gpu.seeds(prepared)
+    assert len(seeds) >= 8 and gpu.default(prepared) not in seeds
+    assert all(s in gpu.space(prepared) for s in seeds)
+    result = tune(prepared, "cuda.wmma.f16f32", trials=1 + len(seeds), runner=InOrder(),
+                  progress=False)
+    assert order[:1 + len(seeds)] == [gpu.default(prepared)] + seeds
+    assert result.config == gpu.default(prepared)  # timed fastest: measured first
+
+
 @needs_nvcc
 def test_gpu_build_falls_back_to_a_valid_kernel():
     from tvm import te

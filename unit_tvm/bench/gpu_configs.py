@@ -11,7 +11,6 @@ the legacy default and against cuDNN.
 """
 
 import argparse
-import dataclasses
 import json
 import math
 import multiprocessing
@@ -41,38 +40,20 @@ def _legacy(prepared):
     return gpu.fit(gpu.fit(gpu.GpuConfig(), unpaired, n, k), m, n, k)
 
 
-def _default_with(**knobs):
+def _neighbour(change):
     def config(prepared):
-        return gpu.fit(dataclasses.replace(gpu.default(prepared), **knobs), *gpu.tiles(prepared))
+        return gpu.fit(change(gpu.default(prepared)), *gpu.tiles(prepared))
     return config
 
 
-def _default_filled(prepared):
-    """The default with K split across blocks until FILL_BLOCKS (the block epilogue then off)."""
-    m, n, k = gpu.tiles(prepared)
-    config, slices = gpu.default(prepared), 1
-    while slices < 8 and gpu._blocks(config, m, n, 1) * slices < gpu.FILL_BLOCKS:
-        slices *= 2
-    return gpu.fit(dataclasses.replace(config, grid_split_k=slices), m, n, k)
-
-
-# name -> config of a Prepared layer: the former default, today's, and today's with one knob
-# changed (what the next GPU session checks the rule with), then other corners of the space;
-# P: cp.async pipeline, I: implicit preparation, E: block epilogue, g: slices of K across
-# blocks, sk: slices in the block
+# name -> config of a Prepared layer: the former default, today's and its neighbours (the
+# tuner's seeds: what the next GPU session checks the rule with), then corners of the space
+# that won layers before (P: cp.async pipeline, I: implicit preparation, E: block epilogue, g:
+# slices of K across blocks, sk: slices in the block)
 CANDIDATES = {
     "legacy": _legacy,
     "default": gpu.default,
-    "default sk1": _default_with(split_k=1),
-    "default sk4": _default_with(split_k=4),
-    "default k1": _default_with(k_step=1),
-    "default 2x2": _default_with(warps_m=2),
-    "default 1x1": _default_with(warps_n=1),
-    "default p2": _default_with(p=2),
-    "default no P": _default_with(pipeline=False),
-    "default no I": _default_with(implicit=False),
-    "default no E": _default_with(block_epilogue=False),
-    "default filled": _default_filled,
+    **{f"default, {name}": _neighbour(change) for name, change in gpu.NEIGHBOURS.items()},
     "p1 2x2 k1 sk4 P": _fixed(p=1, k_step=1, split_k=4, pipeline=True),
     "p2 2x1 k3 IPE": _fixed(p=2, warps_n=1, k_step=3, implicit=True, pipeline=True,
                             block_epilogue=True),

@@ -142,8 +142,10 @@ def tune(prepared, intrin, target=None, *, trials=None, database=None, measure=T
     search = _Search(prepared, intrin, target, runner, seed, progress, min(trials or 64,
                                                                               len(space)))
     rng = random.Random(seed)
-    others = [c for c in space if c != default]
-    search.run([default] + rng.sample(others, min(len(space) - 1, initial - 1)))
+    # the strategy's seeds first (the default's neighbours on a GPU), then random configs
+    first = [default] + [c for c in strategy.seeds(prepared, target) if c in space and c != default]
+    others = [c for c in space if c not in first]
+    search.run(first + rng.sample(others, min(len(others), max(0, initial - len(first)))))
     feats = {c: strategy.features(c, prepared, target) for c in space}
     model = CostModel(seed)
     measured = search.measured
