@@ -26,6 +26,9 @@ ODD_CONV = gpu_conv.ConvGeometry(2, 9, 13, 5, 24, 3, 3, (1, 1), (1, 2))
 STRIDED_CONV = gpu_conv.ConvGeometry(1, 17, 17, 32, 48, 3, 3, (2, 2))
 # a 14x14 output: 196 pixels, 13 fragments of M computed as 14
 PAIRED_CONV = gpu_conv.ConvGeometry(1, 16, 16, 8, 24, 3, 3)
+# zero padding (1 top, 2 left, 0 bottom, 1 right) supplied by the gather, strided: an 11 x 10
+# input read as 12 x 13
+PADDED_CONV = gpu_conv.ConvGeometry(1, 12, 13, 16, 24, 3, 3, (2, 2), padding=(1, 2, 0, 1))
 
 
 def _gemm(g, dtype, acc):
@@ -47,6 +50,7 @@ WORKLOADS = [
     ("conv_gemm_paired_f16", "cuda.wmma.f16f32", _gemm(PAIRED_CONV, "float16", "float32")),
     # an int8 gather with padding: TVM cannot write its 16-lane zero, so it copies 4 bytes
     ("conv_gemm_odd_s8", "cuda.wmma.s8s32", _gemm(ODD_CONV, "int8", "int32")),
+    ("conv_gemm_padded_f16", "cuda.wmma.f16f32", _gemm(PADDED_CONV, "float16", "float32")),
 ]
 # configs beyond the default: split-K through shared memory, unfused block index, wide windows,
 # implicit preparation (the gather or pack done by the shared-memory stage; the default runs
@@ -478,8 +482,8 @@ def test_paired_fragments_open_two_per_warp_to_the_tuner_and_keep_the_default():
     assert gpu.default(paired) == gpu.default(alone)
 
 
-@pytest.mark.parametrize("g", [ODD_CONV, STRIDED_CONV, PAIRED_CONV],
-                         ids=["odd_dilated", "strided", "paired_14x14"])
+@pytest.mark.parametrize("g", [ODD_CONV, STRIDED_CONV, PAIRED_CONV, PADDED_CONV],
+                         ids=["odd_dilated", "strided", "paired_14x14", "padded_in_gather"])
 def test_gpu_gemm_form_is_exact_on_cpu(g, rng):
     """The GEMM form (every image's output rows fused into M, window x channels into K, gathered
     in the kernel and padded to whole fragments) prepared for wmma computes the conv exactly:
@@ -493,12 +497,14 @@ def test_gpu_gemm_form_is_exact_on_cpu(g, rng):
     # an odd count of M fragments is computed paired, the extra rows cropped
     assert m_tiles == gpu.paired_tiles(-(-g.pixels // 16)) and k_tiles == -(-g.window // 16)
     lib = tvm.tirx.build(tvm.te.create_prim_func(prepared.tensors), target="llvm")
-    data = rng.integers(-128, 128, (g.n, g.h, g.w, g.c)).astype("int8")
+    data = rng.integers(-128, 128, (g.n, g.in_h, g.in_w, g.c)).astype("int8")
     hwio = rng.integers(-128, 128, (g.kh, g.kw, g.c, g.k)).astype("int8")
     out = tvm.runtime.tensor(np.zeros((g.pixels, g.k), "int32"))
     lib(tvm.runtime.tensor(data), tvm.runtime.tensor(gpu_conv.gemm_weight(hwio, WMMA)), out)
+    top, left, bottom, right = g.padding
+    padded = np.pad(data, ((0, 0), (top, bottom), (left, right), (0, 0)))
     np.testing.assert_array_equal(out.numpy().reshape(g.n, g.out_h, g.out_w, g.k),
-                                  _numpy_conv(data, hwio, g))
+                                  _numpy_conv(padded, hwio, g))
 
 
 def test_gpu_conv_form_policy():

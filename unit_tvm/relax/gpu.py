@@ -295,17 +295,20 @@ class _Rewrite(relax.PyExprMutator):
         dtype, frag = operands.dtype, _fragment(operands.dtype)
         g = ConvGeometry(n, h + top + bottom, wd + left + right, c, k, kh, kw,
                          tuple(int(s) for s in attrs.strides),
-                         tuple(int(d) for d in attrs.dilation))
+                         tuple(int(d) for d in attrs.dilation), (top, left, bottom, right))
         sig = ("conv2d", g, dtype)
         label = (f"conv2d {n}x{h}x{wd}x{c} -> {k} k{kh}x{kw} s{g.stride[0]}"
                  + (f" d{g.dilation[0]}" if g.dilation != (1, 1) else "") + f" {dtype}")
-        forms = {f: gpu_conv.te_for_form(g, f, dtype, operands.acc, frag)
+        # the gemm form's gather supplies the padding (no pad pass: on an H200 resnet18 ran
+        # eight pads as kernels of their own); the direct form reads a padded input
+        forms = {f: gpu_conv.te_for_form(g if f == "gemm" else g.without_padding(), f, dtype,
+                                         operands.acc, frag)
                  for f in gpu_conv.forms_in_order(g, frag)}
         made = self.kernels.get(sig, forms, label)
         if made is None:
             return None
         x = self._input(x, operands)
-        if top or left or bottom or right:
+        if made.form == "direct" and (top or left or bottom or right):
             x = self.builder_.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0]))
         hwio = np.ascontiguousarray(operands.weight.transpose(1, 2, 3, 0))
         out_dtype = str(call.ty.dtype)

@@ -14,6 +14,7 @@ policy that picks between them.
 `choose_form` is the one place that decides; the graph pass and bench-gpu both call it.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +32,10 @@ def _round_up(n: int, m: int) -> int:
 
 @dataclass(frozen=True)
 class ConvGeometry:
-    """An NHWC x OHWI conv2d (groups 1) over an input already padded to h x w."""
+    """An NHWC x OHWI conv2d (groups 1) over an input padded to h x w. `padding` (top, left,
+    bottom, right) is the part of that padding the gemm form's gather supplies as zeros (its
+    input is then h - top - bottom rows by w - left - right); the direct form reads an input
+    already padded (padding all zero)."""
 
     n: int
     h: int
@@ -42,6 +46,21 @@ class ConvGeometry:
     kw: int
     stride: tuple = (1, 1)
     dilation: tuple = (1, 1)
+    padding: tuple = (0, 0, 0, 0)
+
+    @property
+    def in_h(self) -> int:
+        """Rows of the input tensor the kernel reads."""
+        return self.h - self.padding[0] - self.padding[2]
+
+    @property
+    def in_w(self) -> int:
+        """Columns of the input tensor the kernel reads."""
+        return self.w - self.padding[1] - self.padding[3]
+
+    def without_padding(self) -> "ConvGeometry":
+        """The same conv over an input padded beforehand (what the direct form reads)."""
+        return dataclasses.replace(self, padding=(0, 0, 0, 0))
 
     @property
     def out_h(self) -> int:
@@ -100,6 +119,9 @@ def direct_te(g: ConvGeometry, dtype: str, acc: str) -> list:
     """[data NHWC, kernel HWIO, out NHWC]: the conv as written, accumulated in `acc`."""
     if any(d != 1 for d in g.dilation):
         raise ValueError("the direct form has no dilation; use the gemm form")
+    if any(g.padding):
+        raise ValueError("the direct form reads an input padded beforehand: pass "
+                         "g.without_padding() and pad the input")
     data = te.placeholder((g.n, g.h, g.w, g.c), dtype, name="data")
     kern = te.placeholder((g.kh, g.kw, g.c, g.k), dtype, name="kernel")
     rc = te.reduce_axis((0, g.c), name="rc")
@@ -116,20 +138,26 @@ def gemm_te(g: ConvGeometry, dtype: str, acc: str, frag: Fragment) -> list:
     """[data NHWC, kernel (K', k), out (pixels, k)]: the conv as one GEMM over a window gathered
     in the kernel. K' is window x channels rounded up to the fragment's K (`gemm_weight` lays a
     HWIO weight out so); the gather pads pixels to the rows the core computes (`_m_rows`) and
-    writes zeros past the window, so the core reads it in place. Indices are clamped as well
-    as guarded."""
-    data = te.placeholder((g.n, g.h, g.w, g.c), dtype, name="data")
+    writes zeros past the window and in `g.padding`, so the core reads it in place and no pad
+    pass runs before the kernel. Indices are clamped as well as guarded."""
+    data = te.placeholder((g.n, g.in_h, g.in_w, g.c), dtype, name="data")
     pixels, window = g.pixels, g.window
     plane, width = g.out_h * g.out_w, _round_up(window, frag.k)
     (sy, sx), (dy, dx) = g.stride, g.dilation
+    top, left = g.padding[:2]
     zero = tirx.const(0, dtype)
 
     def gathered(p, q):
         pc, qc = tirx.min(p, pixels - 1), tirx.min(q, window - 1)
-        y = pc // g.out_w % g.out_h * sy + qc // (g.kw * g.c) * dy
-        x = pc % g.out_w * sx + qc // g.c % g.kw * dx
-        return tirx.if_then_else(tirx.all(p < pixels, q < window),
-                                 data[pc // plane, y, x, qc % g.c], zero)
+        # the tap's row and column in the padded input, then in the tensor
+        y = pc // g.out_w % g.out_h * sy + qc // (g.kw * g.c) * dy - top
+        x = pc % g.out_w * sx + qc // g.c % g.kw * dx - left
+        inside = [p < pixels, q < window]
+        if any(g.padding):
+            inside += [y >= 0, y < g.in_h, x >= 0, x < g.in_w]
+            y = tirx.max(tirx.min(y, g.in_h - 1), 0)
+            x = tirx.max(tirx.min(x, g.in_w - 1), 0)
+        return tirx.if_then_else(tirx.all(*inside), data[pc // plane, y, x, qc % g.c], zero)
 
     cols = te.compute((_m_rows(pixels, frag), width), gathered, name="cols")
     kern = te.placeholder((width, g.k), dtype, name="kernel")
