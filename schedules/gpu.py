@@ -93,22 +93,37 @@ def default(prepared, target=None):
     operands gathered by the shared-memory stages, int8 ones by a pass of their own, whose
     padded gather would copy 4 bytes per thread), 16-byte copies with the cp.async pipeline,
     1x2 warps of one fragment, split-K in the block by K's length (`_block_slices`), up to 8
-    fragments of K per stage over the slices (at most 4 per slice), two fragments per warp
-    only where FILL_BLOCKS blocks remain. On an H200
+    fragments of K per stage over the slices (at most 4 per slice, fewer where shared memory
+    would overflow), two fragments per warp only where FILL_BLOCKS blocks remain. On an H200
     (RESULTS 2026-11-27, `python -m unit_tvm.bench.gpu_configs`) the median sampled config
     with the one-kernel options was 1.82x faster than the former default (2x2 warps of 2x2
     fragments, the gather and the output copy as kernels of their own) over Table I."""
     m_tiles, n_tiles, k_tiles = tiles(prepared)
-    a_bytes, b_bytes, _ = _operand_bytes(prepared)
-    config = fit(GpuConfig(p=1, warps_m=1, warps_n=2, split_k=_block_slices(k_tiles),
-                           implicit=a_bytes == b_bytes == 2, pipeline=True,
-                           block_epilogue=True), m_tiles, n_tiles, k_tiles)
-    wide = fit(dataclasses.replace(config, p=2), m_tiles, n_tiles, k_tiles)
-    if wide.p == 2 and _blocks(wide, m_tiles, n_tiles, _other_blocks(prepared)) >= FILL_BLOCKS:
-        config = wide
-    # the stage's depth from the slices K took (fit may give fewer than asked)
-    return fit(dataclasses.replace(config, k_step=min(4, 8 // config.split_k)), m_tiles,
-               n_tiles, k_tiles)
+    frag, sizes = _fragment(prepared), _operand_bytes(prepared)
+
+    def staged(config):
+        # the stage's depth from the slices K took (fit may give fewer than asked), then less
+        # while the pipelined stages, the partials and the output tile overflow shared memory
+        # (the schedule would drop the epilogue and the pipeline instead)
+        config = fit(dataclasses.replace(config, k_step=min(4, 8 // config.split_k)), m_tiles,
+                     n_tiles, k_tiles)
+        while (config.shared_bytes(frag, *sizes, padded=True) > SHARED_LIMIT
+               and config.k_step > 1):
+            config = fit(dataclasses.replace(config, k_step=config.k_step - 1), m_tiles,
+                         n_tiles, k_tiles)
+        return config
+
+    config = staged(fit(GpuConfig(p=1, warps_m=1, warps_n=2, split_k=_block_slices(k_tiles),
+                                  implicit=sizes[0] == sizes[1] == 2, pipeline=True,
+                                  block_epilogue=True), m_tiles, n_tiles, k_tiles))
+    # two fragments per warp where the blocks still fill the GPU and the stages keep their
+    # depth in shared memory (a 128-token dense layer of BERT would drop to k_step 1)
+    wide = staged(dataclasses.replace(config, p=2))
+    if (wide.p == 2 and _blocks(wide, m_tiles, n_tiles, _other_blocks(prepared)) >= FILL_BLOCKS
+            and wide.k_step >= config.k_step
+            and wide.shared_bytes(frag, *sizes, padded=True) <= SHARED_LIMIT):
+        return wide
+    return config
 
 
 # the default's neighbours, one knob changed each: what the tuner measures first (seeds) and
@@ -313,10 +328,10 @@ def _in_block(sch, consumer, block_loop, threads_y):
 
 
 def schedule(prepared, intrin, config=None, target=None):
-    """s_tir.Schedule of a Prepared graph on a CUDA GPU: `apply` with `config` (default:
-    GpuConfig())."""
+    """s_tir.Schedule of a Prepared graph on a CUDA GPU: `apply` with `config` (None: `default`,
+    as the model path uses untuned)."""
     sch = s_tir.Schedule(te.create_prim_func(prepared.tensors))
-    apply(sch, prepared, intrin, config if config is not None else GpuConfig())
+    apply(sch, prepared, intrin, config if config is not None else default(prepared, target))
     return sch
 
 

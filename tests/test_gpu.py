@@ -253,13 +253,18 @@ def test_gpu_config_window_divides_both_sides():
 
 @needs_nvcc
 def test_gpu_default_copies_16_bytes_into_padded_rows():
-    """The default config stages both operands with 16-byte copies into shared rows padded by
-    16 bytes, and wmma reads them with the padded stride."""
-    label, intrin, build = WORKLOADS[0]  # 256 x 256 x 256 fp16: k tile of 32 -> stride 40
+    """The default config stages both operands with 16-byte cp.async copies (its pipeline) into
+    shared rows padded by 16 bytes, and wmma reads them with the padded stride; without the
+    pipeline the 16 bytes are one store per thread, without vector copies one element."""
+    label, intrin, build = WORKLOADS[0]  # 256 x 256 x 256 fp16
     src = _compile_checked(unit_tvm.rewrite(build(), intrin, target=_cuda("sm_80")), "sm_80")
-    assert len(re.findall(r"\*\(uint4\*\)\(\w+_shared_ptr \+", src)) >= 2
+    assert re.search(r'cp\.async\.cg\.shared\.global \[%0\], \[%1\], %2;"\s*'
+                     r':: "r"\(dst_addr\), "l"\(src_p\), "n"\(16\)\)', src)
     strides = {int(s) for s in re.findall(r"load_matrix_sync\(.*, (\d+)\);", src)}
     assert strides and all(s % 32 == 8 for s in strides), strides
+    stored = unit_tvm.rewrite(build(), intrin, target=_cuda("sm_80"), config=gpu.GpuConfig())
+    stored_src = nvcc.cuda_source(tvm.tirx.build(stored.mod, target=_cuda("sm_80")))
+    assert len(re.findall(r"\*\(uint4\*\)\(\w+_shared_ptr \+", stored_src)) >= 2
     plain = unit_tvm.rewrite(build(), intrin, target=_cuda("sm_80"),
                              config=gpu.GpuConfig(vector_copy=False))
     assert "uint4" not in nvcc.cuda_source(tvm.tirx.build(plain.mod, target=_cuda("sm_80")))
