@@ -70,8 +70,9 @@ CONFIG_IDS = ["split2", "split4_unfused", "p4", "implicit_split2", "element_copi
               "grid2_split2_pipeline_unfused"]
 # the compile test runs these in `make test-all` only (their ideas are covered by the others:
 # split-K by implicit_split2 and block_epilogue_split2, windows by the default p=2 and the
-# ablation test, the block epilogue alone by its own test)
-_COMPILE_SLOW = {"split4_unfused", "element_copies", "block_epilogue", "p4", "split2", "grid4"}
+# ablation test, the block epilogue alone by its own test, K across blocks by its own test)
+_COMPILE_SLOW = {"split4_unfused", "element_copies", "block_epilogue", "p4", "split2", "grid4",
+                 "grid2_split2_pipeline_unfused"}
 COMPILE_CONFIGS = [pytest.param(c, id=i, marks=[pytest.mark.slow] if i in _COMPILE_SLOW else [])
                    for c, i in zip(CONFIGS, CONFIG_IDS)]
 
