@@ -12,10 +12,10 @@
 #   scripts/gpu_session.sh ablation [TRIALS] [--quick]  reproduce fig11-gpu (the GPU ablation,
 #                                           Table I, fp16; --quick: its first four layers)
 #   scripts/gpu_session.sh profile MODEL [ARGS]  time each kernel of unit-tvm's build of MODEL
-#   scripts/gpu_session.sh configs [SAMPLE]  Table I under the named configs of
-#                                           unit_tvm.bench.gpu_configs and SAMPLE (default 40)
-#                                           more per layer from the tuning space: the default
-#                                           rule's evidence
+#   scripts/gpu_session.sh configs [SAMPLE]  ResNet-18's convs and Table I under the named
+#                                           configs of unit_tvm.bench.gpu_configs and SAMPLE
+#                                           (default 40) more per layer from the tuning space:
+#                                           the default rule's evidence (GPU_STUDY_LAYERS)
 #   scripts/gpu_session.sh all [SECONDS]    one lease's plan in one call of SECONDS (default
 #                                           540): setup, configs, test, models resnet18
 #                                           bert_base, ablation (4 layers), bench float16, each
@@ -109,8 +109,12 @@ models() {
 }
 
 configs() {
-    $PY -m unit_tvm.bench.gpu_configs --sample "${1:-40}" --out "$OUT" 2>&1 \
-        | tee "$OUT/gpu_configs.log" | tail -45
+    # ResNet-18's convs (what the model runs), then Table I (GPU_STUDY_LAYERS to choose)
+    local layers
+    for layers in ${GPU_STUDY_LAYERS:-resnet18 table1}; do
+        $PY -m unit_tvm.bench.gpu_configs --layers "$layers" --sample "${1:-40}" --out "$OUT" \
+            2>&1 | tee "$OUT/gpu_configs_$layers.log" | tail -25
+    done
 }
 
 profile() {
@@ -135,7 +139,7 @@ all() {
     local deadline=$(( $(date +%s) + ${1:-540} ))
     setup > "$OUT/setup.log" 2>&1 || { tail -20 "$OUT/setup.log"; return 1; }
     tail -3 "$OUT/setup.log"
-    [[ -n ${GPU_NO_CONFIGS:-} ]] || within "$deadline" "$0" configs "${GPU_SAMPLE:-40}"
+    [[ -n ${GPU_NO_CONFIGS:-} ]] || within "$deadline" "$0" configs "${GPU_SAMPLE:-24}"
     within "$deadline" "$0" test
     GPU_MODELS=${GPU_MODELS:-resnet18 bert_base} within "$deadline" "$0" models --no-tune \
         --rounds "${GPU_ROUNDS:-10}"

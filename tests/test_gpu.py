@@ -605,7 +605,8 @@ def test_gpu_config_study_builds_in_parallel_and_summarizes(tmp_path):
     libraries; the summary compares each named config with the legacy default and cuDNN."""
     from unit_tvm.bench import gpu_configs
 
-    layer = (128, 16, 128, 3, 1)
+    layer = (64, 14, 64, 3, 1, 1, 2)  # a model's conv: padded by the gather, run twice
+    assert gpu_configs.prepared_layer(layer).params[0].shape[1] == 14  # the unpadded input
     jobs, where, built = gpu_configs.build_all([layer], ["legacy", "default"], "sm_90",
                                                str(tmp_path), workers=1, sample=2,
                                                log=lambda _: None)
@@ -614,9 +615,13 @@ def test_gpu_config_study_builds_in_parallel_and_summarizes(tmp_path):
     assert gpu.GpuConfig.from_key(jobs[where[(0, "default")]][1]).block_epilogue
     assert not gpu.GpuConfig.from_key(jobs[where[(0, "legacy")]][1]).block_epilogue
     assert all(os.path.getsize(path) > 0 for path, _ in built)  # loading needs a GPU's runtime
-    rows = [{"layer": "L1", "config": "legacy", "ms": 2.0, "cudnn_ms": 1.0},
-            {"layer": "L1", "config": "default", "ms": 1.0, "cudnn_ms": 1.0},
-            {"layer": "L1", "config": "s0", "ms": 0.5, "cudnn_ms": 1.0}]
+    rows = [{"layer": "L1", "config": "legacy", "ms": 2.0, "cudnn_ms": 1.0, "count": 3},
+            {"layer": "L1", "config": "default", "ms": 1.0, "cudnn_ms": 1.0, "count": 3},
+            {"layer": "L2", "config": "legacy", "ms": 1.0, "cudnn_ms": 1.0, "count": 1},
+            {"layer": "L2", "config": "default", "ms": 1.0, "cudnn_ms": 1.0, "count": 1},
+            {"layer": "L1", "config": "s0", "ms": 0.5, "cudnn_ms": 1.0, "count": 3}]
     out = gpu_configs.summary(rows, log=lambda _: None)
-    assert out["default"]["vs_legacy"] == pytest.approx(2.0)
-    assert out["legacy"]["vs_cudnn"] == pytest.approx(0.5) and "s0" not in out
+    assert out["default"]["vs_legacy"] == pytest.approx(2.0 ** 0.5)
+    assert out["legacy"]["vs_cudnn"] == pytest.approx(0.5 ** 0.5) and "s0" not in out
+    assert out["legacy"]["total_ms"] == pytest.approx(7.0)  # 3 x 2 + 1
+    assert out["legacy"]["total_vs_cudnn"] == pytest.approx(4.0 / 7.0)

@@ -1,13 +1,15 @@
-"""`python -m unit_tvm.bench.gpu_configs`: Table I's layers under a fixed list of GPU configs.
+"""`python -m unit_tvm.bench.gpu_configs`: conv layers under a fixed list of GPU configs.
 
 The evidence for the GPU strategy's default rule (schedules/gpu.py `default`): every layer of
-Table I in the form the model path chooses, built under each named config of CANDIDATES (each
-fitted to the layer), every kernel checked against TVM's CPU build and timed the same way
-(rounds of 20 calls, min of the per-round means), beside PyTorch's cuDNN conv (the faster of
-eager and CUDA graph). The kernels are built in parallel processes (a device machine has many
-cores and nvcc takes seconds per kernel), then loaded and timed one after the other on the GPU.
-Writes gpu_configs.json (one row per layer and config) and prints per config its geomean against
-the legacy default and against cuDNN.
+Table I, or every distinct conv of ResNet-18 (`--layers resnet18`, padded as the model pads
+them and weighed by how often it runs each), in the form the model path chooses, built under
+each named config of CANDIDATES (each fitted to the layer) and a sample of the tuning space,
+every kernel checked against TVM's CPU build and timed the same way (rounds of 20 calls, min of
+the per-round means), beside PyTorch's cuDNN conv (the faster of eager and CUDA graph). The
+kernels are built in parallel processes (a device machine has many cores and nvcc takes seconds
+per kernel), then loaded and timed one after the other on the GPU. Writes gpu_configs.json
+(one row per layer and config) and prints per config its geomean against the legacy default
+and against cuDNN, and the layers' summed time against cuDNN's.
 """
 
 import argparse
@@ -63,21 +65,26 @@ CANDIDATES = {
 
 
 def prepared_layer(layer, dtype="float16"):
-    """The Prepared graph of a Table I layer (C, H, K, R, stride) in the model path's form."""
+    """The Prepared graph of a layer (C, H, K, R, stride[, padding]) in the model path's form:
+    a Table I layer (its input handed over padded), or a model's (padded by the gather)."""
     from .. import intrinsics
     from ..prepare import prepare
     from ..relax import gpu_conv
 
-    c, h, k, r, s = layer
+    c, h, k, r, s = layer[:5]
+    pad = layer[5] if len(layer) > 5 else 0
     intrin = intrinsics.get(INTRIN)
     frag = gpu.fragment_of(intrin)
-    g = gpu_conv.ConvGeometry(1, h, h, c, k, r, r, (s, s))
+    g = gpu_conv.ConvGeometry(1, h + 2 * pad, h + 2 * pad, c, k, r, r, (s, s),
+                              padding=(pad,) * 4)
+    if gpu_conv.choose_form(g, frag) == "direct":
+        g = g.without_padding()  # the model pads such an input beforehand
     tensors = gpu_conv.te_for_form(g, gpu_conv.choose_form(g, frag), dtype, "float32", frag)
     return prepare(tensors[-1], intrin, params=tensors[:-1], **gpu.prepare_options(None))
 
 
 def _module(layer, key, arch):
-    """The built kernel of a Table I layer under the config `key`, for `arch`."""
+    """The built kernel of a layer under the config `key`, for `arch`."""
     import tvm
 
     from .. import intrinsics, lowering
@@ -157,7 +164,7 @@ def run(layers, names=None, workers=None, repeat=7, sample=0, log=print):
             prepared = prepared_layer(layer)
             arrays = _inputs(prepared, intrinsics.get(INTRIN), rng)
             expected = reference_output(prepared, arrays, target)
-            torch_t = time_torch_cudnn(*layer, repeat)
+            torch_t = time_torch_cudnn(*layer[:5], repeat, *layer[5:6])
             cudnn = min(torch_t.eager_min, torch_t.graph_min) * 1e3 if torch_t else math.nan
             mine = [name for (li, name) in where if li == i]
             for name in mine:
@@ -167,8 +174,9 @@ def run(layers, names=None, workers=None, repeat=7, sample=0, log=print):
                 if j not in timed:
                     timed[j] = _time(jobs[j], built[j], dev, arrays, expected, repeat)
                 ms, error = timed[j]
-                rows.append({"layer": f"L{i + 1}", "shape": list(layer), "config": name,
-                             "key": jobs[j][1], "ms": ms, "error": error, "cudnn_ms": cudnn})
+                rows.append({"layer": f"L{i + 1}", "shape": list(layer[:6]), "config": name,
+                             "key": jobs[j][1], "ms": ms, "error": error, "cudnn_ms": cudnn,
+                             "count": layer[6] if len(layer) > 6 else 1})
             log(f"L{i + 1:<3} cuDNN {cudnn:.4f}  " + "  ".join(
                 f"{r['config']} {r['ms']:.4f}" for r in rows if r["layer"] == f"L{i + 1}"
                 and r["config"] in names))
@@ -208,10 +216,15 @@ def summary(rows, log=print):
         vs_legacy = [legacy[k]["ms"] / v["ms"] for k, v in ok.items()
                      if k in legacy and not math.isnan(legacy[k]["ms"])]
         vs_cudnn = [v["cudnn_ms"] / v["ms"] for v in ok.values() if not math.isnan(v["cudnn_ms"])]
+        # a model's layers weighed by how often it runs them: its convs' time against cuDNN's
+        total = sum(v.get("count", 1) * v["ms"] for v in ok.values())
+        cudnn = sum(v.get("count", 1) * v["cudnn_ms"] for v in ok.values())
         out[name] = {"ran": len(ok), "of": len(layers), "vs_legacy": _geomean(vs_legacy),
-                     "vs_cudnn": _geomean(vs_cudnn)}
-        log(f"{name:<24} ran {len(ok):>2}/{len(layers):<2} vs legacy "
-            f"{out[name]['vs_legacy']:.2f}x  vs cuDNN {out[name]['vs_cudnn']:.2f}x")
+                     "vs_cudnn": _geomean(vs_cudnn), "total_ms": total,
+                     "total_vs_cudnn": cudnn / total if total else math.nan}
+        log(f"{name:<28} ran {len(ok):>2}/{len(layers):<2} vs legacy "
+            f"{out[name]['vs_legacy']:.2f}x  vs cuDNN {out[name]['vs_cudnn']:.2f}x  "
+            f"sum {total:.4f} ms ({out[name]['total_vs_cudnn']:.2f}x cuDNN's sum)")
     best = {}
     for r in rows:
         if not math.isnan(r["ms"]) and r["ms"] < best.get(r["layer"], (math.inf,))[0]:
@@ -227,10 +240,12 @@ def _geomean(values):
 
 
 def main(argv=None):
-    """Command line: --quick (L1-L4), --workers, --out."""
-    from ..testing.workloads import TABLE_I
+    """Command line: --layers table1|resnet18, --quick (the first four), --workers, --out."""
+    from ..testing.workloads import RESNET18_CONVS, TABLE_I
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", choices=("table1", "resnet18"), default="table1",
+                    help="Table I, or ResNet-18's distinct convs (weighed by their count)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--workers", type=int)
     ap.add_argument("--repeat", type=int, default=7)
@@ -238,10 +253,12 @@ def main(argv=None):
                     help="configs per layer drawn from the tuning space besides the named ones")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
-    rows = run(TABLE_I[:4] if args.quick else TABLE_I, workers=args.workers,
+    layers = TABLE_I if args.layers == "table1" else RESNET18_CONVS
+    rows = run(layers[:4] if args.quick else layers, workers=args.workers,
                repeat=args.repeat, sample=args.sample)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_configs.json"), "w") as f:
+    stem = "gpu_configs" if args.layers == "table1" else f"gpu_configs_{args.layers}"
+    with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump({"rows": rows, "summary": summary(rows)}, f, indent=1)
 
 

@@ -77,7 +77,7 @@ def tvm_default_build(op, target):
         return None
 
 
-def time_torch_cudnn(c, h, k, r, stride, repeat):
+def time_torch_cudnn(c, h, k, r, stride, repeat, padding=0):
     """TorchTimes of PyTorch's fp16 conv2d (cuDNN, channels_last), or None without torch CUDA."""
     try:
         import torch
@@ -86,7 +86,7 @@ def time_torch_cudnn(c, h, k, r, stride, repeat):
     if not torch.cuda.is_available():
         return None
     torch.backends.cudnn.benchmark = True
-    conv = torch.nn.Conv2d(c, k, r, stride=stride, bias=False).cuda().half()
+    conv = torch.nn.Conv2d(c, k, r, stride=stride, padding=padding, bias=False).cuda().half()
     conv = conv.to(memory_format=torch.channels_last)
     x = torch.randn(1, c, h, h, device="cuda", dtype=torch.half)
     x = x.contiguous(memory_format=torch.channels_last)
