@@ -48,6 +48,8 @@ def test_gpu_pass_tensorizes_every_conv_and_dense(resnet18):
     assert text.count("unit_gpu_conv2d") >= 20
     # the gather supplies the convs' zero padding: no pad pass before any kernel
     assert "R.nn.pad" not in text
+    # every bias, residual add and ReLU is in a kernel's write-back (gpu_epilogue)
+    assert "R.add(" not in text and "R.nn.relu(" not in text
 
 
 @needs_nvcc
@@ -270,6 +272,55 @@ def test_gpu_graph_around_the_kernels_is_exact_on_cpu(monkeypatch, int8):
     assert cos > (0.999 if int8 else 0.9999), cos
     # int8 measured 1.4% of the largest output (a 1% error in the dequantization scale: 2.8%)
     np.testing.assert_allclose(got, ref, atol=(0.02 if int8 else 0.005) * np.abs(ref).max())
+
+
+class _Residual(torch.nn.Module):
+    """A residual block with a ReLU6 (a clip: a maximum and a minimum on the GPU path), a
+    folded batch norm, a residual add after it and a ReLU, and a 1x1 conv with a bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.b = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False)
+        self.norm = torch.nn.BatchNorm2d(16)
+        self.c = torch.nn.Conv2d(16, 24, 1)
+        with torch.no_grad():
+            self.norm.running_mean.uniform_(-0.5, 0.5)
+            self.norm.running_var.uniform_(0.2, 3.0)
+
+    def forward(self, x):
+        y = torch.clamp(self.a(x), 0.0, 0.5)
+        return self.c(torch.relu(self.norm(self.b(y)) + y))
+
+
+def test_gpu_epilogue_chains_fold_into_the_kernels_exactly_on_cpu(monkeypatch):
+    """Bias adds, the residual add and the activations after each conv go into its kernel
+    (no elementwise op is left between the kernels), and the result is what the model
+    computes: each kernel replaced by its te definition, run on this CPU, against PyTorch
+    fp32 (fp16 rounding: cast, + bias, + residual, activation, in the model's order)."""
+    from tvm import relax
+
+    from unit_tvm import frontends
+    from unit_tvm.compiler import build_relax
+    from unit_tvm.relax import gpu
+    from unit_tvm.target import host
+
+    monkeypatch.setattr(gpu._Kernels, "_make", _te_reference_kernels)
+    torch.manual_seed(0)
+    module = _Residual().eval()
+    x = torch.randn(1, 16, 12, 12)
+    tensorize = UnitTensorizeGPU(_cuda("sm_90"))
+    out_mod = tensorize(gpu.to_fp16_nhwc(frontends.from_torch(module, [x])))
+    text = out_mod["main"].script()
+    assert len(tensorize.report) == 3
+    for op in ("R.add(", "R.nn.relu(", "R.maximum(", "R.minimum("):
+        assert op not in text, op
+    vm = relax.VirtualMachine(build_relax(out_mod, host()), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cpu()))
+    got = (got if hasattr(got, "numpy") else got[0]).numpy().astype(np.float64)
+    with torch.no_grad():
+        ref = module(x).numpy().astype(np.float64)
+    np.testing.assert_allclose(got, ref, atol=0.01 * np.abs(ref).max())
 
 
 def test_gpu_bench_model_speedups_name_each_engine():

@@ -27,7 +27,7 @@ from ..rewriter import schedule
 from ..schedules.gpu import fragment_of
 from ..target import as_target, is_gpu
 from ..tuner import tune_instruction
-from . import gpu_conv, gpu_int8
+from . import gpu_conv, gpu_epilogue, gpu_int8
 from .gpu_conv import ConvGeometry
 from .gpu_window import WindowReduction
 from .graph import const_value, dataflow_bindings, rewrite_functions
@@ -210,6 +210,14 @@ def _matmul_weight(call):
 _REPLACED = {"relax.nn.conv2d": (_conv_weight, 0), "relax.matmul": (_matmul_weight, 1)}
 
 
+def _chain_key(chain):
+    """What a kernel's signature adds for the chain it computes (its structure; the bias is an
+    argument, so layers of one shape share the kernel)."""
+    if chain is None:
+        return ()
+    return ("epilogue", chain.residual is not None, chain.bounds)
+
+
 def tensor_core_calls(func: relax.Function) -> list:
     """The calls of `func` the pass replaces where their precision allows (conv2d NHWC x OHWI
     with groups 1, matmul by a constant 2-D weight), in program order."""
@@ -238,14 +246,19 @@ class _Operands(NamedTuple):
 class _Rewrite(relax.PyExprMutator):
     """Replaces conv2d / constant-weight matmul calls by call_tir of tensorized kernels: fp16
     ones as they are, and those `scales` names (call -> input scale) quantized to int8."""
-    def __init__(self, mod, kernels, scales=None):
+    def __init__(self, mod, kernels, scales=None, chains=None):
         super().__init__(mod)
         self.kernels = kernels
         self.scales = scales or {}
+        self.chains = chains or {}  # original call -> gpu_epilogue.Chain its kernel computes
+        self.pending = {}  # a chain's last call -> (emit(residual), the residual Var or None)
         self.added = {}  # te signature -> GlobalVar of its kernel in the module
 
     def visit_call_(self, call):  # noqa: D401 - mutator hook
         original = call
+        if original in self.pending:  # the end of a chain: its kernel, every operand defined
+            emit, residual = self.pending.pop(original)
+            return emit(None if residual is None else self.visit_expr(residual))
         call = self.visit_expr_post_order(call)
         if not isinstance(call.op, tvm.ir.Op) or call.op.name not in _REPLACED:
             return call
@@ -255,8 +268,16 @@ class _Rewrite(relax.PyExprMutator):
         if operands is None:
             return call
         rewrite = self._conv2d if call.op.name == "relax.nn.conv2d" else self._matmul
-        new = rewrite(call, operands)
-        return call if new is None else new
+        chain = self.chains.get(original) if operands.x_scale is None else None
+        if chain is not None:
+            emit = rewrite(call, operands, chain)
+            if emit is not None:
+                # emitted at the chain's end (a residual may be defined after this call); this
+                # call and the chain's ops before the end are then read by nothing
+                self.pending[chain.end] = (emit, chain.residual)
+                return call
+        emit = rewrite(call, operands)
+        return call if emit is None else emit(None)
 
     def _operands(self, original, call, weight, axis):
         """_Operands of a replaceable call, or None when its precision has no kernel here."""
@@ -273,7 +294,24 @@ class _Rewrite(relax.PyExprMutator):
             return x
         return self.builder_.emit(gpu_int8.quantized_input(x, operands.x_scale))
 
-    def _emit_kernel(self, made, sig, args, shape, operands, dtype):
+    def _with_chain(self, tensors, chain, operands):
+        """A form's te tensors with the chain's stages after its accumulator (fp16 only)."""
+        if chain is None:
+            return tensors
+        inputs, out = gpu_epilogue.stages(tensors[-1], chain, operands.dtype)
+        return [*tensors[:-1], *inputs, out]
+
+    def _chain_args(self, chain, residual, shape, dtype):
+        """The chain's operands in the kernel's argument order: bias, then the residual laid
+        out as the kernel's result (a reshape, which the build makes a view)."""
+        if chain is None:
+            return []
+        args = [relax.const(chain.bias.astype(dtype))]
+        if residual is not None:
+            args.append(self.builder_.emit(relax.op.reshape(residual, shape)))
+        return args
+
+    def _emit_kernel(self, made, sig, args, shape, operands, dtype, fused=False):
         if sig not in self.added:
             name = f"unit_gpu_{sig[0]}_{len(self.added)}"
             # scheduled already (dlight leaves it), and opaque: operator fusion must not merge
@@ -281,13 +319,17 @@ class _Rewrite(relax.PyExprMutator):
             func = made.func.with_attrs({"global_symbol": name, "tir.is_scheduled": True,
                                          "op_pattern": 8})
             self.added[sig] = self.builder_.add_func(func, name)
-        out = self.builder_.emit(relax.call_tir(self.added[sig], args,
-                                                relax.TensorType(shape, operands.acc)))
+        out = self.builder_.emit(relax.call_tir(
+            self.added[sig], args, relax.TensorType(shape, dtype if fused else operands.acc)))
+        if fused:  # the kernel wrote the chain's result in the model's dtype
+            return out
         if operands.x_scale is None:
             return relax.op.astype(out, dtype)
         return gpu_int8.dequantized(out, operands.x_scale, operands.w_scale, dtype)
 
-    def _conv2d(self, call, operands):
+    def _conv2d(self, call, operands, chain=None):
+        """emit(residual) -> the conv's replacement (with `chain`: the chain's result), or None
+        when no kernel computes it."""
         attrs, x = call.attrs, call.args[0]
         n, h, wd, c = _shape(x)
         k, kh, kw, _ = operands.weight.shape
@@ -296,43 +338,61 @@ class _Rewrite(relax.PyExprMutator):
         g = ConvGeometry(n, h + top + bottom, wd + left + right, c, k, kh, kw,
                          tuple(int(s) for s in attrs.strides),
                          tuple(int(d) for d in attrs.dilation), (top, left, bottom, right))
-        sig = ("conv2d", g, dtype)
+        sig = ("conv2d", g, dtype) + _chain_key(chain)
         label = (f"conv2d {n}x{h}x{wd}x{c} -> {k} k{kh}x{kw} s{g.stride[0]}"
                  + (f" d{g.dilation[0]}" if g.dilation != (1, 1) else "") + f" {dtype}")
         # the gemm form's gather supplies the padding (no pad pass: on an H200 resnet18 ran
         # eight pads as kernels of their own); the direct form reads a padded input
-        forms = {f: gpu_conv.te_for_form(g if f == "gemm" else g.without_padding(), f, dtype,
-                                         operands.acc, frag)
+        forms = {f: self._with_chain(gpu_conv.te_for_form(
+                     g if f == "gemm" else g.without_padding(), f, dtype, operands.acc, frag),
+                     chain, operands)
                  for f in gpu_conv.forms_in_order(g, frag)}
         made = self.kernels.get(sig, forms, label)
         if made is None:
             return None
-        x = self._input(x, operands)
-        if made.form == "direct" and (top or left or bottom or right):
-            x = self.builder_.emit(relax.op.nn.pad(x, [0, 0, top, bottom, left, right, 0, 0]))
         hwio = np.ascontiguousarray(operands.weight.transpose(1, 2, 3, 0))
         out_dtype = str(call.ty.dtype)
-        if made.form == "direct":
-            return self._emit_kernel(made, sig, [x, relax.const(hwio)], [n, g.out_h, g.out_w, k],
-                                     operands, out_dtype)
-        out = self._emit_kernel(made, sig, [x, relax.const(gpu_conv.gemm_weight(hwio, frag))],
-                                [g.pixels, k], operands, out_dtype)
-        return relax.op.reshape(self.builder_.emit(out), [n, g.out_h, g.out_w, k])
+        direct = made.form == "direct"
+        shape = [n, g.out_h, g.out_w, k] if direct else [g.pixels, k]
+        weight = relax.const(hwio if direct else gpu_conv.gemm_weight(hwio, frag))
 
-    def _matmul(self, call, operands):
+        def emit(residual):
+            data = self._input(x, operands)
+            if direct and (top or left or bottom or right):
+                data = self.builder_.emit(
+                    relax.op.nn.pad(data, [0, 0, top, bottom, left, right, 0, 0]))
+            args = [data, weight, *self._chain_args(chain, residual, shape, out_dtype)]
+            out = self._emit_kernel(made, sig, args, shape, operands, out_dtype,
+                                    fused=chain is not None)
+            if direct:
+                return out
+            return relax.op.reshape(self.builder_.emit(out), [n, g.out_h, g.out_w, k])
+
+        return emit
+
+    def _matmul(self, call, operands, chain=None):
+        """emit(residual) -> the matmul's replacement, as `_conv2d`."""
         x = call.args[0]
         lead = _shape(x)[:-1]
         m, (k, n) = int(np.prod(lead)) if lead else 1, operands.weight.shape
-        sig = ("dense", m, n, k, operands.dtype)
+        sig = ("dense", m, n, k, operands.dtype) + _chain_key(chain)
         made = self.kernels.get(
-            sig, {"dense": dense_te(m, n, k, operands.dtype, operands.acc)},
+            sig, {"dense": self._with_chain(dense_te(m, n, k, operands.dtype, operands.acc),
+                                            chain, operands)},
             f"dense {m}x{k} -> {n} {operands.dtype}")
         if made is None:
             return None
-        flat = self.builder_.emit(relax.op.reshape(self._input(x, operands), [m, k]))
-        out = self._emit_kernel(made, sig, [flat, relax.const(operands.weight)], [m, n],
-                                operands, str(call.ty.dtype))
-        return relax.op.reshape(self.builder_.emit(out), lead + [n])
+        out_dtype = str(call.ty.dtype)
+
+        def emit(residual):
+            flat = self.builder_.emit(relax.op.reshape(self._input(x, operands), [m, k]))
+            args = [flat, relax.const(operands.weight),
+                    *self._chain_args(chain, residual, [m, n], out_dtype)]
+            out = self._emit_kernel(made, sig, args, [m, n], operands, out_dtype,
+                                    fused=chain is not None)
+            return relax.op.reshape(self.builder_.emit(out), lead + [n])
+
+        return emit
 
 
 @tvm.transform.module_pass(opt_level=0, name="UnitTensorizeGPU")
@@ -363,8 +423,11 @@ class UnitTensorizeGPU:
         scales = None
         if self.int8 is not None:
             scales = gpu_int8.calibrate(mod, tensor_core_calls(mod["main"]), self.int8)
+        # fp16: the bias, residual and activation after each kernel go into its write-back
+        chains = ({} if scales is not None
+                  else gpu_epilogue.find_chains(mod["main"], tensor_core_calls(mod["main"])))
         return relax.transform.DeadCodeElimination()(
-            rewrite_functions(mod, _Rewrite(mod, self.kernels, scales)))
+            rewrite_functions(mod, _Rewrite(mod, self.kernels, scales, chains)))
 
 
 def default_gpu_schedule(mod: tvm.IRModule, target) -> tvm.IRModule:
