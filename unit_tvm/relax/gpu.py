@@ -6,11 +6,13 @@ conv2d (groups 1) and every matmul by a constant weight with the Rewriter's wmma
 same te op (fp16 x fp16 accumulated in fp32), written in the form gpu_conv chooses (a conv's
 output rows fused into one GEMM where that computes less padding; dilated windows too): the
 Inspector maps it, prepare gathers the window im2col-style and pads to fragment multiples, the GPU
-strategy schedules it with a database or tuned config (tuning races both forms), and its fp32
-result is cast back to fp16 by an elementwise op that TVM fuses with what follows (bias, batch
-norm, relu). Everything else — pads, pools, depthwise convs, attention matmuls, softmax, layer
-norms — goes through TVM's own GPU pipeline (legalization, operator fusion, dlight schedules).
-This is one pass before tvm.compile, as UnitTensorize is on CPU.
+strategy schedules it with a database or tuned config (tuning races both forms); the bias,
+residual add and activation after it go into its write-back (gpu_epilogue), else its fp32
+result is cast back to fp16 by an elementwise op that TVM fuses with what follows. Everything
+else — pools, depthwise convs, attention matmuls, softmax, layer norms — goes through TVM's own
+GPU pipeline (legalization, operator fusion, dlight schedules; gpu_window's rule first). The
+layout passes are gpu_layout's. This is one pass before tvm.compile, as UnitTensorize is on
+CPU.
 """
 
 from dataclasses import dataclass, field
@@ -29,6 +31,8 @@ from ..target import as_target, is_gpu
 from ..tuner import tune_instruction
 from . import gpu_conv, gpu_epilogue, gpu_int8
 from .gpu_conv import ConvGeometry
+# the layout passes are the GPU path's public names too
+from .gpu_layout import to_fp16, to_fp16_nhwc, to_nhwc  # noqa: F401
 from .gpu_window import WindowReduction
 from .graph import const_value, dataflow_bindings, rewrite_functions
 
@@ -42,68 +46,6 @@ _FLOAT = ("float16",)
 
 def _fragment(dtype):
     return fragment_of(intrinsics.get(_INSTRUCTION[dtype]))
-
-
-def _scalar(prim_value):
-    value = prim_value.value
-    return float(getattr(value, "value", value))
-
-
-@relax.expr_functor.mutator
-class _ClipAsMinMax(relax.PyExprMutator):
-    """clip(x, lo, hi) -> minimum(maximum(x, lo), hi) with tensor constants: TVM's
-    ToMixedPrecision fails on clip's scalar (PrimValue) bounds (ReLU6 in MobileNets)."""
-
-    def visit_call_(self, call):  # noqa: D401 - mutator hook
-        call = self.visit_expr_post_order(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip"):
-            return call
-        x, lo, hi = call.args
-        dtype = str(x.ty.dtype)
-        low = self.builder_.emit(relax.op.maximum(x, relax.const(_scalar(lo), dtype)))
-        return relax.op.minimum(low, relax.const(_scalar(hi), dtype))
-
-
-@tvm.transform.module_pass(opt_level=0, name="ClipAsMinMax")
-def _clip_as_min_max(mod, ctx):
-    return rewrite_functions(mod, _ClipAsMinMax(mod))
-
-
-def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
-    """A float32 Relax model laid out as the GPU path computes it: a batch norm after a conv
-    folded into its weights and a bias (TVM's FoldBatchnormToConv2D), any other one into
-    elementwise ops, clips as a maximum and a minimum, NHWC x OHWI convs (values still
-    fp32)."""
-    return tvm.transform.Sequential([
-        # unfolded, each batch norm was its own kernel after the conv (resnet18 on an H200: 19
-        # of them, ~10 us each timed alone); folded, only the bias add is left, which fuses
-        # with the relu or residual add that follows
-        relax.transform.FoldBatchnormToConv2D(),
-        relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant(),
-        # ConvertLayout has no rule for clip: a ReLU6 stayed NCHW between two transposes, a
-        # kernel of its own after each of mobilenet_v2's convs; a maximum and a minimum follow
-        # the layout and fuse with the conv's bias
-        _clip_as_min_max,
-        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
-        relax.transform.FoldConstant(),  # the weights' layout transforms
-    ])(mod)
-
-
-def to_fp16(mod: tvm.IRModule) -> tvm.IRModule:
-    """The module's float32 values in fp16 (TVM's ToMixedPrecision; int8 kernels stay). Clips
-    become a maximum and a minimum first: ToMixedPrecision fails on clip's scalar bounds (the
-    model's ReLU6, the int8 path's input quantization)."""
-    return tvm.transform.Sequential([
-        _clip_as_min_max,
-        relax.transform.ToMixedPrecision(out_dtype="float16"),
-        relax.transform.FoldConstant(),
-    ])(mod)
-
-
-def to_fp16_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
-    """A float32 Relax model as the GPU path computes it: NHWC x OHWI convs, fp16 values."""
-    return to_fp16(to_nhwc(mod))
 
 
 @dataclass(frozen=True)

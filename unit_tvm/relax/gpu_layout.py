@@ -1,0 +1,69 @@
+"""The GPU path's layout passes: a float32 Relax model laid out NHWC x OHWI (batch norms folded,
+clips as a maximum and a minimum) and its values made fp16 by TVM's own passes."""
+
+import tvm
+from tvm import relax
+
+from .graph import rewrite_functions
+
+
+def _scalar(prim_value):
+    value = prim_value.value
+    return float(getattr(value, "value", value))
+
+
+@relax.expr_functor.mutator
+class _ClipAsMinMax(relax.PyExprMutator):
+    """clip(x, lo, hi) -> minimum(maximum(x, lo), hi) with tensor constants: TVM's
+    ToMixedPrecision fails on clip's scalar (PrimValue) bounds (ReLU6 in MobileNets)."""
+
+    def visit_call_(self, call):  # noqa: D401 - mutator hook
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.clip"):
+            return call
+        x, lo, hi = call.args
+        dtype = str(x.ty.dtype)
+        low = self.builder_.emit(relax.op.maximum(x, relax.const(_scalar(lo), dtype)))
+        return relax.op.minimum(low, relax.const(_scalar(hi), dtype))
+
+
+@tvm.transform.module_pass(opt_level=0, name="ClipAsMinMax")
+def _clip_as_min_max(mod, ctx):
+    return rewrite_functions(mod, _ClipAsMinMax(mod))
+
+
+def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
+    """A float32 Relax model laid out as the GPU path computes it: a batch norm after a conv
+    folded into its weights and a bias (TVM's FoldBatchnormToConv2D), any other one into
+    elementwise ops, clips as a maximum and a minimum, NHWC x OHWI convs (values still
+    fp32)."""
+    return tvm.transform.Sequential([
+        # unfolded, each batch norm was its own kernel after the conv (resnet18 on an H200: 19
+        # of them, ~10 us each timed alone); folded, only the bias add is left, which fuses
+        # with the relu or residual add that follows
+        relax.transform.FoldBatchnormToConv2D(),
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.FoldConstant(),
+        # ConvertLayout has no rule for clip: a ReLU6 stayed NCHW between two transposes, a
+        # kernel of its own after each of mobilenet_v2's convs; a maximum and a minimum follow
+        # the layout and fuse with the conv's bias
+        _clip_as_min_max,
+        relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
+        relax.transform.FoldConstant(),  # the weights' layout transforms
+    ])(mod)
+
+
+def to_fp16(mod: tvm.IRModule) -> tvm.IRModule:
+    """The module's float32 values in fp16 (TVM's ToMixedPrecision; int8 kernels stay). Clips
+    become a maximum and a minimum first: ToMixedPrecision fails on clip's scalar bounds (the
+    model's ReLU6, the int8 path's input quantization)."""
+    return tvm.transform.Sequential([
+        _clip_as_min_max,
+        relax.transform.ToMixedPrecision(out_dtype="float16"),
+        relax.transform.FoldConstant(),
+    ])(mod)
+
+
+def to_fp16_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
+    """A float32 Relax model as the GPU path computes it: NHWC x OHWI convs, fp16 values."""
+    return to_fp16(to_nhwc(mod))
