@@ -13,7 +13,7 @@ import numpy as np
 import tvm
 from tvm import relax, te, tirx
 
-from .graph import const_value, dataflow_bindings, op_name, scalar_const, uses
+from .graph import const_value, dataflow_bindings, op_name, readers, scalar_const, uses
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,42 +44,28 @@ def find_chains(func: relax.Function, starts) -> dict:
     the same shape and a ReLU or a clip (maximum with 0, then maybe minimum), each read once. A
     binding joins one chain at most (the first in program order)."""
     bindings = dataflow_bindings(func)
-    count = uses(bindings, func)
-    reader = {}
-    for b in bindings:
-        relax.analysis.post_order_visit(
-            b.value, lambda e, b=b: reader.setdefault(e, b) if isinstance(e, relax.Var) else None)
+    count, reader = uses(bindings, func), readers(bindings)
     var_of = {b.value: b.var for b in bindings}
-    value_of = {b.var: b.value for b in bindings}
     claimed, out = set(), {}
     for call in starts:
         var = var_of.get(call)
         if var is None:
             continue
-        chain = _follow(var, call, count, reader, claimed, value_of)
+        chain = _follow(var, call, count, reader, claimed)
         if chain is not None:
             out[call] = chain
     return out
 
 
 def _single_reader(var, count, reader, claimed):
-    b = reader.get(var)
-    if b is None or count.get(var, 0) != 1 or b.var in claimed:
+    """The binding that reads `var`, when it is its only read and in no chain yet."""
+    found = reader.get(var, [])
+    if count.get(var, 0) != 1 or len(found) != 1 or found[0].var in claimed:
         return None
-    return b
+    return found[0]
 
 
-def _scalar(expr, value_of):
-    """A scalar bound's value: a constant, or a variable bound to one cast to another dtype
-    (ToMixedPrecision writes a clip's fp32 bounds so)."""
-    if isinstance(expr, relax.Var) and expr in value_of:
-        expr = value_of[expr]
-        if op_name(expr) == "relax.astype":
-            expr = expr.args[0]
-    return scalar_const(expr)
-
-
-def _follow(var, call, count, reader, claimed, value_of):
+def _follow(var, call, count, reader, claimed):
     channels = int(call.ty.shape[-1])
     b = _single_reader(var, count, reader, claimed)
     if b is None or op_name(b.value) != "relax.add":
@@ -103,12 +89,12 @@ def _follow(var, call, count, reader, claimed, value_of):
         bounds, end = (0.0, None), nxt
         taken.append(nxt.var)
     elif (nxt is not None and op_name(nxt.value) == "relax.maximum"
-          and _scalar(nxt.value.args[1], value_of) == 0.0):
+          and scalar_const(nxt.value.args[1]) == 0.0):
         bounds, end = (0.0, None), nxt
         taken.append(nxt.var)
         top = _single_reader(end.var, count, reader, claimed)
         if top is not None and op_name(top.value) == "relax.minimum":
-            hi = _scalar(top.value.args[1], value_of)
+            hi = scalar_const(top.value.args[1])
             if hi is not None:
                 bounds, end = (0.0, hi), top
                 taken.append(top.var)

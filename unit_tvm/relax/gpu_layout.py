@@ -4,7 +4,7 @@ clips as a maximum and a minimum) and its values made fp16 by TVM's own passes."
 import tvm
 from tvm import relax
 
-from .graph import rewrite_functions
+from .graph import const_value, op_name, rewrite_functions
 
 
 def _scalar(prim_value):
@@ -30,6 +30,25 @@ class _ClipAsMinMax(relax.PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="ClipAsMinMax")
 def _clip_as_min_max(mod, ctx):
     return rewrite_functions(mod, _ClipAsMinMax(mod))
+
+
+@relax.expr_functor.mutator
+class _CastConstants(relax.PyExprMutator):
+    """astype(constant) -> the constant in that dtype: ToMixedPrecision casts a clip's float32
+    bounds so, and TVM's FoldConstant leaves the casts (of 0-d constants) as ops, which hide
+    the bounds from the passes that read them (gpu_epilogue's clip)."""
+
+    def visit_call_(self, call):  # noqa: D401 - mutator hook
+        call = self.visit_expr_post_order(call)
+        value = const_value(call.args[0]) if op_name(call) == "relax.astype" else None
+        if value is None:
+            return call
+        return relax.const(value.astype(str(call.attrs.dtype)), str(call.attrs.dtype))
+
+
+@tvm.transform.module_pass(opt_level=0, name="CastConstants")
+def _cast_constants(mod, ctx):
+    return rewrite_functions(mod, _CastConstants(mod))
 
 
 def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
@@ -61,6 +80,9 @@ def to_fp16(mod: tvm.IRModule) -> tvm.IRModule:
         _clip_as_min_max,
         relax.transform.ToMixedPrecision(out_dtype="float16"),
         relax.transform.FoldConstant(),
+        _cast_constants,
+        relax.transform.CanonicalizeBindings(),  # the constants in place of their variables
+        relax.transform.DeadCodeElimination(),
     ])(mod)
 
 
