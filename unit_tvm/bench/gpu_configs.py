@@ -65,35 +65,25 @@ CANDIDATES = {
 
 
 def prepared_layer(layer, dtype="float16"):
-    """The Prepared graph of a layer (C, H, K, R, stride[, padding]) in the model path's form:
-    a Table I layer (its input handed over padded), or a model's (padded by the gather)."""
+    """The Prepared graph of a layer (C, H, K, R, stride[, padding]) in the model path's form
+    (gpu_ops.layer_form)."""
     from .. import intrinsics
-    from ..prepare import prepare
-    from ..relax import gpu_conv
+    from .gpu_ops import layer_form
 
-    c, h, k, r, s = layer[:5]
-    pad = layer[5] if len(layer) > 5 else 0
-    intrin = intrinsics.get(INTRIN)
-    frag = gpu.fragment_of(intrin)
-    g = gpu_conv.ConvGeometry(1, h + 2 * pad, h + 2 * pad, c, k, r, r, (s, s),
-                              padding=(pad,) * 4)
-    if gpu_conv.choose_form(g, frag) == "direct":
-        g = g.without_padding()  # the model pads such an input beforehand
-    tensors = gpu_conv.te_for_form(g, gpu_conv.choose_form(g, frag), dtype, "float32", frag)
-    return prepare(tensors[-1], intrin, params=tensors[:-1], **gpu.prepare_options(None))
+    return layer_form(layer, dtype, intrinsics.get(INTRIN))[3]
 
 
 def _module(layer, key, arch):
-    """The built kernel of a layer under the config `key`, for `arch`."""
+    """The built kernel of a layer under the config `key`, for `arch` (as the tuner builds its
+    candidates)."""
     import tvm
 
-    from .. import intrinsics, lowering
-    from ..rewriter import schedule
+    from .. import intrinsics
+    from ..tuner.search import candidate_module
 
-    target = tvm.target.Target({"kind": "cuda", "arch": arch})
-    sch = schedule(prepared_layer(layer), intrinsics.get(INTRIN), gpu.GpuConfig.from_key(key),
-                   target)
-    return lowering.build(sch.mod, target)
+    return candidate_module(prepared_layer(layer), intrinsics.get(INTRIN),
+                            gpu.GpuConfig.from_key(key),
+                            tvm.target.Target({"kind": "cuda", "arch": arch}))
 
 
 def _build(job):

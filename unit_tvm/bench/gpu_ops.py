@@ -119,14 +119,28 @@ class LayerCase(NamedTuple):
     direct_args: list
 
 
+def layer_form(layer, dtype, intrin):
+    """(geometry, form, te tensors, Prepared) of a layer (C, H, K, R, stride[, padding]) as the
+    model path writes it: a Table I layer's input handed over padded, a model's padding
+    supplied by the gemm form's gather (the direct form reads its input padded beforehand)."""
+    c, h, k, r, s = layer[:5]
+    pad = layer[5] if len(layer) > 5 else 0
+    frag = gpu.fragment_of(intrin)
+    g = gpu_conv.ConvGeometry(1, h + 2 * pad, h + 2 * pad, c, k, r, r, (s, s),
+                              padding=(pad,) * 4)
+    form = gpu_conv.choose_form(g, frag)
+    if form == "direct":
+        g = g.without_padding()
+    tensors = gpu_conv.te_for_form(g, form, dtype, DTYPES[dtype][1], frag)
+    prepared = prepare(tensors[-1], intrin, params=tensors[:-1], **gpu.prepare_options(None))
+    return g, form, tensors, prepared
+
+
 def layer_case(c, h, k, r, s, dtype, intrin, dev, rng) -> LayerCase:
     """A Table I layer (C, H, K, R, stride) in its chosen form, with random arguments on dev (the
     same input and weight values in both forms)."""
     acc, frag = DTYPES[dtype][1], gpu.fragment_of(intrin)
-    g = gpu_conv.ConvGeometry(1, h, h, c, k, r, r, (s, s))
-    form = gpu_conv.choose_form(g, frag)
-    tensors = gpu_conv.te_for_form(g, form, dtype, acc, frag)
-    prepared = prepare(tensors[-1], intrin, params=tensors[:-1], **gpu.prepare_options(None))
+    g, form, tensors, prepared = layer_form((c, h, k, r, s), dtype, intrin)
     direct = gpu_conv.direct_te(g, dtype, acc)
     data, hwio = (measure.random_array(t.shape, t.dtype, rng) for t in direct[:2])
     weight = hwio if form == "direct" else gpu_conv.gemm_weight(hwio, frag)
