@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-import unit_tvm  # noqa: F401 - checks the pinned versions before any test
+import unit_tvm  # checks the pinned versions before any test
 from unit_tvm import intrinsics
 from unit_tvm.runner import prepare_host
 from unit_tvm.target import host
@@ -39,6 +39,19 @@ def has_gpu():
         return tvm.cuda(0).exist
     except Exception:  # noqa: BLE001
         return False
+
+
+def gpu_output(mod, x, quantize=None):
+    """`unit_tvm.compile(mod)` for this machine's CUDA GPU (its own sm_XY) run on the numpy
+    input `x`: the first output as float64 numpy."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    target = unit_tvm.target.cuda_target(tvm.cuda(0))
+    vm = relax.VirtualMachine(unit_tvm.compile(mod, target, quantize=quantize), tvm.cuda(0))
+    out = vm["main"](tvm.runtime.tensor(x, tvm.cuda(0)))
+    return (out if hasattr(out, "numpy") else out[0]).numpy().astype(np.float64)
 
 
 # the x86 vector instructions (AMX tiles aside), read off the registry: a new one is tested too

@@ -10,7 +10,7 @@ import unit_tvm
 from unit_tvm import nvcc
 from unit_tvm.relax.gpu import UnitTensorizeGPU, to_fp16_nhwc
 
-from .conftest import has_gpu
+from .conftest import gpu_output, has_gpu
 
 torch = pytest.importorskip("torch")
 needs_nvcc = pytest.mark.skipif(nvcc.find_nvcc() is None, reason="nvcc not found")
@@ -114,8 +114,6 @@ def test_gpu_int8_options_have_clear_errors(resnet18):
 @pytest.mark.parametrize("name,int8", [("resnet18", False), ("mobilenet_v2", False),
                                        ("bert_base", False), ("resnet18", True)])
 def test_gpu_model_matches_pytorch_fp32(name, int8):
-    from tvm import relax
-
     from unit_tvm import frontends
     from unit_tvm.testing import zoo
 
@@ -124,12 +122,8 @@ def test_gpu_model_matches_pytorch_fp32(name, int8):
     with torch.no_grad():
         ref = module(x).numpy()
     mod = frontends.from_torch(module, [x])
-    arch = "sm_" + tvm.cuda(0).compute_version.replace(".", "")
     quantize = {"calibration_data": zoo.inputs(shape, 4)} if int8 else None
-    vm = relax.VirtualMachine(unit_tvm.compile(mod, _cuda(arch), quantize=quantize),
-                              tvm.cuda(0))
-    out = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cuda(0)))
-    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype(np.float64)
+    got = gpu_output(mod, x.numpy(), quantize)
     cos = got.ravel() @ ref.ravel() / (np.linalg.norm(got) * np.linalg.norm(ref))
     assert cos > (0.99 if int8 else 0.995), cos
 
@@ -219,15 +213,10 @@ def test_gpu_database_record_decides_the_form(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not has_gpu(), reason="no CUDA GPU on this machine")
 def test_gpu_odd_convs_match_pytorch_fp32():
-    from tvm import relax
-
     module, x, mod = _odd_model()
     with torch.no_grad():
         ref = module(x).numpy()
-    arch = "sm_" + tvm.cuda(0).compute_version.replace(".", "")
-    vm = relax.VirtualMachine(unit_tvm.compile(mod, _cuda(arch)), tvm.cuda(0))
-    out = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cuda(0)))
-    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype(np.float64)
+    got = gpu_output(mod, x.numpy())
     np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2)
 
 

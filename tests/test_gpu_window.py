@@ -10,7 +10,7 @@ from tvm import te
 from unit_tvm import nvcc
 from unit_tvm.relax.gpu_window import MAX_WINDOW, THREADS, WindowReduction
 
-from .conftest import has_gpu
+from .conftest import gpu_output, has_gpu
 
 torch = pytest.importorskip("torch")
 needs_nvcc = pytest.mark.skipif(nvcc.find_nvcc() is None, reason="nvcc not found")
@@ -81,16 +81,8 @@ def test_window_rule_leaves_long_reductions_and_small_outputs_to_tvm():
 @pytest.mark.gpu
 @pytest.mark.skipif(not has_gpu(), reason="no CUDA GPU on this machine")
 def test_depthwise_model_matches_pytorch_fp32():
-    from tvm import relax
-
-    import unit_tvm
-
     module, x, mod = _model()
     with torch.no_grad():
         ref = module(x).numpy()
-    arch = "sm_" + tvm.cuda(0).compute_version.replace(".", "")
-    target = tvm.target.Target({"kind": "cuda", "arch": arch})
-    vm = relax.VirtualMachine(unit_tvm.compile(mod, target), tvm.cuda(0))
-    out = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cuda(0)))
-    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype(np.float64)
+    got = gpu_output(mod, x.numpy())
     np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2)
