@@ -10,7 +10,7 @@ import tvm
 
 import unit_tvm
 from unit_tvm import intrinsics, lowering, nvcc, ops
-from unit_tvm.relax import gpu_conv
+from unit_tvm.relax import gpu_bmm, gpu_conv
 from unit_tvm.schedules import gpu
 from unit_tvm.te_expr import placeholders_of
 
@@ -51,6 +51,9 @@ WORKLOADS = [
     # an int8 gather with padding: TVM cannot write its 16-lane zero, so it copies 4 bytes
     ("conv_gemm_odd_s8", "cuda.wmma.s8s32", _gemm(ODD_CONV, "int8", "int32")),
     ("conv_gemm_padded_f16", "cuda.wmma.f16f32", _gemm(PADDED_CONV, "float16", "float32")),
+    # attention's matmul of two activations, batched over heads, every extent padded but K
+    ("bmm_odd_f16", "cuda.wmma.f16f32", lambda: gpu_bmm.batch_matmul_te(
+        gpu_bmm.BatchedShape((3,), 40, 24, 64), "float16", "float32")[-1]),
 ]
 # configs beyond the default: split-K through shared memory, unfused block index, wide windows,
 # implicit preparation (the gather or pack done by the shared-memory stage; the default runs

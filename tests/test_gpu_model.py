@@ -2,6 +2,8 @@
 its convs and dense layer on Tensor Cores (wmma in the PTX nvcc makes of TVM's CUDA source);
 where a GPU is present, its output matches PyTorch fp32 (pytest -m gpu)."""
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -97,6 +99,26 @@ def test_gpu_int8_transformer_compiles_with_s8_wmma():
     assert len(dense) >= 4  # q/k/v (or their fused form), the output projection, the FFN
     ptx = nvcc.ptx(nvcc.cuda_source(ex.mod), "sm_90")
     assert any("wmma.mma.sync" in line and ".s8" in line for line in ptx.splitlines())
+
+
+@needs_nvcc
+def test_gpu_attention_matmuls_run_on_tensor_cores():
+    """fp16 attention on CUDA: the scores (Q x K^T, K = 64) and the weighted sum (P x V, N =
+    64), matmuls of two activations that dlight's rule leaves on CUDA cores at this head size,
+    are wmma kernels batched over the heads, as the dense layers are."""
+    from unit_tvm import frontends
+    from unit_tvm.testing import zoo
+
+    module = zoo.BertEncoder(layers=1, hidden=128, heads=2, ffn=256).eval()
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 32, 128), np.float32))
+    report = []
+    ex = unit_tvm.compile(frontends.from_torch(module, [x]), _cuda("sm_90"), report=report)
+    attention = [r for r in report if r[0].startswith("matmul 2 x 32x")]
+    assert [r[1] for r in attention] == ["cuda.wmma.f16f32"] * 2, report
+    src = nvcc.cuda_source(ex.mod)
+    assert len(set(re.findall(r"unit_gpu_bmm_\d+_kernel", src))) == 2
+    ptx = nvcc.ptx(src, "sm_90")
+    assert sum("wmma.mma.sync" in line for line in ptx.splitlines()) >= 6
 
 
 def test_gpu_int8_options_have_clear_errors(resnet18):

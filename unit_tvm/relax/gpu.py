@@ -2,17 +2,17 @@
 
 `to_fp16_nhwc` lays a float32 model out for the GPU (batch norms folded into elementwise ops,
 convs NHWC x OHWI, fp16 values by TVM's ToMixedPrecision). `UnitTensorizeGPU` then replaces every
-conv2d (groups 1) and every matmul by a constant weight with the Rewriter's wmma kernel for the
-same te op (fp16 x fp16 accumulated in fp32), written in the form gpu_conv chooses (a conv's
-output rows fused into one GEMM where that computes less padding; dilated windows too): the
-Inspector maps it, prepare gathers the window im2col-style and pads to fragment multiples, the GPU
-strategy schedules it with a database or tuned config (tuning races both forms); the bias,
-residual add and activation after it go into its write-back (gpu_epilogue), else its fp32
-result is cast back to fp16 by an elementwise op that TVM fuses with what follows. Everything
-else — pools, depthwise convs, attention matmuls, softmax, layer norms — goes through TVM's own
-GPU pipeline (legalization, operator fusion, dlight schedules; gpu_window's rule first). The
-layout passes are gpu_layout's. This is one pass before tvm.compile, as UnitTensorize is on
-CPU.
+conv2d (groups 1), every matmul by a constant weight and every batched matmul of two fp16
+activations (attention's, gpu_bmm) with the Rewriter's wmma kernel for the same te op (fp16 x
+fp16 accumulated in fp32), written in the form gpu_conv chooses (a conv's output rows fused
+into one GEMM where that computes less padding; dilated windows too): the Inspector maps it,
+prepare gathers the window im2col-style and pads to fragment multiples, the GPU strategy
+schedules it with a database or tuned config (tuning races both forms); the bias, residual add
+and activation after it go into its write-back (gpu_epilogue), else its fp32 result is cast
+back to fp16 by an elementwise op that TVM fuses with what follows. Everything else — pools,
+depthwise convs, softmax, layer norms — goes through TVM's own GPU pipeline (legalization,
+operator fusion, dlight schedules; gpu_window's rule first). The layout passes are
+gpu_layout's. This is one pass before tvm.compile, as UnitTensorize is on CPU.
 """
 
 from dataclasses import dataclass, field
@@ -29,7 +29,7 @@ from ..rewriter import schedule
 from ..schedules.gpu import fragment_of
 from ..target import as_target, is_gpu
 from ..tuner import tune_instruction
-from . import gpu_conv, gpu_epilogue, gpu_int8
+from . import gpu_bmm, gpu_conv, gpu_epilogue, gpu_int8
 from .gpu_conv import ConvGeometry
 # the layout passes are the GPU path's public names too
 from .gpu_layout import to_fp16, to_fp16_nhwc, to_nhwc  # noqa: F401
@@ -206,6 +206,8 @@ class _Rewrite(relax.PyExprMutator):
             return call
         weight_of, axis = _REPLACED[call.op.name]
         weight = weight_of(call)
+        if weight is None and gpu_bmm.batched_shape(call) is not None:
+            return self._batch_matmul(call)
         operands = None if weight is None else self._operands(original, call, weight, axis)
         if operands is None:
             return call
@@ -335,6 +337,25 @@ class _Rewrite(relax.PyExprMutator):
             return relax.op.reshape(self.builder_.emit(out), lead + [n])
 
         return emit
+
+    def _batch_matmul(self, call):
+        """A matmul of two fp16 activations (gpu_bmm) on Tensor Cores, else `call`."""
+        shape, dtype = gpu_bmm.batched_shape(call), str(call.args[0].ty.dtype)
+        if dtype not in _FLOAT or str(call.args[1].ty.dtype) != dtype:
+            return call
+        operands = _Operands(dtype, ACCUMULATE[dtype], None)
+        sig = ("bmm", shape, dtype)
+        made = self.kernels.get(sig, {"bmm": gpu_bmm.batch_matmul_te(shape, dtype, operands.acc)},
+                                f"matmul {'x'.join(map(str, shape.batch))} x {shape.m}x{shape.k}"
+                                f" x {shape.k}x{shape.n} {dtype}")
+        if made is None:
+            return call
+        b = int(np.prod(shape.batch))
+        x, y = (self.builder_.emit(relax.op.reshape(v, [b, *_shape(v)[-2:]]))
+                for v in call.args)
+        out = self._emit_kernel(made, sig, [x, y], [b, shape.m, shape.n], operands,
+                                str(call.ty.dtype))
+        return relax.op.reshape(self.builder_.emit(out), [*shape.batch, shape.m, shape.n])
 
 
 @tvm.transform.module_pass(opt_level=0, name="UnitTensorizeGPU")
