@@ -334,6 +334,63 @@ def test_gpu_epilogue_chains_fold_into_the_kernels_exactly_on_cpu(monkeypatch):
     np.testing.assert_allclose(got, ref, atol=0.01 * np.abs(ref).max())
 
 
+class _Smooth(torch.nn.Module):
+    """Convs ending in smooth activations (SiLU, sigmoid) and a dense layer in a tanh GELU."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.b = torch.nn.Conv2d(16, 16, 1)
+        self.fc = torch.nn.Linear(16, 32)
+
+    def forward(self, x):
+        y = torch.sigmoid(self.b(torch.nn.functional.silu(self.a(x))))
+        return torch.nn.functional.gelu(self.fc(y.mean((2, 3))), approximate="tanh")
+
+
+def _run_on_cpu(module, x):
+    """(the GPU pass's main function as text, its output run on this CPU with each kernel its
+    te definition, PyTorch fp32's output)."""
+    from tvm import relax
+
+    from unit_tvm import frontends
+    from unit_tvm.compiler import build_relax
+    from unit_tvm.relax import gpu
+    from unit_tvm.target import host
+
+    out_mod = UnitTensorizeGPU(_cuda("sm_90"))(gpu.to_fp16_nhwc(frontends.from_torch(module, [x])))
+    vm = relax.VirtualMachine(build_relax(out_mod, host()), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cpu()))
+    got = (got if hasattr(got, "numpy") else got[0]).numpy().astype(np.float64)
+    with torch.no_grad():
+        ref = module(x).numpy().astype(np.float64)
+    return out_mod["main"].script(), got, ref
+
+
+@pytest.mark.parametrize("name", ["smooth", "encoder"])
+def test_gpu_transformer_and_smooth_chains_fold_exactly_on_cpu(monkeypatch, name):
+    """A transformer layer's chains (reshapes between the ops, the float32 cast before the
+    residual add, erf's GELU) and the smooth activations go into the kernels too: no bias or
+    residual add, GELU, SiLU or sigmoid is left as an op, and with each kernel its te
+    definition the model computes what PyTorch fp32 does."""
+    from unit_tvm.relax import gpu
+    from unit_tvm.testing import zoo
+
+    monkeypatch.setattr(gpu._Kernels, "_make", _te_reference_kernels)
+    torch.manual_seed(0)
+    if name == "smooth":
+        module, x = _Smooth().eval(), torch.randn(1, 8, 6, 6)
+        gone = ("R.add(", "R.sigmoid(", "R.multiply(", "R.nn.gelu_tanh(")
+    else:
+        module, x = zoo.BertEncoder(layers=1, hidden=64, heads=2, ffn=128).eval(), \
+            torch.randn(1, 32, 64)
+        gone = ("R.add(", "R.nn.gelu(")
+    text, got, ref = _run_on_cpu(module, x)
+    for op in gone:
+        assert op not in text, op
+    np.testing.assert_allclose(got, ref, atol=0.01 * np.abs(ref).max())
+
+
 def test_gpu_bench_model_speedups_name_each_engine():
     from unit_tvm.bench.gpu_model import speedups
 

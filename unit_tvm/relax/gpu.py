@@ -157,7 +157,7 @@ def _chain_key(chain):
     argument, so layers of one shape share the kernel)."""
     if chain is None:
         return ()
-    return ("epilogue", chain.residual is not None, chain.bounds)
+    return ("epilogue", chain.residual is not None, chain.bounds, chain.cast, chain.activation)
 
 
 def tensor_core_calls(func: relax.Function) -> list:
@@ -255,7 +255,7 @@ class _Rewrite(relax.PyExprMutator):
             args.append(self.builder_.emit(relax.op.reshape(residual, shape)))
         return args
 
-    def _emit_kernel(self, made, sig, args, shape, operands, dtype, fused=False):
+    def _emit_kernel(self, made, sig, args, shape, operands, dtype, chain=None):
         if sig not in self.added:
             name = f"unit_gpu_{sig[0]}_{len(self.added)}"
             # scheduled already (dlight leaves it), and opaque: operator fusion must not merge
@@ -263,9 +263,10 @@ class _Rewrite(relax.PyExprMutator):
             func = made.func.with_attrs({"global_symbol": name, "tir.is_scheduled": True,
                                          "op_pattern": 8})
             self.added[sig] = self.builder_.add_func(func, name)
-        out = self.builder_.emit(relax.call_tir(
-            self.added[sig], args, relax.TensorType(shape, dtype if fused else operands.acc)))
-        if fused:  # the kernel wrote the chain's result in the model's dtype
+        written = operands.acc if chain is None else gpu_epilogue.out_dtype(chain, dtype)
+        out = self.builder_.emit(relax.call_tir(self.added[sig], args,
+                                                relax.TensorType(shape, written)))
+        if chain is not None:  # the kernel wrote the chain's result
             return out
         if operands.x_scale is None:
             return relax.op.astype(out, dtype)
@@ -306,11 +307,9 @@ class _Rewrite(relax.PyExprMutator):
                 data = self.builder_.emit(
                     relax.op.nn.pad(data, [0, 0, top, bottom, left, right, 0, 0]))
             args = [data, weight, *self._chain_args(chain, residual, shape, out_dtype)]
-            out = self._emit_kernel(made, sig, args, shape, operands, out_dtype,
-                                    fused=chain is not None)
-            if direct:
-                return out
-            return relax.op.reshape(self.builder_.emit(out), [n, g.out_h, g.out_w, k])
+            out = self._emit_kernel(made, sig, args, shape, operands, out_dtype, chain)
+            final = list(chain.shape) if chain is not None else [n, g.out_h, g.out_w, k]
+            return out if shape == final else relax.op.reshape(self.builder_.emit(out), final)
 
         return emit
 
@@ -332,9 +331,9 @@ class _Rewrite(relax.PyExprMutator):
             flat = self.builder_.emit(relax.op.reshape(self._input(x, operands), [m, k]))
             args = [flat, relax.const(operands.weight),
                     *self._chain_args(chain, residual, [m, n], out_dtype)]
-            out = self._emit_kernel(made, sig, args, [m, n], operands, out_dtype,
-                                    fused=chain is not None)
-            return relax.op.reshape(self.builder_.emit(out), lead + [n])
+            out = self._emit_kernel(made, sig, args, [m, n], operands, out_dtype, chain)
+            final = list(chain.shape) if chain is not None else lead + [n]
+            return relax.op.reshape(self.builder_.emit(out), final)
 
         return emit
 

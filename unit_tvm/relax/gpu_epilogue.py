@@ -1,10 +1,14 @@
 """The elementwise ops after a Tensor Core kernel that go into its write-back on the GPU path.
 
 After a conv or dense layer the fp16 model runs a per-channel bias add, maybe a residual add and
-a ReLU / ReLU6; TVM fused them into one kernel after the wmma kernel (about 20 in resnet18, one
+an activation; TVM fused them into one kernel after the wmma kernel (about 20 in resnet18, one
 per layer). Here such a chain, each value read only by the next op, becomes te stages over the
 kernel's result (`stages`), which preparation folds into the kernel's write-back
-(`build.prepare_op`, `epilogue.find`): the layer is one kernel, its output written once in fp16.
+(`build.prepare_op`, `epilogue.find`): the layer is one kernel, its output written once.
+
+A transformer's chains have reshapes between their ops (views: the channels stay the last axis),
+cast to float32 before the residual add (ToMixedPrecision keeps the residual stream and the layer
+norms in float32) and end in a GELU; each of those was a kernel of its own per layer in BERT.
 """
 
 from dataclasses import dataclass
@@ -13,19 +17,25 @@ import numpy as np
 import tvm
 from tvm import relax, te, tirx
 
+from . import activations
 from .graph import const_value, dataflow_bindings, op_name, readers, scalar_const, uses
 
 
 @dataclass(frozen=True, eq=False)
 class Chain:
     """The ops after a conv / dense call that its kernel computes: a per-channel bias (numpy,
-    one value per output channel), a residual (the Var added, or None) and an activation's
-    bounds (lo, hi; None when there is no activation, hi None for ReLU)."""
+    one value per output channel), a cast (the dtype, or None), a residual (the Var added, or
+    None), a clamp's bounds (lo, hi; None when there is none, hi None for ReLU) or a smooth
+    activation ("gelu" for erf's, else an activations.NAMES entry), and the shape of the last
+    op's value (reshapes inside the chain are views)."""
 
     end: relax.Call  # the last op of the chain in the original function
     bias: np.ndarray
     residual: relax.Var | None = None
     bounds: tuple | None = None
+    cast: str | None = None
+    activation: str | None = None
+    shape: tuple = ()
 
 
 def _channels(expr, channels):
@@ -40,9 +50,11 @@ def _channels(expr, channels):
 
 def find_chains(func: relax.Function, starts) -> dict:
     """{start call: Chain} for the calls `starts` (conv2d / matmul bindings' values) whose single
-    reader adds a per-channel constant; the chain then takes a residual add of another value of
-    the same shape and a ReLU or a clip (maximum with 0, then maybe minimum), each read once. A
-    binding joins one chain at most (the first in program order)."""
+    reader adds a per-channel constant; the chain then takes a cast to float32 followed by a
+    residual add, or a residual add of another value of the same shape and dtype, then a ReLU,
+    a clip (maximum with 0, then maybe minimum) or a smooth activation, each read once, with
+    reshapes that keep the channels last between them. A binding joins one chain at most (the
+    first in program order)."""
     bindings = dataflow_bindings(func)
     count, reader = uses(bindings, func), readers(bindings)
     var_of = {b.value: b.var for b in bindings}
@@ -51,55 +63,104 @@ def find_chains(func: relax.Function, starts) -> dict:
         var = var_of.get(call)
         if var is None:
             continue
-        chain = _follow(var, call, count, reader, claimed)
+        chain = _Follow(bindings, count, reader, claimed, int(call.ty.shape[-1])).chain(var)
         if chain is not None:
             out[call] = chain
     return out
 
 
-def _single_reader(var, count, reader, claimed):
-    """The binding that reads `var`, when it is its only read and in no chain yet."""
-    found = reader.get(var, [])
-    if count.get(var, 0) != 1 or len(found) != 1 or found[0].var in claimed:
-        return None
-    return found[0]
+class _Follow:
+    """Walks one chain from a kernel's result; `taken` holds the variables it consumed."""
 
+    def __init__(self, bindings, count, reader, claimed, channels):
+        self.binding_of = {b.var: b for b in bindings}
+        self.count, self.reader, self.claimed = count, reader, claimed
+        self.channels = channels
+        self.taken = []
 
-def _follow(var, call, count, reader, claimed):
-    channels = int(call.ty.shape[-1])
-    b = _single_reader(var, count, reader, claimed)
-    if b is None or op_name(b.value) != "relax.add":
+    def _single_reader(self, var):
+        """The binding that reads `var`, when it is its only read and in no chain yet."""
+        found = self.reader.get(var, [])
+        if self.count.get(var, 0) != 1 or len(found) != 1 or found[0].var in self.claimed:
+            return None
+        return found[0]
+
+    def _next(self, var):
+        """(the first reader of `var` past reshapes that keep the channels last, the reshapes'
+        variables), or (None, ())."""
+        views, b = [], self._single_reader(var)
+        while (b is not None and op_name(b.value) == "relax.reshape"
+               and int(b.var.ty.shape[-1]) == self.channels):
+            views.append(b.var)
+            b = self._single_reader(b.var)
+        return b, tuple(views)
+
+    def _take(self, b, views):
+        self.taken += [*views, b.var]
+        return b
+
+    def chain(self, var):
+        b, views = self._next(var)
+        if b is None or op_name(b.value) != "relax.add":
+            return None
+        a, c = b.value.args
+        bias = _channels(c if a.same_as(views[-1] if views else var) else a, self.channels)
+        if bias is None:
+            return None
+        end = self._take(b, views)
+        cast = None
+        nxt, views = self._next(end.var)
+        if (nxt is not None and op_name(nxt.value) == "relax.astype"
+                and str(nxt.value.attrs.dtype) == "float32"
+                and str(end.var.ty.dtype) == "float16"):
+            after, cast_views = self._next(nxt.var)
+            if self._residual(after, nxt, cast_views) is not None:  # only before a residual
+                cast, end = "float32", self._take(nxt, views)
+                nxt, views = after, cast_views
+        residual = self._residual(nxt, end, views)
+        if residual is not None:
+            end = self._take(nxt, views)
+            nxt, views = self._next(end.var)
+        bounds, activation, end = self._activation(nxt, views, end)
+        self.claimed.update(self.taken)
+        return Chain(end.value, bias, residual, bounds, cast, activation,
+                     tuple(int(s) for s in end.var.ty.shape))
+
+    @staticmethod
+    def _residual(b, end, views):
+        """The other operand of `b` when it adds a value of the shape and dtype of the chain's
+        value it reads (`end`'s, past `views`)."""
+        if b is None or op_name(b.value) != "relax.add":
+            return None
+        cur = views[-1] if views else end.var
+        a, r = b.value.args
+        other = r if a.same_as(cur) else a
+        if (isinstance(other, relax.Var) and not other.same_as(cur)
+                and str(other.ty.dtype) == str(cur.ty.dtype)
+                and [int(s) for s in other.ty.shape] == [int(s) for s in cur.ty.shape]):
+            return other
         return None
-    a, c = b.value.args
-    bias = _channels(c if a.same_as(var) else a, channels)  # the constant on either side
-    if bias is None:
-        return None
-    taken, end, residual, bounds = [b.var], b, None, None
-    nxt = _single_reader(end.var, count, reader, claimed)
-    if nxt is not None and op_name(nxt.value) == "relax.add":
-        a, r = nxt.value.args
-        other = r if a.same_as(end.var) else a
-        if (isinstance(other, relax.Var) and not other.same_as(end.var)
-                and str(other.ty.dtype) == str(end.var.ty.dtype)
-                and [int(s) for s in other.ty.shape] == [int(s) for s in end.var.ty.shape]):
-            residual, end = other, nxt
-            taken.append(nxt.var)
-            nxt = _single_reader(end.var, count, reader, claimed)
-    if nxt is not None and op_name(nxt.value) == "relax.nn.relu":
-        bounds, end = (0.0, None), nxt
-        taken.append(nxt.var)
-    elif (nxt is not None and op_name(nxt.value) == "relax.maximum"
-          and scalar_const(nxt.value.args[1]) == 0.0):
-        bounds, end = (0.0, None), nxt
-        taken.append(nxt.var)
-        top = _single_reader(end.var, count, reader, claimed)
-        if top is not None and op_name(top.value) == "relax.minimum":
-            hi = scalar_const(top.value.args[1])
-            if hi is not None:
-                bounds, end = (0.0, hi), top
-                taken.append(top.var)
-    claimed.update(taken)
-    return Chain(end.value, bias, residual, bounds)
+
+    def _activation(self, nxt, views, end):
+        """(bounds, activation name, the chain's new end) for what `nxt` starts."""
+        name = op_name(nxt.value) if nxt is not None else ""
+        if name == "relax.nn.relu":
+            return (0.0, None), None, self._take(nxt, views)
+        if name == "relax.nn.gelu":
+            return None, "gelu", self._take(nxt, views)
+        if name == "relax.maximum" and scalar_const(nxt.value.args[1]) == 0.0:
+            end = self._take(nxt, views)
+            top = self._single_reader(end.var)
+            if top is not None and op_name(top.value) == "relax.minimum":
+                hi = scalar_const(top.value.args[1])
+                if hi is not None:
+                    return (0.0, hi), None, self._take(top, ())
+            return (0.0, None), None, end
+        found = activations.match(views[-1] if views else end.var, self.reader, self.count)
+        if found is None or any(v in self.claimed for v in found.members):
+            return None, None, end
+        self.taken += [*views, *found.members]
+        return None, found.name, self.binding_of[found.end]
 
 
 def _added(y, other, name):
@@ -113,18 +174,42 @@ def _bounded(y, lo, hi, dtype):
     return te.compute(y.shape, body, name="activated")
 
 
+def _smooth(y, name, dtype):
+    """The activation `name` of y, computed in float32 (erf's GELU by the device's erf)."""
+    def body(*i):
+        v = y(*i).astype("float32")
+        if name == "gelu":
+            half = tirx.const(0.5, "float32")
+            act = half * v * (tirx.const(1.0, "float32")
+                              + tirx.erf(v * tirx.const(0.7071067811865476, "float32")))
+        else:
+            act = activations.expr(name, v)
+        return act.astype(dtype)
+    return te.compute(y.shape, body, name="activated")
+
+
+def out_dtype(chain: Chain, dtype: str) -> str:
+    """The dtype a kernel computing `chain` writes (the model's `dtype` unless it casts)."""
+    return chain.cast or dtype
+
+
 def stages(out: te.Tensor, chain: Chain, dtype: str) -> tuple:
     """(placeholders, result): te stages computing `chain` over a kernel's accumulator `out`
-    (channels on its last axis) in `dtype`, as the model did: cast, + bias, + residual,
-    activation."""
+    (channels on its last axis) in `dtype`, as the model did: cast, + bias, maybe a cast to
+    float32, + residual, activation."""
     shape = [int(s) for s in out.shape]
     bias = te.placeholder((shape[-1],), dtype, name="bias")
     inputs = [bias]
     y = te.compute(shape, lambda *i: out(*i).astype(dtype) + bias[i[-1]], name="biased")
+    if chain.cast is not None:
+        y = te.compute(shape, lambda *i: y(*i).astype(chain.cast), name="cast")
+    dtype = out_dtype(chain, dtype)
     if chain.residual is not None:
         residual = te.placeholder(shape, dtype, name="residual")
         inputs.append(residual)
         y = _added(y, residual, "residual_added")
     if chain.bounds is not None:
         y = _bounded(y, *chain.bounds, dtype)
+    if chain.activation is not None:
+        y = _smooth(y, chain.activation, dtype)
     return inputs, y
