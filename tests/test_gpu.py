@@ -11,6 +11,7 @@ import tvm
 import unit_tvm
 from unit_tvm import intrinsics, lowering, nvcc, ops
 from unit_tvm.relax import gpu_bmm, gpu_conv
+from unit_tvm.relax.gpu import dense_te as gpu_dense_te
 from unit_tvm.schedules import gpu
 from unit_tvm.te_expr import placeholders_of
 
@@ -54,6 +55,9 @@ WORKLOADS = [
     # attention's matmul of two activations, batched over heads, every extent padded but K
     ("bmm_odd_f16", "cuda.wmma.f16f32", lambda: gpu_bmm.batch_matmul_te(
         gpu_bmm.BatchedShape((3,), 40, 24, 64), "float16", "float32")[-1]),
+    # a float32 input (a layer norm's result) rounded to fp16 as the kernel loads it
+    ("dense_from_f32", "cuda.wmma.f16f32", lambda: gpu_dense_te(48, 40, 64, "float16", "float32",
+                                                                "float32")[-1]),
 ]
 # configs beyond the default: split-K through shared memory, unfused block index, wide windows,
 # implicit preparation (the gather or pack done by the shared-memory stage; the default runs
