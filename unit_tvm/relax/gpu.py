@@ -29,12 +29,12 @@ from ..rewriter import schedule
 from ..schedules.gpu import fragment_of
 from ..target import as_target, is_gpu
 from ..tuner import tune_instruction
-from . import gpu_bmm, gpu_conv, gpu_epilogue, gpu_int8
+from . import gpu_bmm, gpu_conv, gpu_epilogue, gpu_int8, gpu_operands
 from .gpu_conv import ConvGeometry
 # the layout passes are the GPU path's public names too
 from .gpu_layout import to_fp16, to_fp16_nhwc, to_nhwc  # noqa: F401
 from .gpu_window import WindowReduction
-from .graph import const_value, dataflow_bindings, op_name, rewrite_functions
+from .graph import const_value, dataflow_bindings, rewrite_functions
 
 # the accumulator dtype of the Tensor Core kernels, per operand dtype they take
 ACCUMULATE = {"float16": "float32", "int8": "int32"}
@@ -57,11 +57,11 @@ class GpuKernel:
     form: str = ""  # how the op was written for it: "direct" / "gemm" (gpu_conv), "dense"
 
 
-def dense_te(m, n, k, dtype, acc, source=None):
+def dense_te(m, n, k, dtype, acc, prologue=None):
     """te A[m, k] x B[k, n] accumulated in `acc` (B: the constant weight, row-major K x N); with
-    `source`, A arrives in that dtype and is rounded to `dtype` as the kernel loads it."""
-    a_in = te.placeholder((m, k), source or dtype, name="A")
-    a, b = gpu_bmm.rounded(a_in, dtype), te.placeholder((k, n), dtype, name="B")
+    a gpu_operands.Prologue, A is read from its source through it."""
+    a_in, a = gpu_operands.te_operand(prologue, (m, k), dtype, "A")
+    b = te.placeholder((k, n), dtype, name="B")
     r = te.reduce_axis((0, k), name="k")
     out = te.compute((m, n), lambda i, j: te.sum(a[i, r].astype(acc) * b[r, j].astype(acc),
                                                  axis=r), name="dense")
@@ -256,16 +256,13 @@ class _Rewrite(relax.PyExprMutator):
             args.append(self.builder_.emit(relax.op.reshape(residual, shape)))
         return args
 
-    def _widened(self, x):
-        """The float32 value an fp16 operand `x` was cast from (a layer norm's or a softmax's
-        result, read elsewhere in float32 too), else None: the kernel then reads it and rounds
-        as it loads the operand, instead of a cast kernel writing an fp16 copy first."""
-        value = self.lookup_binding(x) if isinstance(x, relax.Var) else None
-        if (op_name(value) == "relax.astype" and str(x.ty.dtype) == "float16"
-                and str(value.args[0].ty.dtype) == "float32"
-                and isinstance(value.args[0], relax.Var)):
-            return value.args[0]
-        return None
+    def _prologue(self, x, shape, operands):
+        """The gpu_operands.Prologue the kernel reads fp16 operand `x` through (its layout ops
+        and cast from a layer norm's or softmax's float32 result, each a kernel of its own
+        otherwise), or None."""
+        if operands.x_scale is not None or operands.dtype != "float16":
+            return None
+        return gpu_operands.find(x, self.lookup_binding, shape, operands.dtype)
 
     def _emit_kernel(self, made, sig, args, shape, operands, dtype, chain=None):
         if sig not in self.added:
@@ -330,20 +327,19 @@ class _Rewrite(relax.PyExprMutator):
         x = call.args[0]
         lead = _shape(x)[:-1]
         m, (k, n) = int(np.prod(lead)) if lead else 1, operands.weight.shape
-        wide = self._widened(x) if operands.x_scale is None else None
-        source = None if wide is None else str(wide.ty.dtype)
-        sig = ("dense", m, n, k, operands.dtype, source) + _chain_key(chain)
+        pro = self._prologue(x, [m, k], operands)
+        sig = ("dense", m, n, k, operands.dtype, pro and pro.key) + _chain_key(chain)
         made = self.kernels.get(
-            sig, {"dense": self._with_chain(dense_te(m, n, k, operands.dtype, operands.acc,
-                                                     source), chain, operands)},
-            f"dense {m}x{k} -> {n} {operands.dtype}" + (f" from {source}" if source else ""))
+            sig, {"dense": self._with_chain(dense_te(m, n, k, operands.dtype, operands.acc, pro),
+                                            chain, operands)},
+            f"dense {m}x{k} -> {n} {operands.dtype}" + gpu_operands.describe_ops(pro))
         if made is None:
             return None
         out_dtype = str(call.ty.dtype)
 
         def emit(residual):
-            flat = self.builder_.emit(relax.op.reshape(
-                self._input(x, operands) if wide is None else wide, [m, k]))
+            flat = (self.builder_.emit(relax.op.reshape(self._input(x, operands), [m, k]))
+                    if pro is None else pro.source)
             args = [flat, relax.const(operands.weight),
                     *self._chain_args(chain, residual, [m, n], out_dtype)]
             out = self._emit_kernel(made, sig, args, [m, n], operands, out_dtype, chain)
@@ -358,18 +354,18 @@ class _Rewrite(relax.PyExprMutator):
         if dtype not in _FLOAT or str(call.args[1].ty.dtype) != dtype:
             return call
         operands = _Operands(dtype, ACCUMULATE[dtype], None)
-        wide = self._widened(call.args[0])
-        source = None if wide is None else str(wide.ty.dtype)
-        sig = ("bmm", shape, dtype, source)
+        b = int(np.prod(shape.batch))
+        pros = (self._prologue(call.args[0], [b, shape.m, shape.k], operands),
+                self._prologue(call.args[1], [b, shape.k, shape.n], operands))
+        sig = ("bmm", shape, dtype, *(p and p.key for p in pros))
         made = self.kernels.get(
-            sig, {"bmm": gpu_bmm.batch_matmul_te(shape, dtype, operands.acc, source)},
+            sig, {"bmm": gpu_bmm.batch_matmul_te(shape, dtype, operands.acc, pros)},
             f"matmul {'x'.join(map(str, shape.batch))} x {shape.m}x{shape.k} x {shape.k}x"
-            f"{shape.n} {dtype}" + (f" from {source}" if source else ""))
+            f"{shape.n} {dtype}" + "".join(gpu_operands.describe_ops(p) for p in pros))
         if made is None:
             return call
-        b = int(np.prod(shape.batch))
-        x, y = (self.builder_.emit(relax.op.reshape(v, [b, *_shape(v)[-2:]]))
-                for v in (call.args[0] if wide is None else wide, call.args[1]))
+        x, y = (self.builder_.emit(relax.op.reshape(v, [b, *_shape(v)[-2:]])) if p is None
+                else p.source for v, p in zip(call.args, pros))
         out = self._emit_kernel(made, sig, [x, y], [b, shape.m, shape.n], operands,
                                 str(call.ty.dtype))
         return relax.op.reshape(self.builder_.emit(out), [*shape.batch, shape.m, shape.n])

@@ -12,6 +12,8 @@ from typing import NamedTuple
 import tvm
 from tvm import relax, te
 
+from . import gpu_operands
+
 
 class BatchedShape(NamedTuple):
     """A matmul of two activations, A[batch..., m, k] x B[batch..., k, n], equal batch dims."""
@@ -41,25 +43,16 @@ def batched_shape(call: relax.Call) -> BatchedShape | None:
     return BatchedShape(tuple(xs[:-2]), xs[-2], ys[-1], xs[-1])
 
 
-def rounded(x: te.Tensor, dtype: str) -> te.Tensor:
-    """`x` itself in `dtype`, else a stage rounding it to `dtype` (inlined into the kernel's
-    shared-memory load of the operand)."""
-    if str(x.dtype) == dtype:
-        return x
-    return te.compute(x.shape, lambda *i: x(*i).astype(dtype), name=f"{x.op.name}_rounded")
-
-
-def batch_matmul_te(shape: BatchedShape, dtype: str, acc: str, source: str | None = None) -> list:
-    """te A[b, m, k] x B[b, k, n] accumulated in `acc`, the batch dims flattened into b; with
-    `source`, A arrives in that dtype and is rounded to `dtype` as the kernel loads it."""
+def batch_matmul_te(shape: BatchedShape, dtype: str, acc: str, prologues=(None, None)) -> list:
+    """te A[b, m, k] x B[b, k, n] accumulated in `acc`, the batch dims flattened into b; an
+    operand with a gpu_operands.Prologue is read from its source through it."""
     b = 1
     for d in shape.batch:
         b *= d
-    x_in = te.placeholder((b, shape.m, shape.k), source or dtype, name="A")
-    x = rounded(x_in, dtype)
-    y = te.placeholder((b, shape.k, shape.n), dtype, name="B")
+    x_in, x = gpu_operands.te_operand(prologues[0], (b, shape.m, shape.k), dtype, "A")
+    y_in, y = gpu_operands.te_operand(prologues[1], (b, shape.k, shape.n), dtype, "B")
     r = te.reduce_axis((0, shape.k), name="k")
     out = te.compute((b, shape.m, shape.n),
                      lambda z, i, j: te.sum(x[z, i, r].astype(acc) * y[z, r, j].astype(acc),
                                             axis=r), name="bmm")
-    return [x_in, y, out]
+    return [x_in, y_in, out]
