@@ -158,7 +158,8 @@ def _chain_key(chain):
     argument, so layers of one shape share the kernel)."""
     if chain is None:
         return ()
-    return ("epilogue", chain.residual is not None, chain.bounds, chain.cast, chain.activation)
+    return ("epilogue", chain.bias is not None, chain.scale, chain.residual is not None,
+            chain.bounds, chain.cast, chain.activation)
 
 
 def tensor_core_calls(func: relax.Function) -> list:
@@ -172,6 +173,21 @@ def tensor_core_calls(func: relax.Function) -> list:
                 and _REPLACED[call.op.name][0](call) is not None):
             out.append(call)
     return out
+
+
+def _batched_calls(func: relax.Function) -> list:
+    """The matmuls of two fp16 activations in `func` the pass replaces (gpu_bmm)."""
+    return [b.value for b in dataflow_bindings(func)
+            if isinstance(b.value, relax.Call) and gpu_bmm.batched_shape(b.value) is not None
+            and _activation_operands(b.value) is not None]
+
+
+def _activation_operands(call):
+    """_Operands of a matmul of two activations of one Tensor Core dtype, else None."""
+    dtype = str(call.args[0].ty.dtype)
+    if dtype not in _FLOAT or str(call.args[1].ty.dtype) != dtype:
+        return None
+    return _Operands(dtype, ACCUMULATE[dtype], None)
 
 
 class _Operands(NamedTuple):
@@ -208,11 +224,12 @@ class _Rewrite(relax.PyExprMutator):
         weight_of, axis = _REPLACED[call.op.name]
         weight = weight_of(call)
         if weight is None and gpu_bmm.batched_shape(call) is not None:
-            return self._batch_matmul(call)
-        operands = None if weight is None else self._operands(original, call, weight, axis)
+            operands, rewrite = _activation_operands(call), self._batch_matmul
+        else:
+            operands = None if weight is None else self._operands(original, call, weight, axis)
+            rewrite = self._conv2d if call.op.name == "relax.nn.conv2d" else self._matmul
         if operands is None:
             return call
-        rewrite = self._conv2d if call.op.name == "relax.nn.conv2d" else self._matmul
         chain = self.chains.get(original) if operands.x_scale is None else None
         if chain is not None:
             emit = rewrite(call, operands, chain)
@@ -251,7 +268,7 @@ class _Rewrite(relax.PyExprMutator):
         out as the kernel's result (a reshape, which the build makes a view)."""
         if chain is None:
             return []
-        args = [relax.const(chain.bias.astype(dtype))]
+        args = [] if chain.bias is None else [relax.const(chain.bias.astype(dtype))]
         if residual is not None:
             args.append(self.builder_.emit(relax.op.reshape(residual, shape)))
         return args
@@ -348,27 +365,32 @@ class _Rewrite(relax.PyExprMutator):
 
         return emit
 
-    def _batch_matmul(self, call):
-        """A matmul of two fp16 activations (gpu_bmm) on Tensor Cores, else `call`."""
-        shape, dtype = gpu_bmm.batched_shape(call), str(call.args[0].ty.dtype)
-        if dtype not in _FLOAT or str(call.args[1].ty.dtype) != dtype:
-            return call
-        operands = _Operands(dtype, ACCUMULATE[dtype], None)
+    def _batch_matmul(self, call, operands, chain=None):
+        """emit(residual) -> the replacement of a matmul of two fp16 activations (gpu_bmm), as
+        `_conv2d`."""
+        shape, dtype = gpu_bmm.batched_shape(call), operands.dtype
         b = int(np.prod(shape.batch))
         pros = (self._prologue(call.args[0], [b, shape.m, shape.k], operands),
                 self._prologue(call.args[1], [b, shape.k, shape.n], operands))
-        sig = ("bmm", shape, dtype, *(p and p.key for p in pros))
+        sig = ("bmm", shape, dtype, *(p and p.key for p in pros)) + _chain_key(chain)
         made = self.kernels.get(
-            sig, {"bmm": gpu_bmm.batch_matmul_te(shape, dtype, operands.acc, pros)},
+            sig, {"bmm": self._with_chain(gpu_bmm.batch_matmul_te(shape, dtype, operands.acc,
+                                                                  pros), chain, operands)},
             f"matmul {'x'.join(map(str, shape.batch))} x {shape.m}x{shape.k} x {shape.k}x"
             f"{shape.n} {dtype}" + "".join(gpu_operands.describe_ops(p) for p in pros))
         if made is None:
-            return call
-        x, y = (self.builder_.emit(relax.op.reshape(v, [b, *_shape(v)[-2:]])) if p is None
-                else p.source for v, p in zip(call.args, pros))
-        out = self._emit_kernel(made, sig, [x, y], [b, shape.m, shape.n], operands,
-                                str(call.ty.dtype))
-        return relax.op.reshape(self.builder_.emit(out), [*shape.batch, shape.m, shape.n])
+            return None
+        out_dtype, kernel_shape = str(call.ty.dtype), [b, shape.m, shape.n]
+
+        def emit(residual):
+            x, y = (self.builder_.emit(relax.op.reshape(v, [b, *_shape(v)[-2:]])) if p is None
+                    else p.source for v, p in zip(call.args, pros))
+            args = [x, y, *self._chain_args(chain, residual, kernel_shape, out_dtype)]
+            out = self._emit_kernel(made, sig, args, kernel_shape, operands, out_dtype, chain)
+            final = list(chain.shape) if chain is not None else [*shape.batch, shape.m, shape.n]
+            return relax.op.reshape(self.builder_.emit(out), final)
+
+        return emit
 
 
 @tvm.transform.module_pass(opt_level=0, name="UnitTensorizeGPU")
@@ -400,8 +422,8 @@ class UnitTensorizeGPU:
         if self.int8 is not None:
             scales = gpu_int8.calibrate(mod, tensor_core_calls(mod["main"]), self.int8)
         # fp16: the bias, residual and activation after each kernel go into its write-back
-        chains = ({} if scales is not None
-                  else gpu_epilogue.find_chains(mod["main"], tensor_core_calls(mod["main"])))
+        chains = ({} if scales is not None else gpu_epilogue.find_chains(
+            mod["main"], tensor_core_calls(mod["main"]) + _batched_calls(mod["main"])))
         return relax.transform.DeadCodeElimination()(
             rewrite_functions(mod, _Rewrite(mod, self.kernels, scales, chains)))
 

@@ -23,19 +23,22 @@ from .graph import const_value, dataflow_bindings, op_name, readers, scalar_cons
 
 @dataclass(frozen=True, eq=False)
 class Chain:
-    """The ops after a conv / dense call that its kernel computes: a per-channel bias (numpy,
-    one value per output channel), a cast (the dtype, or None), a residual (the Var added, or
-    None), a clamp's bounds (lo, hi; None when there is none, hi None for ReLU) or a smooth
-    activation ("gelu" for erf's, else an activations.NAMES entry), and the shape of the last
-    op's value (reshapes inside the chain are views)."""
+    """The ops after a Tensor Core call that its kernel computes: a per-channel bias (numpy,
+    one value per output channel, or None), a scalar scale ("relax.divide" or
+    "relax.multiply", the constant; or None: attention's 1 / sqrt(d)), a cast (the dtype, or
+    None), a residual (the Var added, or None), a clamp's bounds (lo, hi; None when there is
+    none, hi None for ReLU) or a smooth activation ("gelu" for erf's, else an
+    activations.NAMES entry), and the shape of the last op's value (reshapes inside the chain
+    are views)."""
 
     end: relax.Call  # the last op of the chain in the original function
-    bias: np.ndarray
+    bias: np.ndarray | None
     residual: relax.Var | None = None
     bounds: tuple | None = None
     cast: str | None = None
     activation: str | None = None
     shape: tuple = ()
+    scale: tuple | None = None
 
 
 def _channels(expr, channels):
@@ -50,11 +53,11 @@ def _channels(expr, channels):
 
 def find_chains(func: relax.Function, starts) -> dict:
     """{start call: Chain} for the calls `starts` (conv2d / matmul bindings' values) whose single
-    reader adds a per-channel constant; the chain then takes a cast to float32 followed by a
-    residual add, or a residual add of another value of the same shape and dtype, then a ReLU,
-    a clip (maximum with 0, then maybe minimum) or a smooth activation, each read once, with
-    reshapes that keep the channels last between them. A binding joins one chain at most (the
-    first in program order)."""
+    reader adds a per-channel constant or scales by a scalar one (or both, in that order); the
+    chain then takes a cast to float32, a residual add of another value of the same shape and
+    dtype, then a ReLU, a clip (maximum with 0, then maybe minimum) or a smooth activation,
+    each read once, with reshapes that keep the channels last between them. A binding joins
+    one chain at most (the first in program order)."""
     bindings = dataflow_bindings(func)
     count, reader = uses(bindings, func), readers(bindings)
     var_of = {b.value: b.var for b in bindings}
@@ -100,23 +103,26 @@ class _Follow:
         return b
 
     def chain(self, var):
-        b, views = self._next(var)
-        if b is None or op_name(b.value) != "relax.add":
+        end, (nxt, views) = None, self._next(var)
+        bias = None
+        if nxt is not None and op_name(nxt.value) == "relax.add":
+            a, c = nxt.value.args
+            bias = _channels(c if a.same_as(views[-1] if views else var) else a, self.channels)
+            if bias is not None:
+                end = self._take(nxt, views)
+                nxt, views = self._next(end.var)
+        scale = _scale(nxt, views[-1] if views else (end.var if end else var))
+        if scale is not None:
+            end = self._take(nxt, views)
+            nxt, views = self._next(end.var)
+        if end is None:
             return None
-        a, c = b.value.args
-        bias = _channels(c if a.same_as(views[-1] if views else var) else a, self.channels)
-        if bias is None:
-            return None
-        end = self._take(b, views)
         cast = None
-        nxt, views = self._next(end.var)
         if (nxt is not None and op_name(nxt.value) == "relax.astype"
                 and str(nxt.value.attrs.dtype) == "float32"
                 and str(end.var.ty.dtype) == "float16"):
-            after, cast_views = self._next(nxt.var)
-            if self._residual(after, nxt, cast_views) is not None:  # only before a residual
-                cast, end = "float32", self._take(nxt, views)
-                nxt, views = after, cast_views
+            cast, end = "float32", self._take(nxt, views)
+            nxt, views = self._next(end.var)
         residual = self._residual(nxt, end, views)
         if residual is not None:
             end = self._take(nxt, views)
@@ -124,7 +130,7 @@ class _Follow:
         bounds, activation, end = self._activation(nxt, views, end)
         self.claimed.update(self.taken)
         return Chain(end.value, bias, residual, bounds, cast, activation,
-                     tuple(int(s) for s in end.var.ty.shape))
+                     tuple(int(s) for s in end.var.ty.shape), scale)
 
     @staticmethod
     def _residual(b, end, views):
@@ -163,6 +169,21 @@ class _Follow:
         return None, found.name, self.binding_of[found.end]
 
 
+def _scale(b, cur):
+    """(op name, constant) when binding `b` divides `cur` by a scalar constant or multiplies it
+    by one, else None."""
+    name = op_name(b.value) if b is not None else ""
+    if name not in ("relax.divide", "relax.multiply"):
+        return None
+    a, c = b.value.args
+    if not a.same_as(cur):
+        if name == "relax.divide":
+            return None
+        a, c = c, a
+    value = scalar_const(c) if a.same_as(cur) else None
+    return None if value is None else (name, value)
+
+
 def _added(y, other, name):
     return te.compute(y.shape, lambda *i: y(*i) + other(*i), name=name)
 
@@ -195,12 +216,20 @@ def out_dtype(chain: Chain, dtype: str) -> str:
 
 def stages(out: te.Tensor, chain: Chain, dtype: str) -> tuple:
     """(placeholders, result): te stages computing `chain` over a kernel's accumulator `out`
-    (channels on its last axis) in `dtype`, as the model did: cast, + bias, maybe a cast to
-    float32, + residual, activation."""
-    shape = [int(s) for s in out.shape]
-    bias = te.placeholder((shape[-1],), dtype, name="bias")
-    inputs = [bias]
-    y = te.compute(shape, lambda *i: out(*i).astype(dtype) + bias[i[-1]], name="biased")
+    (channels on its last axis) in `dtype`, as the model did: cast, + bias, scale, maybe a
+    cast to float32, + residual, activation."""
+    shape, inputs = [int(s) for s in out.shape], []
+    if chain.bias is not None:
+        bias = te.placeholder((shape[-1],), dtype, name="bias")
+        inputs.append(bias)
+        y = te.compute(shape, lambda *i: out(*i).astype(dtype) + bias[i[-1]], name="biased")
+    else:
+        y = te.compute(shape, lambda *i: out(*i).astype(dtype), name="rounded")
+    if chain.scale is not None:
+        op, value = chain.scale
+        c = tirx.const(value, dtype)
+        y = te.compute(shape, (lambda *i: y(*i) / c) if op == "relax.divide"
+                       else (lambda *i: y(*i) * c), name="scaled")
     if chain.cast is not None:
         y = te.compute(shape, lambda *i: y(*i).astype(chain.cast), name="cast")
     dtype = out_dtype(chain, dtype)
