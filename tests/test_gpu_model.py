@@ -348,31 +348,33 @@ class _Smooth(torch.nn.Module):
         return torch.nn.functional.gelu(self.fc(y.mean((2, 3))), approximate="tanh")
 
 
-def _run_on_cpu(module, x):
-    """(the GPU pass's main function as text, its output run on this CPU with each kernel its
-    te definition, PyTorch fp32's output)."""
+def _run_on_cpu(module, x, quantize=None):
+    """(the GPU path's graph as text, its output run on this CPU with each kernel its te
+    definition, PyTorch fp32's output)."""
     from tvm import relax
 
     from unit_tvm import frontends
-    from unit_tvm.compiler import build_relax
-    from unit_tvm.relax import gpu
+    from unit_tvm.compiler import build_relax, tensorized_for_cuda
     from unit_tvm.target import host
 
-    out_mod = UnitTensorizeGPU(_cuda("sm_90"))(gpu.to_fp16_nhwc(frontends.from_torch(module, [x])))
+    report = []
+    out_mod = tensorized_for_cuda(frontends.from_torch(module, [x]), _cuda("sm_90"),
+                                  quantize=quantize, report=report)
     vm = relax.VirtualMachine(build_relax(out_mod, host()), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cpu()))
     got = (got if hasattr(got, "numpy") else got[0]).numpy().astype(np.float64)
     with torch.no_grad():
         ref = module(x).numpy().astype(np.float64)
-    return out_mod["main"].script(), got, ref
+    return out_mod["main"].script(), got, ref, report
 
 
-@pytest.mark.parametrize("name", ["smooth", "encoder"])
+@pytest.mark.parametrize("name", ["smooth", "encoder", "encoder_int8"])
 def test_gpu_transformer_and_smooth_chains_fold_exactly_on_cpu(monkeypatch, name):
     """A transformer layer's chains (reshapes between the ops, the float32 cast before the
     residual add, erf's GELU, the scores' scale) and the smooth activations go into the
     kernels too: no bias or residual add, scale, GELU, SiLU or sigmoid is left as an op, and
-    with each kernel its te definition the model computes what PyTorch fp32 does."""
+    with each kernel its te definition the model computes what PyTorch fp32 does. An int8
+    encoder keeps its attention matmuls (not quantized) on fp16 Tensor Cores the same way."""
     from unit_tvm.relax import gpu
     from unit_tvm.testing import zoo
 
@@ -387,10 +389,18 @@ def test_gpu_transformer_and_smooth_chains_fold_exactly_on_cpu(monkeypatch, name
         # no cast either: the kernels read float32 values as they load their operands
         # (gpu_operands) and write float32 where a residual add or the softmax reads it
         gone = ("R.add(", "R.nn.gelu(", "R.divide(", "R.astype(", "R.matmul(")
-    text, got, ref = _run_on_cpu(module, x)
+    quantize = None
+    if name == "encoder_int8":
+        quantize = {"calibration_data": [x.numpy()] + [torch.randn(1, 32, 64).numpy()]}
+        gone = ("R.matmul(",)
+    text, got, ref, report = _run_on_cpu(module, x, quantize)
     for op in gone:
         assert op not in text, op
-    np.testing.assert_allclose(got, ref, atol=0.01 * np.abs(ref).max())
+    if quantize is not None:
+        ops = [r[0] for r in report]  # four int8 dense layers, then the two fp16 matmuls
+        assert [op.split()[0] for op in ops] == ["dense"] * 4 + ["matmul"] * 2, ops
+        assert all(op.endswith("int8") for op in ops[:4]), ops
+    np.testing.assert_allclose(got, ref, atol=(0.03 if quantize else 0.01) * np.abs(ref).max())
 
 
 def test_gpu_bench_model_speedups_name_each_engine():

@@ -109,18 +109,30 @@ def scheduled_for_cuda(mod: tvm.IRModule, target, *, quantize: dict | None = Non
                        report: list | None = None) -> tvm.IRModule:
     """The GPU path up to tvm.compile: every kernel scheduled (the profiler builds this without
     CUDA graphs, to time each kernel)."""
+    mod = tensorized_for_cuda(mod, target, quantize=quantize, database=database, tune=tune,
+                              trials=trials, report=report)
+    return default_gpu_schedule(mod, target)
+
+
+def tensorized_for_cuda(mod: tvm.IRModule, target, *, quantize: dict | None = None,
+                        database=None, tune: bool = False, trials: int | None = None,
+                        report: list | None = None) -> tvm.IRModule:
+    """The GPU path's graph: fp16 NHWC with the Tensor Core kernels in (int8 ones with
+    `quantize`), before TVM's schedules for the rest."""
+    passes = [UnitTensorizeGPU(target, database=database, tune=tune, trials=trials)]
     if quantize is None:
-        tensorize = UnitTensorizeGPU(target, database=database, tune=tune, trials=trials)
-        mod = tensorize(to_fp16_nhwc(mod))
+        mod = passes[0](to_fp16_nhwc(mod))
     else:
         # quantized while the model is still fp32, so calibration sees its own values; the
-        # rest of the model (and the dequantized results) then runs in fp16
-        tensorize = UnitTensorizeGPU(target, database=database, tune=tune, trials=trials,
-                                     int8=calibration_from(quantize))
-        mod = to_fp16(tensorize(to_nhwc(mod)))
+        # rest of the model (and the dequantized results) then runs in fp16, and what stays
+        # fp16 goes on Tensor Cores too: attention's matmuls of two activations (not
+        # quantized), their layouts and epilogues folded as in the fp16 path
+        passes.insert(0, UnitTensorizeGPU(target, database=database, tune=tune, trials=trials,
+                                          int8=calibration_from(quantize)))
+        mod = passes[1](to_fp16(passes[0](to_nhwc(mod))))
     if report is not None:
-        report.extend((k.op, k.intrinsic or None, k.reason) for k in tensorize.report)
-    return default_gpu_schedule(mod, target)
+        report.extend((k.op, k.intrinsic or None, k.reason) for p in passes for k in p.report)
+    return mod
 
 
 def compile_cuda_graph(mod, target):
