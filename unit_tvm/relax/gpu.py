@@ -159,7 +159,7 @@ def _chain_key(chain):
     if chain is None:
         return ()
     return ("epilogue", chain.bias is not None, chain.scale, chain.residual is not None,
-            chain.bounds, chain.cast, chain.activation)
+            chain.bounds, chain.cast, chain.activation, chain.cast_last)
 
 
 def tensor_core_calls(func: relax.Function) -> list:

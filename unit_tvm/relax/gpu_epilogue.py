@@ -39,6 +39,7 @@ class Chain:
     activation: str | None = None
     shape: tuple = ()
     scale: tuple | None = None
+    cast_last: str | None = None  # a cast to float32 after the residual add / activation
 
 
 def _channels(expr, channels):
@@ -118,9 +119,7 @@ class _Follow:
         if end is None:
             return None
         cast = None
-        if (nxt is not None and op_name(nxt.value) == "relax.astype"
-                and str(nxt.value.attrs.dtype) == "float32"
-                and str(end.var.ty.dtype) == "float16"):
+        if self._widening(nxt, end):
             cast, end = "float32", self._take(nxt, views)
             nxt, views = self._next(end.var)
         residual = self._residual(nxt, end, views)
@@ -128,9 +127,21 @@ class _Follow:
             end = self._take(nxt, views)
             nxt, views = self._next(end.var)
         bounds, activation, end = self._activation(nxt, views, end)
+        cast_last = None
+        if cast is None and (bounds or activation or residual is not None):
+            nxt, views = self._next(end.var)
+            if self._widening(nxt, end):  # a value the next op reads in float32 (a mean)
+                cast_last, end = "float32", self._take(nxt, views)
         self.claimed.update(self.taken)
         return Chain(end.value, bias, residual, bounds, cast, activation,
-                     tuple(int(s) for s in end.var.ty.shape), scale)
+                     tuple(int(s) for s in end.var.ty.shape), scale, cast_last)
+
+    @staticmethod
+    def _widening(b, end):
+        """Whether binding `b` casts `end`'s fp16 value to float32."""
+        return (b is not None and op_name(b.value) == "relax.astype"
+                and str(b.value.attrs.dtype) == "float32"
+                and str(end.var.ty.dtype) == "float16")
 
     @staticmethod
     def _residual(b, end, views):
@@ -211,7 +222,7 @@ def _smooth(y, name, dtype):
 
 def out_dtype(chain: Chain, dtype: str) -> str:
     """The dtype a kernel computing `chain` writes (the model's `dtype` unless it casts)."""
-    return chain.cast or dtype
+    return chain.cast_last or chain.cast or dtype
 
 
 def stages(out: te.Tensor, chain: Chain, dtype: str) -> tuple:
@@ -232,7 +243,7 @@ def stages(out: te.Tensor, chain: Chain, dtype: str) -> tuple:
                        else (lambda *i: y(*i) * c), name="scaled")
     if chain.cast is not None:
         y = te.compute(shape, lambda *i: y(*i).astype(chain.cast), name="cast")
-    dtype = out_dtype(chain, dtype)
+    dtype = chain.cast or dtype  # the residual add and activation's dtype
     if chain.residual is not None:
         residual = te.placeholder(shape, dtype, name="residual")
         inputs.append(residual)
@@ -241,4 +252,6 @@ def stages(out: te.Tensor, chain: Chain, dtype: str) -> tuple:
         y = _bounded(y, *chain.bounds, dtype)
     if chain.activation is not None:
         y = _smooth(y, chain.activation, dtype)
+    if chain.cast_last is not None:
+        y = te.compute(shape, lambda *i: y(*i).astype(chain.cast_last), name="cast_last")
     return inputs, y
