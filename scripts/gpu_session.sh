@@ -12,7 +12,8 @@
 #   scripts/gpu_session.sh ablation [TRIALS] [--quick]  reproduce fig11-gpu (the GPU ablation,
 #                                           Table I, fp16; --quick: its first four layers)
 #   scripts/gpu_session.sh profile MODEL [ARGS]  time each kernel of unit-tvm's build of MODEL
-#   scripts/gpu_session.sh configs [SAMPLE]  ResNet-18's convs and Table I under the named
+#   scripts/gpu_session.sh configs [SAMPLE]  ResNet-18's convs, BERT's matmuls and Table I
+#                                           under the named
 #                                           configs of unit_tvm.bench.gpu_configs and SAMPLE
 #                                           (default 40) more per layer from the tuning space:
 #                                           the default rule's evidence (GPU_STUDY_LAYERS)
@@ -109,9 +110,10 @@ models() {
 }
 
 configs() {
-    # ResNet-18's convs (what the model runs), then Table I (GPU_STUDY_LAYERS to choose)
+    # ResNet-18's convs and BERT's matmuls (what the models run), then Table I
+    # (GPU_STUDY_LAYERS to choose)
     local layers
-    for layers in ${GPU_STUDY_LAYERS:-resnet18 table1}; do
+    for layers in ${GPU_STUDY_LAYERS:-resnet18 bert table1}; do
         $PY -m unit_tvm.bench.gpu_configs --layers "$layers" --sample "${1:-40}" --out "$OUT" \
             2>&1 | tee "$OUT/gpu_configs_$layers.log" | tail -25
     done

@@ -615,6 +615,21 @@ def test_cuda_target_names_the_device_architecture():
 
 
 @needs_nvcc
+def test_gpu_config_study_takes_bert_matmuls(tmp_path):
+    """`--layers bert`: dense layers and attention's batched matmuls are studied as the GPU
+    pass writes them (the batch is thread blocks), their kernels built like the convs'."""
+    from unit_tvm.bench import gpu_configs
+    from unit_tvm.testing.workloads import BERT_MATMULS, MatmulShape
+
+    assert [gpu.tiles(gpu_configs.prepared_layer(m)) for m in BERT_MATMULS[::4]] == [
+        (8, 144, 48), (8, 8, 4)]
+    layer = MatmulShape((2,), 32, 48, 64, 3)
+    jobs, where, built = gpu_configs.build_all([layer], ["default"], "sm_90", str(tmp_path),
+                                               workers=1, log=lambda _: None)
+    assert len(jobs) == 1 and built[0][1] is None, built
+    assert gpu_configs._shape(layer) == [2, 32, 48, 64] and gpu_configs._count(layer) == 3
+
+
 def test_gpu_config_study_builds_in_parallel_and_summarizes(tmp_path):
     """`python -m unit_tvm.bench.gpu_configs` (run where a GPU is lent): the named configs and
     a sample of the tuning space for a layer are built by worker processes into loadable

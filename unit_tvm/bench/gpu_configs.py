@@ -1,11 +1,13 @@
-"""`python -m unit_tvm.bench.gpu_configs`: conv layers under a fixed list of GPU configs.
+"""`python -m unit_tvm.bench.gpu_configs`: model layers under a fixed list of GPU configs.
 
 The evidence for the GPU strategy's default rule (schedules/gpu.py `default`): every layer of
-Table I, or every distinct conv of ResNet-18 (`--layers resnet18`, padded as the model pads
-them and weighed by how often it runs each), in the form the model path chooses, built under
+Table I, every distinct conv of ResNet-18 (`--layers resnet18`, padded as the model pads them
+and weighed by how often it runs each) or BERT-base's matmuls (`--layers bert`: dense layers
+and attention's batched matmuls at 128 tokens), in the form the model path chooses, built under
 each named config of CANDIDATES (each fitted to the layer) and a sample of the tuning space,
 every kernel checked against TVM's CPU build and timed the same way (rounds of 20 calls, min of
-the per-round means), beside PyTorch's cuDNN conv (the faster of eager and CUDA graph). The
+the per-round means), beside PyTorch's fp16 op (cuDNN's conv, cuBLAS's matmul: the faster of
+eager and CUDA graph). The
 kernels are built in parallel processes (a device machine has many cores and nvcc takes seconds
 per kernel), then loaded and timed one after the other on the GPU. Writes gpu_configs.json
 (one row per layer and config) and prints per config its geomean against the legacy default
@@ -25,6 +27,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from ..schedules import gpu
+from ..testing.workloads import MatmulShape
 
 INTRIN = "cuda.wmma.f16f32"
 
@@ -65,12 +68,48 @@ CANDIDATES = {
 
 
 def prepared_layer(layer, dtype="float16"):
-    """The Prepared graph of a layer (C, H, K, R, stride[, padding]) in the model path's form
-    (gpu_ops.layer_form)."""
+    """The Prepared graph of a layer in the model path's form: a conv (C, H, K, R, stride[,
+    padding]) as gpu_ops.layer_form writes it, a workloads.MatmulShape as the GPU pass's dense
+    or batched matmul te."""
     from .. import intrinsics
+    from ..prepare import prepare
+    from ..relax import gpu as gpu_pass
+    from ..relax import gpu_bmm
     from .gpu_ops import layer_form
 
-    return layer_form(layer, dtype, intrinsics.get(INTRIN))[3]
+    intrin = intrinsics.get(INTRIN)
+    if not isinstance(layer, MatmulShape):
+        return layer_form(layer, dtype, intrin)[3]
+    acc = gpu_pass.ACCUMULATE[dtype]
+    tensors = (gpu_pass.dense_te(layer.m, layer.n, layer.k, dtype, acc) if not layer.batch else
+               gpu_bmm.batch_matmul_te(gpu_bmm.BatchedShape(layer.batch, layer.m, layer.n,
+                                                            layer.k), dtype, acc))
+    return prepare(tensors[-1], intrin, params=tensors[:-1], **gpu.prepare_options(None))
+
+
+def _shape(layer):
+    """A layer's shape as the rows record it."""
+    if isinstance(layer, MatmulShape):
+        return [*layer.batch, layer.m, layer.n, layer.k]
+    return list(layer[:6])
+
+
+def _count(layer):
+    """How often the model runs the layer (1 for Table I)."""
+    if isinstance(layer, MatmulShape):
+        return layer.count
+    return layer[6] if len(layer) > 6 else 1
+
+
+def _baseline_ms(layer, repeat):
+    """PyTorch's fp16 time of the layer (the faster of eager and CUDA graph), NaN without it."""
+    from .gpu_ops import time_torch_cudnn, time_torch_matmul
+
+    if isinstance(layer, MatmulShape):
+        times = time_torch_matmul(layer.batch, layer.m, layer.n, layer.k, repeat)
+    else:
+        times = time_torch_cudnn(*layer[:5], repeat, *layer[5:6])
+    return min(times.eager_min, times.graph_min) * 1e3 if times else math.nan
 
 
 def _module(layer, key, arch):
@@ -140,7 +179,6 @@ def run(layers, names=None, workers=None, repeat=7, sample=0, log=print):
     from .. import intrinsics
     from ..target import cuda_target
     from ..tuner.search import _inputs, reference_output
-    from .gpu_ops import time_torch_cudnn
 
     names = names or list(CANDIDATES)
     dev = tvm.cuda(0)
@@ -154,8 +192,7 @@ def run(layers, names=None, workers=None, repeat=7, sample=0, log=print):
             prepared = prepared_layer(layer)
             arrays = _inputs(prepared, intrinsics.get(INTRIN), rng)
             expected = reference_output(prepared, arrays, target)
-            torch_t = time_torch_cudnn(*layer[:5], repeat, *layer[5:6])
-            cudnn = min(torch_t.eager_min, torch_t.graph_min) * 1e3 if torch_t else math.nan
+            cudnn = _baseline_ms(layer, repeat)
             mine = [name for (li, name) in where if li == i]
             for name in mine:
                 j = where[(i, name)]
@@ -164,9 +201,9 @@ def run(layers, names=None, workers=None, repeat=7, sample=0, log=print):
                 if j not in timed:
                     timed[j] = _time(jobs[j], built[j], dev, arrays, expected, repeat)
                 ms, error = timed[j]
-                rows.append({"layer": f"L{i + 1}", "shape": list(layer[:6]), "config": name,
+                rows.append({"layer": f"L{i + 1}", "shape": _shape(layer), "config": name,
                              "key": jobs[j][1], "ms": ms, "error": error, "cudnn_ms": cudnn,
-                             "count": layer[6] if len(layer) > 6 else 1})
+                             "count": _count(layer)})
             log(f"L{i + 1:<3} cuDNN {cudnn:.4f}  " + "  ".join(
                 f"{r['config']} {r['ms']:.4f}" for r in rows if r["layer"] == f"L{i + 1}"
                 and r["config"] in names))
@@ -230,12 +267,14 @@ def _geomean(values):
 
 
 def main(argv=None):
-    """Command line: --layers table1|resnet18, --quick (the first four), --workers, --out."""
-    from ..testing.workloads import RESNET18_CONVS, TABLE_I
+    """Command line: --layers table1|resnet18|bert, --quick (the first four), --workers,
+    --out."""
+    from ..testing.workloads import BERT_MATMULS, RESNET18_CONVS, TABLE_I
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", choices=("table1", "resnet18"), default="table1",
-                    help="Table I, or ResNet-18's distinct convs (weighed by their count)")
+    ap.add_argument("--layers", choices=("table1", "resnet18", "bert"), default="table1",
+                    help="Table I, ResNet-18's distinct convs or BERT-base's matmuls (the "
+                         "models' layers weighed by their count)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--workers", type=int)
     ap.add_argument("--repeat", type=int, default=7)
@@ -243,7 +282,7 @@ def main(argv=None):
                     help="configs per layer drawn from the tuning space besides the named ones")
     ap.add_argument("--out", default=".")
     args = ap.parse_args(argv)
-    layers = TABLE_I if args.layers == "table1" else RESNET18_CONVS
+    layers = {"table1": TABLE_I, "resnet18": RESNET18_CONVS, "bert": BERT_MATMULS}[args.layers]
     rows = run(layers[:4] if args.quick else layers, workers=args.workers,
                repeat=args.repeat, sample=args.sample)
     os.makedirs(args.out, exist_ok=True)

@@ -90,19 +90,38 @@ def time_torch_cudnn(c, h, k, r, stride, repeat, padding=0):
     conv = conv.to(memory_format=torch.channels_last)
     x = torch.randn(1, c, h, h, device="cuda", dtype=torch.half)
     x = x.contiguous(memory_format=torch.channels_last)
+    return _torch_times(torch, lambda: conv(x), repeat)
+
+
+def time_torch_matmul(batch, m, n, k, repeat):
+    """TorchTimes of PyTorch's fp16 matmul A[batch..., m, k] x B[batch..., k, n] (cuBLAS), or
+    None without torch CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    a = torch.randn(*batch, m, k, device="cuda", dtype=torch.half)
+    b = torch.randn(*batch, k, n, device="cuda", dtype=torch.half)
+    return _torch_times(torch, lambda: torch.matmul(a, b), repeat)
+
+
+def _torch_times(torch, call, repeat):
+    """TorchTimes of `call` run eagerly and replayed as a CUDA graph, rounds of 20 calls."""
     sync = torch.cuda.synchronize
     with torch.inference_mode():
         for _ in range(5):
-            conv(x)
-        eager = _rounds(lambda: conv(x), sync, repeat)
+            call()
+        eager = _rounds(call, sync, repeat)
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # warm-up on a side stream, as graph capture requires
-            conv(x)
+            call()
         torch.cuda.current_stream().wait_stream(stream)
         with torch.cuda.graph(graph):
-            conv(x)
+            call()
         replayed = _rounds(graph.replay, sync, repeat)
     return TorchTimes(min(eager), statistics.median(eager), min(replayed),
                       statistics.median(replayed))

@@ -2,6 +2,8 @@
 layout an instruction reads, with their operation counts. Shared by the op benchmarks, the
 reproduction figures and the tests."""
 
+from typing import NamedTuple
+
 from .. import ops
 from ..relax.tensorize import taps_inside
 
@@ -28,6 +30,25 @@ RESNET18_CONVS = [(3, 224, 64, 7, 2, 3, 1), (64, 56, 64, 3, 1, 1, 4), (64, 56, 1
                   (128, 28, 256, 3, 2, 1, 1), (128, 28, 256, 1, 2, 0, 1),
                   (256, 14, 256, 3, 1, 1, 3), (256, 14, 512, 3, 2, 1, 1),
                   (256, 14, 512, 1, 2, 0, 1), (512, 7, 512, 3, 1, 1, 3)]
+
+
+class MatmulShape(NamedTuple):
+    """A model's matmul on the GPU path: A[batch..., m, k] x B[batch..., k, n] (batch () for a
+    dense layer by its weight), and how often the model runs it."""
+
+    batch: tuple
+    m: int
+    n: int
+    k: int
+    count: int = 1
+
+
+# BERT-base's matmuls at 128 tokens (the GPU config study's transformer layers): the fused
+# Q/K/V projection, the output projection, the FFN's two, then the attention's scores and
+# weighted sum over 12 heads, each run once per layer
+BERT_MATMULS = [MatmulShape((), 128, 2304, 768, 12), MatmulShape((), 128, 768, 768, 12),
+                MatmulShape((), 128, 3072, 768, 12), MatmulShape((), 128, 768, 3072, 12),
+                MatmulShape((12,), 128, 128, 64, 12), MatmulShape((12,), 128, 64, 128, 12)]
 ONLY = ("conv", "gemm", "conv3d")
 
 
