@@ -22,6 +22,7 @@ from tvm import relax, te, tirx
 from .graph import op_name, static_shape
 
 RUN = 8  # elements of one 16-byte fp16 copy
+MAX_CHECKED = 1 << 24  # largest source whose index table the layout check builds (128 MB)
 _OPS = ("relax.reshape", "relax.permute_dims", "relax.strided_slice", "relax.squeeze",
         "relax.broadcast_to", "relax.astype")
 # ops TVM's build makes views of (RewriteDataflowReshape), or that copy nothing: broadcast_to
@@ -138,8 +139,10 @@ def _replay_numpy(values, descs):
 def _vectorizable(source_shape, descs, shape):
     """Whether each aligned run of RUN elements along the operand's last axis is RUN
     consecutive source elements, starting at a multiple of RUN (a whole vector copy)."""
-    if len(descs) == 1 and descs[0][0] == "relax.astype":
+    if all(d[0] in ("relax.reshape", "relax.astype") for d in descs):
         return True  # the identity layout
+    if np.prod(source_shape) > MAX_CHECKED:
+        return False  # not worth an index table that large; the ops stay kernels
     try:
         flat = _replay_numpy(np.arange(int(np.prod(source_shape))).reshape(source_shape), descs)
         flat = np.reshape(flat, shape)
