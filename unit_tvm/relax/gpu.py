@@ -7,9 +7,10 @@ activations (attention's, gpu_bmm) with the Rewriter's wmma kernel for the same 
 fp16 accumulated in fp32), written in the form gpu_conv chooses (a conv's output rows fused
 into one GEMM where that computes less padding; dilated windows too): the Inspector maps it,
 prepare gathers the window im2col-style and pads to fragment multiples, the GPU strategy
-schedules it with a database or tuned config (tuning races both forms); the bias, residual add
-and activation after it go into its write-back (gpu_epilogue), else its fp32 result is cast
-back to fp16 by an elementwise op that TVM fuses with what follows. Everything else — pools,
+schedules it with a database or tuned config (tuning races both forms); the bias, scale, cast,
+residual add and activation after it go into its write-back (gpu_epilogue), else its fp32
+result is cast back to fp16 by an elementwise op that TVM fuses with what follows; layout ops
+and casts before a matmul's operand go into its load (gpu_operands). Everything else — pools,
 depthwise convs, softmax, layer norms — goes through TVM's own GPU pipeline (legalization,
 operator fusion, dlight schedules; gpu_window's rule first). The layout passes are
 gpu_layout's. This is one pass before tvm.compile, as UnitTensorize is on CPU.

@@ -8,7 +8,9 @@ kernel's result (`stages`), which preparation folds into the kernel's write-back
 
 A transformer's chains have reshapes between their ops (views: the channels stay the last axis),
 cast to float32 before the residual add (ToMixedPrecision keeps the residual stream and the layer
-norms in float32) and end in a GELU; each of those was a kernel of its own per layer in BERT.
+norms in float32) and end in a GELU; attention's scores are scaled by 1 / sqrt(d) and cast to
+float32 for the softmax, and a CNN's last activation is cast to float32 for the global pool. Each
+of those was a kernel of its own.
 """
 
 from dataclasses import dataclass
