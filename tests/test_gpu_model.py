@@ -10,6 +10,7 @@ import tvm
 
 import unit_tvm
 from unit_tvm import nvcc
+from unit_tvm.relax import gpu_kernels
 from unit_tvm.relax.gpu import UnitTensorizeGPU, to_fp16_nhwc
 
 from .conftest import gpu_output, has_gpu
@@ -243,11 +244,9 @@ def test_gpu_odd_convs_match_pytorch_fp32():
 
 
 def _te_reference_kernels(self, forms):
-    """Stand-in for _Kernels._make: each op's te definition, unscheduled (runs on CPU)."""
-    from unit_tvm.relax import gpu
-
+    """Stand-in for Kernels._make: each op's te definition, unscheduled (runs on CPU)."""
     form, tensors = next(iter(forms.items()))
-    return gpu._Made(tvm.te.create_prim_func(tensors), "te", form)
+    return gpu_kernels.Made(tvm.te.create_prim_func(tensors), "te", form)
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["fp16", "int8"])
@@ -263,7 +262,7 @@ def test_gpu_graph_around_the_kernels_is_exact_on_cpu(monkeypatch, int8):
     from unit_tvm.relax import gpu, gpu_int8
     from unit_tvm.target import host
 
-    monkeypatch.setattr(gpu._Kernels, "_make", _te_reference_kernels)
+    monkeypatch.setattr(gpu_kernels.Kernels, "_make", _te_reference_kernels)
     module, x, mod = _odd_model()
     samples = [x.numpy()] + [torch.randn(2, 5, 11, 31).numpy() for _ in range(3)]
     calibration = gpu_int8.Int8Calibration(samples) if int8 else None
@@ -316,7 +315,7 @@ def test_gpu_epilogue_chains_fold_into_the_kernels_exactly_on_cpu(monkeypatch):
     from unit_tvm.relax import gpu
     from unit_tvm.target import host
 
-    monkeypatch.setattr(gpu._Kernels, "_make", _te_reference_kernels)
+    monkeypatch.setattr(gpu_kernels.Kernels, "_make", _te_reference_kernels)
     torch.manual_seed(0)
     module = _Residual().eval()
     x = torch.randn(1, 16, 12, 12)
@@ -375,10 +374,9 @@ def test_gpu_transformer_and_smooth_chains_fold_exactly_on_cpu(monkeypatch, name
     kernels too: no bias or residual add, scale, GELU, SiLU or sigmoid is left as an op, and
     with each kernel its te definition the model computes what PyTorch fp32 does. An int8
     encoder keeps its attention matmuls (not quantized) on fp16 Tensor Cores the same way."""
-    from unit_tvm.relax import gpu
     from unit_tvm.testing import zoo
 
-    monkeypatch.setattr(gpu._Kernels, "_make", _te_reference_kernels)
+    monkeypatch.setattr(gpu_kernels.Kernels, "_make", _te_reference_kernels)
     torch.manual_seed(0)
     if name == "smooth":
         module, x = _Smooth().eval(), torch.randn(1, 8, 6, 6)

@@ -16,7 +16,6 @@ operator fusion, dlight schedules; gpu_window's rule first). The layout passes a
 gpu_layout's. This is one pass before tvm.compile, as UnitTensorize is on CPU.
 """
 
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -25,13 +24,11 @@ from tvm import relax, te
 from tvm.s_tir import dlight
 
 from .. import intrinsics
-from ..build import alternatives, choose
-from ..rewriter import schedule
 from ..schedules.gpu import fragment_of
 from ..target import as_target, is_gpu
-from ..tuner import tune_instruction
 from . import gpu_bmm, gpu_conv, gpu_epilogue, gpu_int8, gpu_operands
 from .gpu_conv import ConvGeometry
+from .gpu_kernels import GpuKernel, Kernels  # noqa: F401 - GpuKernel: the report's rows
 # the layout passes are the GPU path's public names too
 from .gpu_layout import to_fp16, to_fp16_nhwc, to_nhwc  # noqa: F401
 from .gpu_window import WindowReduction
@@ -47,15 +44,6 @@ _FLOAT = ("float16",)
 
 def _fragment(dtype):
     return fragment_of(intrinsics.get(_INSTRUCTION[dtype]))
-
-
-@dataclass(frozen=True)
-class GpuKernel:
-    """One tensorized (or not) op of the model: what the report says about it."""
-    op: str  # e.g. "conv2d 1x56x56x64 -> 64 k3x3 s1"
-    intrinsic: str  # "" when TVM's own schedule computes it
-    reason: str = ""
-    form: str = ""  # how the op was written for it: "direct" / "gemm" (gpu_conv), "dense"
 
 
 def dense_te(m, n, k, dtype, acc, prologue=None):
@@ -75,59 +63,6 @@ def _shape(expr):
 
 def _const_weight(expr):
     return const_value(expr)
-
-
-class _Made(NamedTuple):
-    """A tensorized kernel of the model: its PrimFunc, instruction and the op's form."""
-
-    func: tvm.tirx.PrimFunc
-    intrinsic: str
-    form: str
-
-
-@dataclass
-class _Kernels:
-    """Tensorized PrimFuncs built so far, one per distinct te op (layers of equal shape share)."""
-    target: object
-    database: object
-    tune: bool
-    trials: object
-    funcs: dict = field(default_factory=dict)  # te signature -> _Made or None
-    report: list = field(default_factory=list)
-
-    def get(self, signature, forms, label):
-        """_Made computing the op, or None when no instruction fits any form. forms: form name
-        -> te tensors ([inputs..., out]) of the same op, the preferred form first."""
-        if signature not in self.funcs:
-            self.funcs[signature] = self._make(forms)
-        made = self.funcs[signature]
-        self.report.append(GpuKernel(label, made.intrinsic if made else "",
-                                     "" if made else "no Tensor Core instruction fits",
-                                     made.form if made else ""))
-        return made
-
-    def _make(self, forms):
-        """Without tuning or a database: the preferred form that tensorizes, default config.
-        Otherwise every form's alternatives are raced (or the database's fastest is taken)."""
-        alts, form_of = [], []
-        for form, tensors in forms.items():
-            inputs, out = tensors[:-1], tensors[-1]
-            intrin, prepared, sch = choose(out, self.target, params=inputs)
-            if intrin is None:
-                continue
-            if not (self.tune or self.database is not None):
-                return _Made(sch.mod["main"], intrin.name, form)
-            found = alternatives(out, self.target, params=inputs, first=intrin) or [
-                (intrin, prepared)]
-            alts += found
-            form_of += [form] * len(found)
-        if not alts:
-            return None
-        index, result = tune_instruction(alts, self.target, trials=self.trials,
-                                         database=self.database, measure=self.tune)
-        intrin, prepared = alts[index]
-        sch = schedule(prepared, intrin, result.config, self.target)
-        return _Made(sch.mod["main"], intrin.name, form_of[index])
 
 
 def _conv_weight(call):
@@ -410,7 +345,7 @@ class UnitTensorizeGPU:
         if not is_gpu(self.target):
             raise ValueError(f"UnitTensorizeGPU is the CUDA path; {self.target} is not a CUDA "
                              f"target (use UnitTensorize)")
-        self.kernels = _Kernels(self.target, database, tune, trials)
+        self.kernels = Kernels(self.target, database, tune, trials)
         self.int8 = int8
 
     @property
