@@ -166,7 +166,7 @@ class _Rewrite(relax.PyExprMutator):
             rewrite = self._conv2d if call.op.name == "relax.nn.conv2d" else self._matmul
         if operands is None:
             return call
-        chain = self.chains.get(original) if operands.x_scale is None else None
+        chain = self.chains.get(original)
         if chain is not None:
             emit = rewrite(call, operands, chain)
             if emit is not None:
@@ -192,19 +192,26 @@ class _Rewrite(relax.PyExprMutator):
             return x
         return self.builder_.emit(gpu_int8.quantized_input(x, operands.x_scale))
 
-    def _with_chain(self, tensors, chain, operands):
-        """A form's te tensors with the chain's stages after its accumulator (fp16 only)."""
+    def _with_chain(self, tensors, chain, operands, dtype):
+        """A form's te tensors with the chain's stages after its accumulator, in the model's
+        `dtype` (an int8 kernel's accumulator dequantized first)."""
         if chain is None:
             return tensors
-        inputs, out = gpu_epilogue.stages(tensors[-1], chain, operands.dtype)
+        inputs, out = gpu_epilogue.stages(tensors[-1], chain, dtype,
+                                          dequantize=operands.x_scale is not None)
         return [*tensors[:-1], *inputs, out]
 
-    def _chain_args(self, chain, residual, shape, dtype):
-        """The chain's operands in the kernel's argument order: bias, then the residual laid
-        out as the kernel's result (a reshape, which the build makes a view)."""
+    def _chain_args(self, chain, residual, shape, dtype, operands):
+        """The chain's operands in the kernel's argument order: an int8 kernel's per-channel
+        dequantization scale, the bias, then the residual laid out as the kernel's result (a
+        reshape, which the build makes a view)."""
         if chain is None:
             return []
-        args = [] if chain.bias is None else [relax.const(chain.bias.astype(dtype))]
+        args = []
+        if operands.x_scale is not None:
+            args.append(relax.const((operands.x_scale * operands.w_scale).astype("float32")))
+        if chain.bias is not None:
+            args.append(relax.const(chain.bias.astype(dtype)))
         if residual is not None:
             args.append(self.builder_.emit(relax.op.reshape(residual, shape)))
         return args
@@ -250,15 +257,15 @@ class _Rewrite(relax.PyExprMutator):
                  + (f" d{g.dilation[0]}" if g.dilation != (1, 1) else "") + f" {dtype}")
         # the gemm form's gather supplies the padding (no pad pass: on an H200 resnet18 ran
         # eight pads as kernels of their own); the direct form reads a padded input
+        out_dtype = str(call.ty.dtype)
         forms = {f: self._with_chain(gpu_conv.te_for_form(
                      g if f == "gemm" else g.without_padding(), f, dtype, operands.acc, frag),
-                     chain, operands)
+                     chain, operands, out_dtype)
                  for f in gpu_conv.forms_in_order(g, frag)}
         made = self.kernels.get(sig, forms, label)
         if made is None:
             return None
         hwio = np.ascontiguousarray(operands.weight.transpose(1, 2, 3, 0))
-        out_dtype = str(call.ty.dtype)
         direct = made.form == "direct"
         shape = [n, g.out_h, g.out_w, k] if direct else [g.pixels, k]
         weight = relax.const(hwio if direct else gpu_conv.gemm_weight(hwio, frag))
@@ -268,7 +275,7 @@ class _Rewrite(relax.PyExprMutator):
             if direct and (top or left or bottom or right):
                 data = self.builder_.emit(
                     relax.op.nn.pad(data, [0, 0, top, bottom, left, right, 0, 0]))
-            args = [data, weight, *self._chain_args(chain, residual, shape, out_dtype)]
+            args = [data, weight, *self._chain_args(chain, residual, shape, out_dtype, operands)]
             out = self._emit_kernel(made, sig, args, shape, operands, out_dtype, chain)
             final = list(chain.shape) if chain is not None else [n, g.out_h, g.out_w, k]
             return out if shape == final else relax.op.reshape(self.builder_.emit(out), final)
@@ -282,19 +289,19 @@ class _Rewrite(relax.PyExprMutator):
         m, (k, n) = int(np.prod(lead)) if lead else 1, operands.weight.shape
         pro = self._prologue(x, [m, k], operands)
         sig = ("dense", m, n, k, operands.dtype, pro and pro.key) + _chain_key(chain)
+        out_dtype = str(call.ty.dtype)
         made = self.kernels.get(
             sig, {"dense": self._with_chain(dense_te(m, n, k, operands.dtype, operands.acc, pro),
-                                            chain, operands)},
+                                            chain, operands, out_dtype)},
             f"dense {m}x{k} -> {n} {operands.dtype}" + gpu_operands.describe_ops(pro))
         if made is None:
             return None
-        out_dtype = str(call.ty.dtype)
 
         def emit(residual):
             flat = (self.builder_.emit(relax.op.reshape(self._input(x, operands), [m, k]))
                     if pro is None else pro.source)
             args = [flat, relax.const(operands.weight),
-                    *self._chain_args(chain, residual, [m, n], out_dtype)]
+                    *self._chain_args(chain, residual, [m, n], out_dtype, operands)]
             out = self._emit_kernel(made, sig, args, [m, n], operands, out_dtype, chain)
             final = list(chain.shape) if chain is not None else lead + [n]
             return relax.op.reshape(self.builder_.emit(out), final)
@@ -309,19 +316,21 @@ class _Rewrite(relax.PyExprMutator):
         pros = (self._prologue(call.args[0], [b, shape.m, shape.k], operands),
                 self._prologue(call.args[1], [b, shape.k, shape.n], operands))
         sig = ("bmm", shape, dtype, *(p and p.key for p in pros)) + _chain_key(chain)
+        out_dtype = str(call.ty.dtype)
         made = self.kernels.get(
             sig, {"bmm": self._with_chain(gpu_bmm.batch_matmul_te(shape, dtype, operands.acc,
-                                                                  pros), chain, operands)},
+                                                                  pros), chain, operands,
+                                          out_dtype)},
             f"matmul {'x'.join(map(str, shape.batch))} x {shape.m}x{shape.k} x {shape.k}x"
             f"{shape.n} {dtype}" + "".join(gpu_operands.describe_ops(p) for p in pros))
         if made is None:
             return None
-        out_dtype, kernel_shape = str(call.ty.dtype), [b, shape.m, shape.n]
+        kernel_shape = [b, shape.m, shape.n]
 
         def emit(residual):
             x, y = (self.builder_.emit(relax.op.reshape(v, [b, *_shape(v)[-2:]])) if p is None
                     else p.source for v, p in zip(call.args, pros))
-            args = [x, y, *self._chain_args(chain, residual, kernel_shape, out_dtype)]
+            args = [x, y, *self._chain_args(chain, residual, kernel_shape, out_dtype, operands)]
             out = self._emit_kernel(made, sig, args, kernel_shape, operands, out_dtype, chain)
             final = list(chain.shape) if chain is not None else [*shape.batch, shape.m, shape.n]
             return relax.op.reshape(self.builder_.emit(out), final)
@@ -357,9 +366,10 @@ class UnitTensorizeGPU:
         scales = None
         if self.int8 is not None:
             scales = gpu_int8.calibrate(mod, tensor_core_calls(mod["main"]), self.int8)
-        # fp16: the bias, residual and activation after each kernel go into its write-back
-        chains = ({} if scales is not None else gpu_epilogue.find_chains(
-            mod["main"], tensor_core_calls(mod["main"]) + _batched_calls(mod["main"])))
+        # the bias, residual and activation after each kernel go into its write-back (int8:
+        # after the dequantization, in the float32 the model still has here)
+        chains = gpu_epilogue.find_chains(
+            mod["main"], tensor_core_calls(mod["main"]) + _batched_calls(mod["main"]))
         return relax.transform.DeadCodeElimination()(
             rewrite_functions(mod, _Rewrite(mod, self.kernels, scales, chains)))
 

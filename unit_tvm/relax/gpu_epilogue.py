@@ -227,17 +227,24 @@ def out_dtype(chain: Chain, dtype: str) -> str:
     return chain.cast_last or chain.cast or dtype
 
 
-def stages(out: te.Tensor, chain: Chain, dtype: str) -> tuple:
+def stages(out: te.Tensor, chain: Chain, dtype: str, dequantize: bool = False) -> tuple:
     """(placeholders, result): te stages computing `chain` over a kernel's accumulator `out`
-    (channels on its last axis) in `dtype`, as the model did: cast, + bias, scale, maybe a
+    (channels on its last axis) in `dtype`, as the model did: cast (int8, `dequantize`: times
+    a per-channel scale in float32 first, as gpu_int8.dequantized), + bias, scale, maybe a
     cast to float32, + residual, activation."""
     shape, inputs = [int(s) for s in out.shape], []
+    value = out
+    if dequantize:
+        scale = te.placeholder((shape[-1],), "float32", name="dequantize")
+        inputs.append(scale)
+        value = te.compute(shape, lambda *i: out(*i).astype("float32") * scale[i[-1]],
+                           name="dequantized")
     if chain.bias is not None:
         bias = te.placeholder((shape[-1],), dtype, name="bias")
         inputs.append(bias)
-        y = te.compute(shape, lambda *i: out(*i).astype(dtype) + bias[i[-1]], name="biased")
+        y = te.compute(shape, lambda *i: value(*i).astype(dtype) + bias[i[-1]], name="biased")
     else:
-        y = te.compute(shape, lambda *i: out(*i).astype(dtype), name="rounded")
+        y = te.compute(shape, lambda *i: value(*i).astype(dtype), name="rounded")
     if chain.scale is not None:
         op, value = chain.scale
         c = tirx.const(value, dtype)
