@@ -72,6 +72,10 @@ setup() {
     cat "$STATE"/compiler.xz.* | xz -d -T0 > "$site/tvm/lib/libtvm_compiler.so"
     set +e
     nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv
+    # the host CPU too: an AMX one could measure issue 16's AMX class (pinned to 2 cores)
+    grep -m1 "model name" /proc/cpuinfo
+    echo "cpu flags: $(grep -o -w -E 'amx_int8|amx_bf16|avx512_vnni' /proc/cpuinfo | sort -u \
+        | tr '\n' ' ')"
     $PY -c 'import tvm, unit_tvm; d = tvm.cuda(0); print("tvm", tvm.__version__, "gpu",
 d.exist, d.device_name, d.compute_version, "SMs", d.multi_processor_count)'
 }
