@@ -52,6 +52,9 @@ WORKLOADS = [
     # an int8 gather with padding: TVM cannot write its 16-lane zero, so it copies 4 bytes
     ("conv_gemm_odd_s8", "cuda.wmma.s8s32", _gemm(ODD_CONV, "int8", "int32")),
     ("conv_gemm_padded_f16", "cuda.wmma.f16f32", _gemm(PADDED_CONV, "float16", "float32")),
+    # int8 with the input quantized by the gather as it reads it (the model path's gemm form)
+    ("conv_gemm_quantizing_s8", "cuda.wmma.s8s32", lambda: gpu_conv.gemm_te(
+        STRIDED_CONV, "int8", "int32", WMMA, source="float32")[-1]),
     # attention's matmul of two activations, batched over heads, every extent padded but K
     ("bmm_odd_f16", "cuda.wmma.f16f32", lambda: gpu_bmm.batch_matmul_te(
         gpu_bmm.BatchedShape((3,), 40, 24, 64), "float16", "float32")[-1]),

@@ -274,8 +274,10 @@ def test_gpu_graph_around_the_kernels_is_exact_on_cpu(monkeypatch, int8):
     # the batch norm folded into the first conv's weights: no elementwise (x - mean) / std left
     text = out_mod["main"].script()
     assert "R.subtract" not in text and "R.divide" not in text
-    # each conv's bias and ReLU in its write-back (int8: after the dequantization there)
+    # each conv's bias and ReLU in its write-back (int8: after the dequantization there); the
+    # gemm form's gather quantizes its input (one quantization left: the direct form's)
     assert "R.nn.relu(" not in text, text
+    assert text.count("R.floor(") == (1 if int8 else 0), text
     vm = relax.VirtualMachine(build_relax(out_mod, host()), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x.numpy(), tvm.cpu()))
     got = (got if hasattr(got, "numpy") else got[0]).numpy().astype(np.float64)
@@ -402,6 +404,31 @@ def test_gpu_transformer_and_smooth_chains_fold_exactly_on_cpu(monkeypatch, name
         assert [op.split()[0] for op in ops] == ["dense"] * 4 + ["matmul"] * 2, ops
         assert all(op.endswith("int8") for op in ops[:4]), ops
     np.testing.assert_allclose(got, ref, atol=(0.03 if quantize else 0.01) * np.abs(ref).max())
+
+
+class _Depthwise(torch.nn.Module):
+    """A depthwise conv (TVM's schedule, fp16 after ToMixedPrecision) read by a 3x3 conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.conv = torch.nn.Conv2d(16, 24, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(torch.relu(self.dw(x)))
+
+
+def test_gpu_int8_gather_reads_a_depthwise_convs_result(monkeypatch):
+    """int8: the gather of a conv quantizes a depthwise conv's result as it reads it. TVM's
+    ToMixedPrecision fails on a call_tir reading a value it makes fp16 (an explicit cast to
+    float32 in between keeps it working); the model matches PyTorch fp32."""
+    monkeypatch.setattr(gpu_kernels.Kernels, "_make", _te_reference_kernels)
+    torch.manual_seed(0)
+    module, x = _Depthwise().eval(), torch.randn(1, 16, 10, 10)
+    quantize = {"calibration_data": [x.numpy()] + [torch.randn(1, 16, 10, 10).numpy()]}
+    text, got, ref, report = _run_on_cpu(module, x, quantize)
+    assert [r[0].split()[-1] for r in report] == ["int8"] and "R.floor(" not in text, text
+    np.testing.assert_allclose(got, ref, atol=0.03 * np.abs(ref).max())
 
 
 def test_gpu_bench_model_speedups_name_each_engine():

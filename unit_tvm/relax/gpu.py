@@ -213,8 +213,19 @@ class _Rewrite(relax.PyExprMutator):
         if chain.bias is not None:
             args.append(relax.const(chain.bias.astype(dtype)))
         if residual is not None:
-            args.append(self.builder_.emit(relax.op.reshape(residual, shape)))
+            args.append(self.builder_.emit(relax.op.reshape(self._kept_dtype(residual), shape)))
         return args
+
+    def _kept_dtype(self, v):
+        """`v` as a kernel argument. The int8 pass runs before ToMixedPrecision, which fails on
+        a call_tir reading a value it makes fp16 (TVM 0.27: a depthwise conv's result read by
+        an int8 kernel's gather); a value an op computes goes through a cast to its own dtype,
+        which ToMixedPrecision keeps, and FuseOps folds into that op's kernel."""
+        value = self.lookup_binding(v) if isinstance(v, relax.Var) else None
+        if (self.scales and isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
+                and value.op.name != "relax.call_tir"):
+            return self.builder_.emit(relax.op.astype(v, str(v.ty.dtype)))
+        return v
 
     def _prologue(self, x, shape, operands):
         """The gpu_operands.Prologue the kernel reads fp16 operand `x` through (its layout ops
@@ -252,15 +263,18 @@ class _Rewrite(relax.PyExprMutator):
         g = ConvGeometry(n, h + top + bottom, wd + left + right, c, k, kh, kw,
                          tuple(int(s) for s in attrs.strides),
                          tuple(int(d) for d in attrs.dilation), (top, left, bottom, right))
-        sig = ("conv2d", g, dtype) + _chain_key(chain)
+        # int8: the gemm form's gather quantizes the input as it reads it (no quantization
+        # pass before the kernel); the direct form reads it quantized
+        source = str(x.ty.dtype) if operands.x_scale is not None else None
+        sig = ("conv2d", g, dtype, source) + _chain_key(chain)
         label = (f"conv2d {n}x{h}x{wd}x{c} -> {k} k{kh}x{kw} s{g.stride[0]}"
                  + (f" d{g.dilation[0]}" if g.dilation != (1, 1) else "") + f" {dtype}")
         # the gemm form's gather supplies the padding (no pad pass: on an H200 resnet18 ran
         # eight pads as kernels of their own); the direct form reads a padded input
         out_dtype = str(call.ty.dtype)
         forms = {f: self._with_chain(gpu_conv.te_for_form(
-                     g if f == "gemm" else g.without_padding(), f, dtype, operands.acc, frag),
-                     chain, operands, out_dtype)
+                     g if f == "gemm" else g.without_padding(), f, dtype, operands.acc, frag,
+                     source if f == "gemm" else None), chain, operands, out_dtype)
                  for f in gpu_conv.forms_in_order(g, frag)}
         made = self.kernels.get(sig, forms, label)
         if made is None:
@@ -271,11 +285,16 @@ class _Rewrite(relax.PyExprMutator):
         weight = relax.const(hwio if direct else gpu_conv.gemm_weight(hwio, frag))
 
         def emit(residual):
-            data = self._input(x, operands)
-            if direct and (top or left or bottom or right):
-                data = self.builder_.emit(
-                    relax.op.nn.pad(data, [0, 0, top, bottom, left, right, 0, 0]))
-            args = [data, weight, *self._chain_args(chain, residual, shape, out_dtype, operands)]
+            if source is not None and not direct:
+                args = [self._kept_dtype(x), weight,
+                        relax.const(np.array([1.0 / operands.x_scale], source))]
+            else:
+                data = self._input(x, operands)
+                if direct and (top or left or bottom or right):
+                    data = self.builder_.emit(
+                        relax.op.nn.pad(data, [0, 0, top, bottom, left, right, 0, 0]))
+                args = [data, weight]
+            args += self._chain_args(chain, residual, shape, out_dtype, operands)
             out = self._emit_kernel(made, sig, args, shape, operands, out_dtype, chain)
             final = list(chain.shape) if chain is not None else [n, g.out_h, g.out_w, k]
             return out if shape == final else relax.op.reshape(self.builder_.emit(out), final)

@@ -22,6 +22,7 @@ from tvm import te, tirx
 
 from ..schedules import gpu
 from ..schedules.gpu import Fragment
+from . import gpu_int8
 
 FORMS = ("direct", "gemm")
 
@@ -134,13 +135,18 @@ def direct_te(g: ConvGeometry, dtype: str, acc: str) -> list:
     return [data, kern, out]
 
 
-def gemm_te(g: ConvGeometry, dtype: str, acc: str, frag: Fragment) -> list:
+def gemm_te(g: ConvGeometry, dtype: str, acc: str, frag: Fragment,
+            source: str | None = None) -> list:
     """[data NHWC, kernel (K', k), out (pixels, k)]: the conv as one GEMM over a window gathered
     in the kernel. K' is window x channels rounded up to the fragment's K (`gemm_weight` lays a
     HWIO weight out so); the gather pads pixels to the rows the core computes (`_m_rows`) and
     writes zeros past the window and in `g.padding`, so the core reads it in place and no pad
-    pass runs before the kernel. Indices are clamped as well as guarded."""
-    data = te.placeholder((g.n, g.in_h, g.in_w, g.c), dtype, name="data")
+    pass runs before the kernel. Indices are clamped as well as guarded. With `source` (int8:
+    the unquantized input's dtype) the data arrives in that dtype with a 1-element
+    `inv_scale` after the kernel, and the gather quantizes what it reads (gpu_int8), so no
+    quantization pass runs before the kernel either: [data, kernel, inv_scale, out]."""
+    data = te.placeholder((g.n, g.in_h, g.in_w, g.c), source or dtype, name="data")
+    inv_scale = None if source is None else te.placeholder((1,), source, name="inv_scale")
     pixels, window = g.pixels, g.window
     plane, width = g.out_h * g.out_w, _round_up(window, frag.k)
     (sy, sx), (dy, dx) = g.stride, g.dilation
@@ -157,14 +163,17 @@ def gemm_te(g: ConvGeometry, dtype: str, acc: str, frag: Fragment) -> list:
             inside += [y >= 0, y < g.in_h, x >= 0, x < g.in_w]
             y = tirx.max(tirx.min(y, g.in_h - 1), 0)
             x = tirx.max(tirx.min(x, g.in_w - 1), 0)
-        return tirx.if_then_else(tirx.all(*inside), data[pc // plane, y, x, qc % g.c], zero)
+        value = data[pc // plane, y, x, qc % g.c]
+        if inv_scale is not None:
+            value = gpu_int8.quantized_value(value, inv_scale[0])
+        return tirx.if_then_else(tirx.all(*inside), value, zero)
 
     cols = te.compute((_m_rows(pixels, frag), width), gathered, name="cols")
     kern = te.placeholder((width, g.k), dtype, name="kernel")
     q = te.reduce_axis((0, width), name="q")
     out = te.compute((pixels, g.k), lambda p, f: te.sum(
         cols[p, q].astype(acc) * kern[q, f].astype(acc), axis=q), name="conv2d_gemm")
-    return [data, kern, out]
+    return [data, kern, out] if inv_scale is None else [data, kern, inv_scale, out]
 
 
 def gemm_weight(hwio: np.ndarray, frag: Fragment) -> np.ndarray:
@@ -176,10 +185,11 @@ def gemm_weight(hwio: np.ndarray, frag: Fragment) -> np.ndarray:
     return out
 
 
-def te_for_form(g: ConvGeometry, form: str, dtype: str, acc: str, frag: Fragment) -> list:
-    """The te tensors ([inputs..., out]) of `g` in `form`."""
+def te_for_form(g: ConvGeometry, form: str, dtype: str, acc: str, frag: Fragment,
+                source: str | None = None) -> list:
+    """The te tensors ([inputs..., out]) of `g` in `form` (`source`: gemm_te's)."""
     if form == "direct":
         return direct_te(g, dtype, acc)
     if form == "gemm":
-        return gemm_te(g, dtype, acc, frag)
+        return gemm_te(g, dtype, acc, frag, source)
     raise ValueError(f"form must be one of {FORMS}, not {form!r}")

@@ -11,7 +11,7 @@ quantizer does), on the NHWC module the pass rewrites, so every op's scale is ke
 from typing import NamedTuple
 
 import numpy as np
-from tvm import relax
+from tvm import relax, tirx
 
 QMAX = 127  # symmetric: -127..127, so negation and the zero point are exact
 
@@ -80,6 +80,15 @@ def quantized_input(x: relax.Expr, scale: float) -> relax.Expr:
     clipped = relax.op.clip(scaled, -QMAX, QMAX)
     return relax.op.astype(relax.op.floor(relax.op.add(clipped, relax.const(0.5, dtype))),
                            "int8")
+
+
+def quantized_value(value, inv_scale):
+    """quantized_input's arithmetic on one te / TIR value (its dtype's), `inv_scale` being 1 /
+    scale in that dtype: for a kernel that quantizes its input as it gathers it."""
+    dtype = str(value.dtype)
+    clipped = tirx.max(tirx.min(value * inv_scale, tirx.const(QMAX, dtype)),
+                       tirx.const(-QMAX, dtype))
+    return tirx.floor(clipped + tirx.const(0.5, dtype)).astype("int8")
 
 
 def dequantized(acc: relax.Expr, x_scale: float, w_scale: np.ndarray, dtype: str) -> relax.Expr:
