@@ -5,8 +5,8 @@ of it, and afterwards puts the heads back side by side; the next dense layer may
 norm's float32 result through a cast to fp16. TVM computed each of those as a kernel that wrote
 a copy (five layout kernels and up to three casts per BERT layer). Such ops only say which
 element of the source each operand element is (and how it is rounded), so the kernel's
-shared-memory stage can read the source itself: the prologue is replayed as te stages before
-the operand, which the implicit preparation inlines into the load.
+shared-memory stage can read the source itself: the operand becomes one te stage indexing the
+source (the ops' index maps composed), which the implicit preparation inlines into the load.
 
 A prologue is taken only where it keeps the load vectorizable: along the axis the kernel's
 shared tile stores contiguously (the last axis of A[.., m, k] and of B[.., k, n]), each aligned
@@ -42,8 +42,11 @@ class Prologue:
 
 def _ints(expr):
     """The ints of a Relax tuple of PrimValues / IntImms (strided_slice's axes, begins...)."""
-    return [int(getattr(getattr(f, "value", f), "value", getattr(f, "value", f)))
-            for f in expr.fields]
+    out = []
+    for field in expr.fields:
+        value = getattr(field, "value", field)  # a PrimValue's IntImm, an IntImm's int
+        out.append(int(getattr(value, "value", value)))
+    return out
 
 
 def _describe(call):
