@@ -73,7 +73,7 @@ def test_inspect_rejects_wrong_shape_arity():
     assert proc.returncode == 2 and "M N K" in proc.stderr
 
 
-def test_bench_gpu_says_it_needs_a_gpu():
+def test_bench_gpu_and_gpu_models_say_they_need_a_gpu():
     if has_gpu():
         import pytest
 
@@ -83,6 +83,10 @@ def test_bench_gpu_says_it_needs_a_gpu():
     assert "GPU" in proc.stderr and "Traceback" not in proc.stderr
     bad = _cli("bench-gpu", "--dtype", "bfloat16")
     assert bad.returncode == 2
+    # the models on the GPU too (it once ended in PyTorch's "not compiled with CUDA")
+    models = _cli("bench-model", "resnet18", "--target", "cuda", "--no-tune")
+    assert models.returncode == 2
+    assert "CUDA GPU" in models.stderr and "Traceback" not in models.stderr
 
 
 def test_compile_export_and_run_equal_the_in_process_model(tmp_path):

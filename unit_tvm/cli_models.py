@@ -66,6 +66,10 @@ def _bench_model_gpu(args, log):
     """bench-model --target cuda: fp16 on the first GPU vs PyTorch fp16 and TVM's GPU build."""
     from .bench import gpu_model
 
+    if not tvm.cuda(0).exist:
+        raise RuntimeError("bench-model --target cuda times models on a CUDA GPU and this "
+                           "machine has none (unit_tvm.compile still builds for one here)")
+
     results, meta = gpu_model.run(args.models, rounds=args.rounds, database=args.database,
                                   tune=not args.no_tune, trials=args.trials, log=log)
     os.makedirs(args.out, exist_ok=True)
