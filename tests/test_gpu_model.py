@@ -122,6 +122,18 @@ def test_gpu_attention_matmuls_run_on_tensor_cores():
     assert sum("wmma.mma.sync" in line for line in ptx.splitlines()) >= 6
 
 
+@pytest.mark.skipif(has_gpu(), reason="a GPU is present: the library would load")
+def test_a_cuda_library_says_what_it_needs_where_it_cannot_run(tmp_path):
+    from unit_tvm import deploy
+
+    _, _, mod = _odd_model()
+    path = deploy.export(unit_tvm.compile(mod, _cuda("sm_80")), str(tmp_path / "m.so"))
+    with pytest.raises(RuntimeError, match="no CUDA GPU|holds CUDA kernels"):
+        deploy.load(path, "cuda")
+    with pytest.raises(RuntimeError, match="holds CUDA kernels|no CUDA GPU"):
+        deploy.load(path)
+
+
 def test_gpu_int8_options_have_clear_errors(resnet18):
     _, x, mod = resnet18
     for quantize, match in (({"calibration_data": []}, "calibration_data is empty"),

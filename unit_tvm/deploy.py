@@ -28,8 +28,18 @@ class CompiledModel:
         if not os.path.exists(path):
             raise FileNotFoundError(f"no compiled model at {path}")
         prepare_host()
+        if device == "cuda" and not tvm.cuda(0).exist:
+            raise RuntimeError("device 'cuda' asked for, and this machine has no CUDA GPU")
         self.device = tvm.cuda(0) if device == "cuda" else tvm.cpu(0)
-        self._vm = VirtualMachine(tvm.runtime.load_module(path), self.device)
+        try:
+            module = tvm.runtime.load_module(path)
+        except Exception as e:  # noqa: BLE001 - TVM's message names a loader, not the cause
+            if "load_from_bytes.cuda" not in str(e):
+                raise
+            raise RuntimeError(f"{path} holds CUDA kernels (unit-tvm compile --target cuda): "
+                               "run it with --device cuda on a machine with a CUDA GPU; this "
+                               "TVM has no CUDA runtime") from None
+        self._vm = VirtualMachine(module, self.device)
 
     def __call__(self, *inputs):
         """The model's outputs for numpy `inputs`: one array, or a list for several outputs."""
