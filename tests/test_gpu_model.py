@@ -256,14 +256,15 @@ def test_gpu_odd_convs_match_pytorch_fp32():
     np.testing.assert_allclose(got, ref, rtol=2e-2, atol=2e-2)
 
 
-def _te_reference_kernels(self, forms):
-    """Stand-in for Kernels._make: each op's te definition, unscheduled (runs on CPU)."""
-    form, tensors = next(iter(forms.items()))
-    return gpu_kernels.Made(tvm.te.create_prim_func(tensors), "te", form)
+@pytest.fixture
+def te_kernels():
+    """Each kernel of the GPU pass its te definition (gpu_kernels.te_reference): runs on CPU."""
+    with gpu_kernels.te_reference():
+        yield
 
 
 @pytest.mark.parametrize("int8", [False, True], ids=["fp16", "int8"])
-def test_gpu_graph_around_the_kernels_is_exact_on_cpu(monkeypatch, int8):
+def test_gpu_graph_around_the_kernels_is_exact_on_cpu(te_kernels, int8):
     """Everything the GPU pass puts around its kernels (int8: input quantization, per-channel
     weights, dequantization; both: padding, the GEMM form's weight layout and reshapes) is right:
     with each kernel replaced by its te definition, the pass's module runs on this CPU and
@@ -275,7 +276,6 @@ def test_gpu_graph_around_the_kernels_is_exact_on_cpu(monkeypatch, int8):
     from unit_tvm.relax import gpu, gpu_int8
     from unit_tvm.target import host
 
-    monkeypatch.setattr(gpu_kernels.Kernels, "_make", _te_reference_kernels)
     module, x, mod = _odd_model()
     samples = [x.numpy()] + [torch.randn(2, 5, 11, 31).numpy() for _ in range(3)]
     calibration = gpu_int8.Int8Calibration(samples) if int8 else None
@@ -320,7 +320,7 @@ class _Residual(torch.nn.Module):
         return self.c(torch.relu(self.norm(self.b(y)) + y))
 
 
-def test_gpu_epilogue_chains_fold_into_the_kernels_exactly_on_cpu(monkeypatch):
+def test_gpu_epilogue_chains_fold_into_the_kernels_exactly_on_cpu(te_kernels):
     """Bias adds, the residual add and the activations after each conv go into its kernel
     (no elementwise op is left between the kernels), and the result is what the model
     computes: each kernel replaced by its te definition, run on this CPU, against PyTorch
@@ -332,7 +332,6 @@ def test_gpu_epilogue_chains_fold_into_the_kernels_exactly_on_cpu(monkeypatch):
     from unit_tvm.relax import gpu
     from unit_tvm.target import host
 
-    monkeypatch.setattr(gpu_kernels.Kernels, "_make", _te_reference_kernels)
     torch.manual_seed(0)
     module = _Residual().eval()
     x = torch.randn(1, 16, 12, 12)
@@ -385,7 +384,7 @@ def _run_on_cpu(module, x, quantize=None):
 
 
 @pytest.mark.parametrize("name", ["smooth", "encoder", "encoder_int8"])
-def test_gpu_transformer_and_smooth_chains_fold_exactly_on_cpu(monkeypatch, name):
+def test_gpu_transformer_and_smooth_chains_fold_exactly_on_cpu(te_kernels, name):
     """A transformer layer's chains (reshapes between the ops, the float32 cast before the
     residual add, erf's GELU, the scores' scale) and the smooth activations go into the
     kernels too: no bias or residual add, scale, GELU, SiLU or sigmoid is left as an op, and
@@ -393,7 +392,6 @@ def test_gpu_transformer_and_smooth_chains_fold_exactly_on_cpu(monkeypatch, name
     encoder keeps its attention matmuls (not quantized) on fp16 Tensor Cores the same way."""
     from unit_tvm.testing import zoo
 
-    monkeypatch.setattr(gpu_kernels.Kernels, "_make", _te_reference_kernels)
     torch.manual_seed(0)
     if name == "smooth":
         module, x = _Smooth().eval(), torch.randn(1, 8, 6, 6)
@@ -430,11 +428,10 @@ class _Depthwise(torch.nn.Module):
         return self.conv(torch.relu(self.dw(x)))
 
 
-def test_gpu_int8_gather_reads_a_depthwise_convs_result(monkeypatch):
+def test_gpu_int8_gather_reads_a_depthwise_convs_result(te_kernels):
     """int8: the gather of a conv quantizes a depthwise conv's result as it reads it. TVM's
     ToMixedPrecision fails on a call_tir reading a value it makes fp16 (an explicit cast to
     float32 in between keeps it working); the model matches PyTorch fp32."""
-    monkeypatch.setattr(gpu_kernels.Kernels, "_make", _te_reference_kernels)
     torch.manual_seed(0)
     module, x = _Depthwise().eval(), torch.randn(1, 16, 10, 10)
     quantize = {"calibration_data": [x.numpy()] + [torch.randn(1, 16, 10, 10).numpy()]}

@@ -2,6 +2,7 @@
 op (layers of equal shape share it), with the default config, a database's or a tuned one (each
 form of the op raced), and the report of what computes each op."""
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -72,3 +73,21 @@ class Kernels:
         intrin, prepared = alts[index]
         sch = schedule(prepared, intrin, result.config, self.target)
         return Made(sch.mod["main"], intrin.name, form_of[index])
+
+
+@contextlib.contextmanager
+def te_reference():
+    """Within it, each kernel the GPU pass makes is its op's te definition, unscheduled: the
+    pass's module then builds and runs on a CPU, which checks everything around the kernels
+    (layouts, chains, operand loads, quantization) against a reference; the kernels
+    themselves are checked against the same te definitions on a GPU."""
+    def reference(self, forms):
+        form, tensors = next(iter(forms.items()))
+        return Made(tvm.te.create_prim_func(tensors), "te", form)
+
+    made = Kernels._make
+    Kernels._make = reference
+    try:
+        yield
+    finally:
+        Kernels._make = made
