@@ -7,13 +7,15 @@ build, compared (exactly for integers, within a rounding bound for floats).
 
 CLI: `unit-tvm fuzz --cases N --seed S [--kinds ...] [--json F]`; `--case I` reruns one case.
 `--kinds model` fuzzes whole small models instead (model_cases.py, model_check.py: the graph
-passes); `--kinds qdq` the same models quantized by ONNX Runtime into QDQ files (qdq_check.py).
+passes); `--kinds qdq` the same models quantized by ONNX Runtime into QDQ files (qdq_check.py);
+`--kinds gpu_model` the same models through the GPU path in fp16 (gpu_check.py).
 """
 
 import time
 
 from .. import intrinsics
-from .cases import KINDS, MODEL_KIND, QDQ_KIND, Case, make_case, make_op
+from .cases import (GPU_MODEL_KIND, KINDS, MODEL_KIND, QDQ_KIND, WHOLE_MODEL_KINDS, Case,
+                    make_case, make_op)
 from .check import CLASSES, CaseResult, run_case
 from .report import FAILURES, FuzzReport, result_line, table
 from .worker import run_cases
@@ -26,11 +28,11 @@ def fuzz(cases=200, seed=0, kinds=KINDS, *, first=0, workers=1, timeout=300.0,
     check.run_case)."""
     if emulate:
         intrinsics.get(emulate)  # KeyError naming the known ones
-    unknown = sorted(set(kinds) - {*KINDS, MODEL_KIND, QDQ_KIND})
+    unknown = sorted(set(kinds) - {*KINDS, *WHOLE_MODEL_KINDS})
     if unknown:
         raise ValueError(f"unknown fuzz kinds {unknown}; known: {', '.join(KINDS)}, "
-                         f"{MODEL_KIND}, {QDQ_KIND}")
-    whole = sorted({MODEL_KIND, QDQ_KIND} & set(kinds))
+                         f"{', '.join(WHOLE_MODEL_KINDS)}")
+    whole = sorted(set(WHOLE_MODEL_KINDS) & set(kinds))
     if emulate and whole:
         raise ValueError(f"fuzz: emulate checks op-level cases only, not kind '{whole[0]}'")
     t0 = time.time()
@@ -40,5 +42,6 @@ def fuzz(cases=200, seed=0, kinds=KINDS, *, first=0, workers=1, timeout=300.0,
 
 
 __all__ = ["fuzz", "FuzzReport", "Case", "CaseResult", "make_case", "make_op", "run_case",
-           "run_cases", "table", "result_line", "KINDS", "MODEL_KIND", "QDQ_KIND", "CLASSES",
+           "run_cases", "table", "result_line", "KINDS", "MODEL_KIND", "QDQ_KIND",
+           "GPU_MODEL_KIND", "WHOLE_MODEL_KINDS", "CLASSES",
            "FAILURES"]

@@ -117,6 +117,10 @@ MODEL_KIND = "model"
 # the same models quantized into QDQ files (fuzz/qdq_check.py; needs onnxruntime, and NNCF for
 # its third of the cases)
 QDQ_KIND = "qdq"
+# the same models through the GPU path in fp16 (fuzz/gpu_check.py: the graph around the
+# Tensor Core kernels checked on this CPU, the kernels built for sm_90 where nvcc is)
+GPU_MODEL_KIND = "gpu_model"
+WHOLE_MODEL_KINDS = (MODEL_KIND, QDQ_KIND, GPU_MODEL_KIND)
 QDQ_QUANTIZERS = ("ort", "ort_per_channel", "ort_s8s8", "ort_qoperator", "nncf")
 
 
@@ -124,7 +128,7 @@ def make_case(seed: int, index: int, kinds=KINDS) -> Case:
     """The case number `index` of a fuzzing run with `seed` (deterministic)."""
     rng = random.Random(seed * 1_000_003 + index)
     kind = rng.choice(list(kinds))
-    if kind in (MODEL_KIND, QDQ_KIND):
+    if kind in WHOLE_MODEL_KINDS:
         from .model_cases import model_params
 
         params = model_params(rng)

@@ -19,7 +19,7 @@ from ..build import BuildReport, FallbackWarning, build_report, prepare_op
 from ..measure import numpy_dtype
 from ..rewriter import schedule
 from ..target import host, instruction_target
-from .cases import MODEL_KIND, QDQ_KIND, Case, make_op
+from .cases import GPU_MODEL_KIND, MODEL_KIND, QDQ_KIND, WHOLE_MODEL_KINDS, Case, make_op
 
 FLOAT_RTOL = 2.0 ** -12
 FLOAT_ATOL = 1e-5
@@ -97,14 +97,17 @@ def run_case(case: Case, target=None, emulate="") -> CaseResult:
     prepared, scheduled and compiled for a target that has it, and the prepared graph (packs,
     shifts, core, epilogue, without the instruction) runs here against TVM's build of the op,
     which checks everything but the instruction's own emit rule."""
-    if case.kind in (MODEL_KIND, QDQ_KIND):
+    if case.kind in WHOLE_MODEL_KINDS:
         if emulate:
             raise ValueError(f"fuzz: --emulate checks op-level cases only, not kind "
                              f"'{case.kind}'")
+        from .gpu_check import run_gpu_model_case
         from .model_check import run_model_case
         from .qdq_check import run_qdq_case
 
-        return (run_model_case if case.kind == MODEL_KIND else run_qdq_case)(case, target)
+        run = {MODEL_KIND: run_model_case, QDQ_KIND: run_qdq_case,
+               GPU_MODEL_KIND: run_gpu_model_case}[case.kind]
+        return run(case, target)
     t0 = time.time()
     target = target or host()
     base = dict(index=case.index, kind=case.kind, description=case.describe(),
