@@ -10,8 +10,7 @@ import time
 import warnings
 
 from .check import CaseResult, first_line
-from .model_cases import make_model
-from .model_check import judge, run_outputs
+from .model_check import judge, model_and_reference, run_outputs
 
 # fp16 rounds at other points in the fused kernels than in TVM's op-by-op build (and
 # accumulates in float32): half of fp16's own distance from the float model may be added
@@ -30,18 +29,13 @@ def run_gpu_model_case(case, target=None) -> CaseResult:
     from ..relax.gpu import to_fp16_nhwc
     from ..relax.gpu_kernels import te_reference
     from ..target import host
-    from ..testing import zoo
 
     t0 = time.time()
     base = dict(index=case.index, kind=case.kind, description=case.describe(),
                 reproduce=case.reproduce())
     cuda = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
     try:
-        model, shape = make_model(dict(case.params), case.seed * 7919 + case.index)
-        inputs = zoo.inputs(shape, 2, seed=2)
-        with torch.no_grad():
-            reference = [[o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
-                         for out in (model(torch.tensor(x)) for x in inputs)]
+        model, _, inputs, reference = model_and_reference(case, dict(case.params))
         # as unit_tvm.compile hands a model to the GPU path
         mod = frontend_fixes(frontends.from_torch(model, [torch.tensor(inputs[0])]))
         with warnings.catch_warnings():

@@ -45,6 +45,21 @@ def judge(got: list, plain: list, reference: list, baseline: str = "TVM's build"
     return ""
 
 
+def model_and_reference(case, params: dict, inputs: int = 2):
+    """(the case's PyTorch model, its calibration inputs, its test inputs, PyTorch's outputs
+    per test input): what every model kind starts from."""
+    import torch
+
+    from ..testing import zoo
+
+    model, shape = make_model(params, case.seed * 7919 + case.index)
+    calibration, tests = zoo.inputs(shape, 3, seed=1), zoo.inputs(shape, inputs, seed=2)
+    with torch.no_grad():
+        reference = [[o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
+                     for out in (model(torch.tensor(x)) for x in tests)]
+    return model, calibration, tests, reference
+
+
 def run_outputs(ex, inputs) -> list:
     """Per input, the list of a built model's outputs (numpy) on this CPU."""
     import tvm
@@ -69,7 +84,6 @@ def run_model_case(case, target=None) -> CaseResult:
     from ..compiler import build_relax
     from ..relax import UnitTensorize, quantize
     from ..target import host
-    from ..testing import zoo
 
     t0 = time.time()
     target = target or host()
@@ -77,11 +91,7 @@ def run_model_case(case, target=None) -> CaseResult:
                 reproduce=case.reproduce())
     params = dict(case.params)
     try:
-        model, shape = make_model(params, case.seed * 7919 + case.index)
-        calibration, inputs = zoo.inputs(shape, 3, seed=1), zoo.inputs(shape, 2, seed=2)
-        with torch.no_grad():
-            reference = [[o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
-                         for out in (model(torch.tensor(x)) for x in inputs)]
+        model, calibration, inputs, reference = model_and_reference(case, params)
         mod = frontends.from_torch(model, [torch.tensor(inputs[0])])
     except Exception as e:  # noqa: BLE001 - PyTorch or TVM's frontend fails: not unit-tvm's
         return CaseResult(**base, outcome="invalid", detail=first_line(e),

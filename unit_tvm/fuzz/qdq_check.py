@@ -21,8 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .check import CaseResult, first_line
-from .model_cases import make_model
-from .model_check import judge, run_outputs
+from .model_check import judge, model_and_reference, run_outputs
 
 _INPUT = "input0"  # frontends.export_onnx's name for the model's input
 # two int8 executions of one file round differently (an activation in float32 or on its pair's
@@ -91,14 +90,12 @@ def run_qdq_case(case, target=None) -> CaseResult:
     """Quantize the case's model with its quantizer, compile the file with unit-tvm and compare
     with ONNX Runtime running it. Exceptions are classified, never raised."""
     import onnx
-    import torch
 
     import unit_tvm
 
     from .. import frontends
     from ..onnx_qoperator import qoperator_as_qdq
     from ..target import host
-    from ..testing import zoo
 
     t0 = time.time()
     target = target or host()
@@ -108,11 +105,7 @@ def run_qdq_case(case, target=None) -> CaseResult:
     quantizer, dedicated = params.pop("quantizer"), params.pop("dedicated", 0)
     with tempfile.TemporaryDirectory() as folder:
         try:
-            model, shape = make_model(params, case.seed * 7919 + case.index)
-            calibration, inputs = zoo.inputs(shape, 3, seed=1), zoo.inputs(shape, INPUTS, seed=2)
-            with torch.no_grad():
-                reference = [[o.numpy() for o in (out if isinstance(out, tuple) else (out,))]
-                             for out in (model(torch.tensor(x)) for x in inputs)]
+            model, calibration, inputs, reference = model_and_reference(case, params, INPUTS)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 path = _quantized_file(model, calibration, Path(folder), quantizer, dedicated)
