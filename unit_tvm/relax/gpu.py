@@ -213,19 +213,8 @@ class _Rewrite(relax.PyExprMutator):
         if chain.bias is not None:
             args.append(relax.const(chain.bias.astype(dtype)))
         if residual is not None:
-            args.append(self.builder_.emit(relax.op.reshape(self._kept_dtype(residual), shape)))
+            args.append(self.builder_.emit(relax.op.reshape(residual, shape)))
         return args
-
-    def _kept_dtype(self, v):
-        """`v` as a kernel argument. The int8 pass runs before ToMixedPrecision, which fails on
-        a call_tir reading a value it makes fp16 (TVM 0.27: a depthwise conv's result read by
-        an int8 kernel's gather); a value an op computes goes through a cast to its own dtype,
-        which ToMixedPrecision keeps, and FuseOps folds into that op's kernel."""
-        value = self.lookup_binding(v) if isinstance(v, relax.Var) else None
-        if (self.scales and isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                and value.op.name != "relax.call_tir"):
-            return self.builder_.emit(relax.op.astype(v, str(v.ty.dtype)))
-        return v
 
     def _prologue(self, x, shape, operands):
         """The gpu_operands.Prologue the kernel reads fp16 operand `x` through (its layout ops
@@ -286,7 +275,7 @@ class _Rewrite(relax.PyExprMutator):
 
         def emit(residual):
             if source is not None and not direct:
-                args = [self._kept_dtype(x), weight,
+                args = [x, weight,
                         relax.const(np.array([1.0 / operands.x_scale], source))]
             else:
                 data = self._input(x, operands)

@@ -51,6 +51,34 @@ def _cast_constants(mod, ctx):
     return rewrite_functions(mod, _CastConstants(mod))
 
 
+@relax.expr_functor.mutator
+class _KeepKernelInputs(relax.PyExprMutator):
+    """A float32 value an op computes and a call_tir reads goes through a cast to float32.
+    TVM 0.27's ToMixedPrecision fails on a call_tir that reads a value it makes fp16 (the int8
+    path's kernels exist before it runs: a depthwise conv's result read by a conv's gather);
+    it keeps an explicit cast, which FuseOps then folds into the op's kernel."""
+
+    def visit_call_(self, call):  # noqa: D401 - mutator hook
+        call = self.visit_expr_post_order(call)
+        if op_name(call) != "relax.call_tir":
+            return call
+        args = [self._kept(a) for a in call.args[1].fields]
+        return relax.Call(call.op, [call.args[0], relax.Tuple(args), *call.args[2:]],
+                          call.attrs, call.ty_args)
+
+    def _kept(self, v):
+        value = self.lookup_binding(v) if isinstance(v, relax.Var) else None
+        if (op_name(value) in ("", "relax.call_tir")
+                or str(getattr(v.ty, "dtype", "")) != "float32"):
+            return v
+        return self.builder_.emit(relax.op.astype(v, "float32"))
+
+
+@tvm.transform.module_pass(opt_level=0, name="KeepKernelInputs")
+def _keep_kernel_inputs(mod, ctx):
+    return rewrite_functions(mod, _KeepKernelInputs(mod))
+
+
 def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
     """A float32 Relax model laid out as the GPU path computes it: a batch norm after a conv
     folded into its weights and a bias (TVM's FoldBatchnormToConv2D), any other one into
@@ -75,9 +103,11 @@ def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
 def to_fp16(mod: tvm.IRModule) -> tvm.IRModule:
     """The module's float32 values in fp16 (TVM's ToMixedPrecision; int8 kernels stay). Clips
     become a maximum and a minimum first: ToMixedPrecision fails on clip's scalar bounds (the
-    model's ReLU6, the int8 path's input quantization)."""
+    model's ReLU6, the int8 path's input quantization); and on kernels' float32 inputs that
+    an op computes (`_KeepKernelInputs`)."""
     return tvm.transform.Sequential([
         _clip_as_min_max,
+        _keep_kernel_inputs,
         relax.transform.ToMixedPrecision(out_dtype="float16"),
         relax.transform.FoldConstant(),
         _cast_constants,
