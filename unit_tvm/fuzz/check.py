@@ -6,6 +6,7 @@ operands' absolute values (for a sum of products, the sum of the products' magni
 bounds what reordering the additions can change). A wrong term is a difference of the order of M.
 """
 
+import contextlib
 import time
 import warnings
 from dataclasses import dataclass
@@ -116,8 +117,7 @@ def run_case(case: Case, target=None, emulate="") -> CaseResult:
         tensors = make_op(case)
         reference = tvm.tirx.build(te.create_prim_func(tensors), target=target)
     except Exception as e:  # noqa: BLE001 - TVM itself cannot build the op: not unit-tvm's fault
-        return CaseResult(**base, outcome="invalid", detail=first_line(e),
-                          seconds=time.time() - t0)
+        return failed(base, "invalid", e, t0)
     out = tensors[-1]
     rng = np.random.default_rng(case.seed * 7919 + case.index)
     arrays = [operand(t.shape, str(t.dtype), rng) for t in tensors[:-1]]
@@ -132,8 +132,7 @@ def run_case(case: Case, target=None, emulate="") -> CaseResult:
                 report = build_report(tensors, target)
         got = _run(report.module, arrays, shape, dtype)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
-        return CaseResult(**base, outcome="crash", detail=first_line(e),
-                          seconds=time.time() - t0)
+        return failed(base, "crash", e, t0)
     magnitude = None
     if not np.issubdtype(want.dtype, np.integer):
         magnitude = _run(reference, [np.abs(a) for a in arrays], shape, dtype)
@@ -161,6 +160,21 @@ def _emulated(tensors, name):
     lowering.build(sch.mod, target)  # the kernel must compile for its own CPU
     unscheduled = tvm.tirx.build(te.create_prim_func(prepared.tensors), target=host())
     return BuildReport(unscheduled, intrin.name, prepared.variant, tuple(prepared.stages))
+
+
+def failed(base: dict, outcome: str, error: Exception, t0: float) -> CaseResult:
+    """The CaseResult of a case that ended in `error`, classified `outcome` ("invalid": PyTorch,
+    TVM or ONNX Runtime alone failed; "crash": unit-tvm did)."""
+    return CaseResult(**base, outcome=outcome, detail=first_line(error),
+                      seconds=time.time() - t0)
+
+
+@contextlib.contextmanager
+def quiet():
+    """Python's warnings off: TVM and PyTorch warn many times per model case."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
 
 
 def first_line(e):

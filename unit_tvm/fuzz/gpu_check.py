@@ -7,9 +7,8 @@ against the same te definitions.
 """
 
 import time
-import warnings
 
-from .check import CaseResult, first_line
+from .check import CaseResult, failed, quiet
 from .model_check import judge, model_and_reference, run_outputs
 
 # fp16 rounds at other points in the fused kernels than in TVM's op-by-op build (and
@@ -38,24 +37,20 @@ def run_gpu_model_case(case, target=None) -> CaseResult:
         model, _, inputs, reference = model_and_reference(case, dict(case.params))
         # as unit_tvm.compile hands a model to the GPU path
         mod = frontend_fixes(frontends.from_torch(model, [torch.tensor(inputs[0])]))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet():
             plain = run_outputs(lowering.compile_relax(to_fp16_nhwc(mod), host()), inputs)
     except Exception as e:  # noqa: BLE001 - PyTorch or TVM alone fails: not unit-tvm's
-        return CaseResult(**base, outcome="invalid", detail=first_line(e),
-                          seconds=time.time() - t0)
+        return failed(base, "invalid", e, t0)
     report = []
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet():
             with te_reference():
                 checked = tensorized_for_cuda(mod, cuda, report=report)
             got = run_outputs(build_relax(checked, host()), inputs)
             if nvcc.find_nvcc() is not None:
                 compile_cuda_graph(scheduled_for_cuda(mod, cuda), cuda)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
-        return CaseResult(**base, outcome="crash", detail=first_line(e),
-                          seconds=time.time() - t0)
+        return failed(base, "crash", e, t0)
     diff = next(filter(None, (judge(g, b, r, "TVM's fp16 build", FP16_SHARE)
                               for g, b, r in zip(got, plain, reference))), "")
     kernels = sum(1 for _, instr, _ in report if instr)  # "te": a kernel of the pass

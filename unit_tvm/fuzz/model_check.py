@@ -6,11 +6,10 @@ quantization itself does (`judge`).
 """
 
 import time
-import warnings
 
 import numpy as np
 
-from .check import CaseResult, first_line
+from .check import CaseResult, failed, quiet
 from .model_cases import make_model
 
 # how much of the quantization error itself rounding ties may add (see judge)
@@ -94,19 +93,16 @@ def run_model_case(case, target=None) -> CaseResult:
         model, calibration, inputs, reference = model_and_reference(case, params)
         mod = frontends.from_torch(model, [torch.tensor(inputs[0])])
     except Exception as e:  # noqa: BLE001 - PyTorch or TVM's frontend fails: not unit-tvm's
-        return CaseResult(**base, outcome="invalid", detail=first_line(e),
-                          seconds=time.time() - t0)
+        return failed(base, "invalid", e, t0)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet():
             # quantize's module must build and run with TVM's own schedules too
             qmod = quantize(mod, target=target, calibration_data=calibration)
             plain = run_outputs(tvm.compile(qmod, target=target), inputs)
             tpass = UnitTensorize(target)
             got = run_outputs(build_relax(tpass(qmod), target), inputs)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
-        return CaseResult(**base, outcome="crash", detail=first_line(e),
-                          seconds=time.time() - t0)
+        return failed(base, "crash", e, t0)
     diff = next(filter(None, (judge(g, b, r) for g, b, r in zip(got, plain, reference))), "")
     used = sorted({instr for _, instr, _ in tpass.report if instr})
     outcome = "wrong" if diff else ("tensorized-correct" if used else "fallback-correct")

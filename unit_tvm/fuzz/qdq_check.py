@@ -15,12 +15,11 @@ than ONNX Runtime's is by more than QDQ_SHARE (a dropped clamp, a lost term, a w
 
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
 
-from .check import CaseResult, first_line
+from .check import CaseResult, failed, quiet
 from .model_check import judge, model_and_reference, run_outputs
 
 _INPUT = "input0"  # frontends.export_onnx's name for the model's input
@@ -106,28 +105,23 @@ def run_qdq_case(case, target=None) -> CaseResult:
     with tempfile.TemporaryDirectory() as folder:
         try:
             model, calibration, inputs, reference = model_and_reference(case, params, INPUTS)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with quiet():
                 path = _quantized_file(model, calibration, Path(folder), quantizer, dedicated)
                 expected = _onnx_runtime(path, inputs)
                 file = onnx.load(path)
         except Exception as e:  # noqa: BLE001 - the export or ONNX Runtime fails: not ours
-            return CaseResult(**base, outcome="invalid", detail=first_line(e),
-                              seconds=time.time() - t0)
+            return failed(base, "invalid", e, t0)
     report = []
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet():
             file = qoperator_as_qdq(file)  # unit-tvm's (frontends.from_onnx does it too)
             try:
                 mod = frontends.from_onnx(file)
             except Exception as e:  # noqa: BLE001 - TVM's importer refuses the file
-                return CaseResult(**base, outcome="invalid", detail=first_line(e),
-                                  seconds=time.time() - t0)
+                return failed(base, "invalid", e, t0)
             got = run_outputs(unit_tvm.compile(mod, target=target, report=report), inputs)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
-        return CaseResult(**base, outcome="crash", detail=first_line(e),
-                          seconds=time.time() - t0)
+        return failed(base, "crash", e, t0)
     diff = judge(_stacked(got), _stacked(expected), _stacked(reference),
                  baseline="ONNX Runtime", share=QDQ_SHARE)
     used = sorted({instr for _, instr, _ in report if instr})
