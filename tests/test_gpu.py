@@ -60,16 +60,16 @@ WORKLOADS = [
         gpu_bmm.BatchedShape((3,), 40, 24, 64), "float16", "float32")[-1]),
     # a float32 input (a layer norm's result) rounded to fp16 as the kernel loads it
     ("dense_from_f32", "cuda.wmma.f16f32", lambda: gpu_dense_te(
-        48, 40, 64, "float16", "float32", gpu_operands.Prologue(None, (), (
+        48, 40, 64, "float16", "float32", gpu_operands.Prologue(None, (
             (48, 64), "float32", ("relax.astype", "float16"), (48, 64), "float16")))[-1]),
     # Q of attention read out of the fused Q/K/V projection: heads split, Q sliced
     ("bmm_q_from_qkv", "cuda.wmma.f16f32", lambda: gpu_bmm.batch_matmul_te(
         gpu_bmm.BatchedShape((2,), 32, 48, 32), "float16", "float32", (gpu_operands.Prologue(
-            None, (), ((32, 192), "float16", ("relax.reshape", (1, 32, 3, 2, 32)),
-                       ("relax.permute_dims", (2, 0, 3, 1, 4)),
-                       ("relax.strided_slice", (0,), (0,), (1,), (1,)),
-                       ("relax.squeeze", (0,)), ("relax.squeeze", (0,)),
-                       (2, 32, 32), "float16")), None))[-1]),
+            None, ((32, 192), "float16", ("relax.reshape", (1, 32, 3, 2, 32)),
+                   ("relax.permute_dims", (2, 0, 3, 1, 4)),
+                   ("relax.strided_slice", (0,), (0,), (1,), (1,)),
+                   ("relax.squeeze", (0,)), ("relax.squeeze", (0,)),
+                   (2, 32, 32), "float16")), None))[-1]),
 ]
 # configs beyond the default: split-K through shared memory, unfused block index, wide windows,
 # implicit preparation (the gather or pack done by the shared-memory stage; the default runs

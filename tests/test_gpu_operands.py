@@ -71,7 +71,7 @@ def test_operand_prologue_replays_the_ops(case):
     if not whole:
         assert found is None or found.source is not x
         # the index maps still hold where the loads are not whole vectors
-        found = gpu_operands.Prologue(x, (), (shape, dtype, *(
+        found = gpu_operands.Prologue(x, (shape, dtype, *(
             gpu_operands._describe(values[v]) for v in values), operand_shape, "float16"))
     assert found is not None and found.source.same_as(x)
     src, op = gpu_operands.operand(found, "A")

@@ -371,13 +371,12 @@ class UnitTensorizeGPU:
         return self.kernels.report
 
     def transform_module(self, mod, ctx):  # noqa: D401 - tvm pass hook
-        scales = None
+        calls, scales = tensor_core_calls(mod["main"]), None
         if self.int8 is not None:
-            scales = gpu_int8.calibrate(mod, tensor_core_calls(mod["main"]), self.int8)
+            scales = gpu_int8.calibrate(mod, calls, self.int8)
         # the bias, residual and activation after each kernel go into its write-back (int8:
         # after the dequantization, in the float32 the model still has here)
-        chains = gpu_epilogue.find_chains(
-            mod["main"], tensor_core_calls(mod["main"]) + _batched_calls(mod["main"]))
+        chains = gpu_epilogue.find_chains(mod["main"], calls + _batched_calls(mod["main"]))
         return relax.transform.DeadCodeElimination()(
             rewrite_functions(mod, _Rewrite(mod, self.kernels, scales, chains)))
 

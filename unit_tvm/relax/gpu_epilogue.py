@@ -64,12 +64,13 @@ def find_chains(func: relax.Function, starts) -> dict:
     bindings = dataflow_bindings(func)
     count, reader = uses(bindings, func), readers(bindings)
     var_of = {b.value: b.var for b in bindings}
+    binding_of = {b.var: b for b in bindings}
     claimed, out = set(), {}
     for call in starts:
         var = var_of.get(call)
         if var is None:
             continue
-        chain = _Follow(bindings, count, reader, claimed, int(call.ty.shape[-1])).chain(var)
+        chain = _Follow(binding_of, count, reader, claimed, int(call.ty.shape[-1])).chain(var)
         if chain is not None:
             out[call] = chain
     return out
@@ -78,8 +79,8 @@ def find_chains(func: relax.Function, starts) -> dict:
 class _Follow:
     """Walks one chain from a kernel's result; `taken` holds the variables it consumed."""
 
-    def __init__(self, bindings, count, reader, claimed, channels):
-        self.binding_of = {b.var: b for b in bindings}
+    def __init__(self, binding_of, count, reader, claimed, channels):
+        self.binding_of = binding_of
         self.count, self.reader, self.claimed = count, reader, claimed
         self.channels = channels
         self.taken = []

@@ -32,11 +32,11 @@ _VIEWS = ("relax.reshape", "relax.broadcast_to")
 
 @dataclass(frozen=True, eq=False)
 class Prologue:
-    """The value a kernel reads for an operand and the ops (first applied first) that turn it
-    into the operand; `key` describes them for the kernel's signature."""
+    """The value a kernel reads for an operand, and `key`: (source shape, source dtype, each op
+    turning it into the operand (first applied first) as _describe gives it, the operand's
+    shape and dtype); the kernel's signature takes it and `operand` replays it."""
 
     source: relax.Var
-    ops: tuple
     key: tuple
 
 
@@ -99,7 +99,7 @@ def find(x: relax.Expr, lookup, shape: list, dtype: str) -> Prologue | None:
     `lookup` gives, each op static) whose replay as `shape` keeps the kernel's loads
     vectorizable and whose source is float16 or float32, or None (no op to fold, or none
     that keeps the loads whole)."""
-    ops, descs, cur = [], [], x
+    descs, cur = [], x
     best = None
     while isinstance(cur, relax.Var):
         value = lookup(cur)
@@ -108,7 +108,6 @@ def find(x: relax.Expr, lookup, shape: list, dtype: str) -> Prologue | None:
         desc = _describe(value)
         if desc is None:
             break
-        ops.insert(0, value)
         descs.insert(0, desc)
         cur = value.args[0]
         source_shape = static_shape(cur)
@@ -117,8 +116,8 @@ def find(x: relax.Expr, lookup, shape: list, dtype: str) -> Prologue | None:
         if (source_shape is None or str(cur.ty.dtype) not in ("float16", "float32")
                 or not _vectorizable(source_shape, descs, shape)):
             continue
-        best = Prologue(cur, tuple(ops),
-                        (tuple(source_shape), str(cur.ty.dtype), *descs, tuple(shape), dtype))
+        best = Prologue(cur, (tuple(source_shape), str(cur.ty.dtype), *descs, tuple(shape),
+                              dtype))
     return best
 
 
