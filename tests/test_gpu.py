@@ -12,6 +12,7 @@ import unit_tvm
 from unit_tvm import intrinsics, lowering, nvcc, ops
 from unit_tvm.relax import gpu_bmm, gpu_conv, gpu_operands
 from unit_tvm.relax.gpu import dense_te as gpu_dense_te
+from unit_tvm.relax.views import StridedView
 from unit_tvm.schedules import gpu
 from unit_tvm.te_expr import placeholders_of
 
@@ -60,16 +61,14 @@ WORKLOADS = [
         gpu_bmm.BatchedShape((3,), 40, 24, 64), "float16", "float32")[-1]),
     # a float32 input (a layer norm's result) rounded to fp16 as the kernel loads it
     ("dense_from_f32", "cuda.wmma.f16f32", lambda: gpu_dense_te(
-        48, 40, 64, "float16", "float32", gpu_operands.Prologue(None, (
-            (48, 64), "float32", ("relax.astype", "float16"), (48, 64), "float16")))[-1]),
-    # Q of attention read out of the fused Q/K/V projection: heads split, Q sliced
+        48, 40, 64, "float16", "float32", gpu_operands.Prologue(
+            None, 48 * 64, "float32", StridedView.contiguous((48, 64)), "float16"))[-1]),
+    # Q of attention read out of the fused Q/K/V projection [32 tokens, 3 x 2 heads x 32]:
+    # Q[h, i, d] = qkv[i, h * 32 + d]
     ("bmm_q_from_qkv", "cuda.wmma.f16f32", lambda: gpu_bmm.batch_matmul_te(
         gpu_bmm.BatchedShape((2,), 32, 48, 32), "float16", "float32", (gpu_operands.Prologue(
-            None, ((32, 192), "float16", ("relax.reshape", (1, 32, 3, 2, 32)),
-                   ("relax.permute_dims", (2, 0, 3, 1, 4)),
-                   ("relax.strided_slice", (0,), (0,), (1,), (1,)),
-                   ("relax.squeeze", (0,)), ("relax.squeeze", (0,)),
-                   (2, 32, 32), "float16")), None))[-1]),
+            None, 32 * 192, "float16", StridedView((2, 32, 32), (32, 192, 1)), "float16"),
+            None))[-1]),
 ]
 # configs beyond the default: split-K through shared memory, unfused block index, wide windows,
 # implicit preparation (the gather or pack done by the shared-memory stage; the default runs

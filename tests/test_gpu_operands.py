@@ -1,6 +1,7 @@
 """Operand prologues (relax/gpu_operands.py): the layout ops and casts before a Tensor Core
-kernel's operand, replayed as one te stage over their source, give the operand's values (run
-on this CPU against numpy), and are taken only where the kernel's loads stay whole vectors."""
+kernel's operand, read as one te stage through a strided view of their source, give the
+operand's values (run on this CPU against numpy), and are taken only where the kernel's loads
+stay whole vectors."""
 
 import numpy as np
 import pytest
@@ -71,14 +72,14 @@ def test_operand_prologue_replays_the_ops(case):
     if not whole:
         assert found is None or found.source is not x
         # the index maps still hold where the loads are not whole vectors
-        found = gpu_operands.Prologue(x, (shape, dtype, *(
-            gpu_operands._describe(values[v]) for v in values), operand_shape, "float16"))
+        view = gpu_operands._view(shape, list(values.values()), operand_shape)
+        found = gpu_operands.Prologue(x, int(np.prod(shape)), dtype, view, "float16")
     assert found is not None and found.source.same_as(x)
-    src, op = gpu_operands.operand(found, "A")
+    src, op = gpu_operands.te_operand(found, operand_shape, "float16", "A")
     lib = tvm.tirx.build(tvm.te.create_prim_func([src, op]), target=host())
     data = np.random.default_rng(0).standard_normal(shape).astype(dtype)
     out = tvm.runtime.tensor(np.zeros(operand_shape, "float16"), tvm.cpu())
-    lib(tvm.runtime.tensor(data, tvm.cpu()), out)
+    lib(tvm.runtime.tensor(data.reshape(-1), tvm.cpu()), out)  # the kernel reads it flat
     want = _numpy(data, steps_np).astype(np.float16).reshape(operand_shape)
     np.testing.assert_array_equal(out.numpy(), want)
 

@@ -307,7 +307,7 @@ class _Rewrite(relax.PyExprMutator):
 
         def emit(residual):
             flat = (self.builder_.emit(relax.op.reshape(self._input(x, operands), [m, k]))
-                    if pro is None else pro.source)
+                    if pro is None else gpu_operands.argument(self.builder_, pro))
             args = [flat, relax.const(operands.weight),
                     *self._chain_args(chain, residual, [m, n], out_dtype, operands)]
             out = self._emit_kernel(made, sig, args, [m, n], operands, out_dtype, chain)
@@ -337,7 +337,7 @@ class _Rewrite(relax.PyExprMutator):
 
         def emit(residual):
             x, y = (self.builder_.emit(relax.op.reshape(v, [b, *_shape(v)[-2:]])) if p is None
-                    else p.source for v, p in zip(call.args, pros))
+                    else gpu_operands.argument(self.builder_, p) for v, p in zip(call.args, pros))
             args = [x, y, *self._chain_args(chain, residual, kernel_shape, out_dtype, operands)]
             out = self._emit_kernel(made, sig, args, kernel_shape, operands, out_dtype, chain)
             final = list(chain.shape) if chain is not None else [*shape.batch, shape.m, shape.n]

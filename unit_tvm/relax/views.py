@@ -26,7 +26,7 @@ from .graph import op_name, readers, static_shape
 
 # the kernel that gathers an operand the bmm cannot read in place (profile: a layout change)
 COPY_KERNEL = "view_copy"
-_VIEW_OPS = ("relax.reshape", "relax.permute_dims", "relax.strided_slice", "relax.squeeze",
+VIEW_OPS = ("relax.reshape", "relax.permute_dims", "relax.strided_slice", "relax.squeeze",
              "relax.expand_dims", "relax.broadcast_to")
 
 
@@ -78,6 +78,20 @@ class StridedView:
     def expand(self, axis) -> "StridedView":
         return StridedView(self.shape[:axis] + (1,) + self.shape[axis:],
                            self.strides[:axis] + (0,) + self.strides[axis:], self.offset)
+
+    def broadcast(self, shape) -> "StridedView | None":
+        """Broadcast to `shape` (numpy's rule): new leading axes and size-1 axes repeat with
+        stride 0; None where the shapes do not broadcast."""
+        shape = tuple(int(n) for n in shape)
+        lead = len(shape) - len(self.shape)
+        if lead < 0:
+            return None
+        strides = [0] * lead
+        for n, s, want in zip(self.shape, self.strides, shape[lead:]):
+            if n != want and n != 1:
+                return None
+            strides.append(s if n == want else 0)
+        return StridedView(shape, tuple(strides), self.offset)
 
     def reshape(self, shape) -> "StridedView | None":
         """The same elements in `shape` (row-major order), or None where that needs a copy:
@@ -135,7 +149,7 @@ def apply(view: StridedView, call) -> "StridedView | None":
     """The view of `call`'s result, given the view of its first argument (None: not a view op,
     or not a view)."""
     name = op_name(call)
-    out_shape = static_shape(call) if name in _VIEW_OPS else None
+    out_shape = static_shape(call) if name in VIEW_OPS else None
     if out_shape is None:
         return None
     ndim = len(view.shape)
@@ -153,7 +167,7 @@ def apply(view: StridedView, call) -> "StridedView | None":
             view = view.expand(axis)
         return view
     if name == "relax.broadcast_to":
-        return view if list(view.shape) == out_shape else None
+        return view.broadcast(out_shape)
     return _strided_slice(view, call, out_shape)
 
 
@@ -166,7 +180,8 @@ def _strided_slice(view, call, out_shape):
         extent = view.shape[axis]
         step = steps[n] if steps else 1
         lo, hi = begin[n], end[n]
-        if step <= 0 or not 0 <= lo <= extent or hi < 0:  # negative: counted from the end
+        lo, hi = (lo + extent if lo < 0 else lo), (hi + extent if hi < 0 else hi)
+        if step <= 0 or not 0 <= lo <= extent or hi < 0:  # counted from the end, as numpy
             return None
         view = view.slice(axis, lo, min(max(hi, lo), extent), step)
     return view if list(view.shape) == out_shape else None
