@@ -76,7 +76,7 @@ def openvino_int8(case: ModelCase, references) -> Engine:
         lambda inp: first_output(chosen({0: inp.copy()})[0]).copy(),
         threads=str(chosen.get_property("INFERENCE_NUM_THREADS")), compile_s=watch(),
         variant=f"{'the file' if case.quantized else 'NNCF PTQ'}, "
-                f"{chosen.get_property('INFERENCE_PRECISION_HINT')} elsewhere",
+                f"{chosen.get_property('INFERENCE_PRECISION_HINT').get_type_name()} elsewhere",
         extra={**_layers(chosen), "streams": str(chosen.get_property("NUM_STREAMS")),
                "variants": {n: {"min_ms": times[n].min_ms, "cosine": cosines[n]}
                             for n in compiled}})
