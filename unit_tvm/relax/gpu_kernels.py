@@ -3,6 +3,7 @@ op (layers of equal shape share it), with the default config, a database's or a 
 form of the op raced), and the report of what computes each op."""
 
 import contextlib
+import contextvars
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -11,6 +12,9 @@ import tvm
 from ..build import alternatives, choose
 from ..rewriter import schedule
 from ..tuner import tune_instruction
+
+# set by te_reference(): read by every Kernels of this thread or task while it is on
+_TE_REFERENCE = contextvars.ContextVar("unit_tvm_gpu_te_reference", default=False)
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,11 @@ class Kernels:
 
     def _make(self, forms):
         """Without tuning or a database: the preferred form that tensorizes, default config.
-        Otherwise every form's alternatives are raced (or the database's fastest is taken)."""
+        Otherwise every form's alternatives are raced (or the database's fastest is taken).
+        Within te_reference(): the preferred form's te definition, unscheduled."""
+        if _TE_REFERENCE.get():
+            form, tensors = next(iter(forms.items()))
+            return Made(tvm.te.create_prim_func(tensors), "te", form)
         alts, form_of = [], []
         for form, tensors in forms.items():
             inputs, out = tensors[:-1], tensors[-1]
@@ -81,13 +89,8 @@ def te_reference():
     pass's module then builds and runs on a CPU, which checks everything around the kernels
     (layouts, chains, operand loads, quantization) against a reference; the kernels
     themselves are checked against the same te definitions on a GPU."""
-    def reference(self, forms):
-        form, tensors = next(iter(forms.items()))
-        return Made(tvm.te.create_prim_func(tensors), "te", form)
-
-    made = Kernels._make
-    Kernels._make = reference
+    token = _TE_REFERENCE.set(True)
     try:
         yield
     finally:
-        Kernels._make = made
+        _TE_REFERENCE.reset(token)
