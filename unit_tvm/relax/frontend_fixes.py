@@ -15,6 +15,21 @@
 - GELUs spelled out (ONNX before opset 20: Div, Erf, Add, Mul, Mul; Hugging Face's tanh
   "gelu_new") as relax.nn.gelu / gelu_tanh, which a dense layer's epilogue takes
   (spelled_gelu.py).
+- a matmul by a 2-D weight broadcast over the batch (torch.export's expand + bmm for a linear
+  layer on a non-contiguous 3-D input: nn.MultiheadAttention's packed projection in every
+  nn.TransformerEncoderLayer with batch_first): one copy of the weight per row of the sequence
+  (300 x 384 x 1152 float32 for one Whisper-sized layer), a batched product the quantizer does
+  not take. It becomes the matmul by the 2-D weight, which broadcasts the same way.
+- squeeze's negative axes counted from the front: TVM 0.27's ConvertLayout (the GPU path's
+  NHWC pass) dies with std::bad_alloc on squeeze(axis=[-2]), which every nn.MultiheadAttention
+  has (its packed Q, K, V).
+- broadcast_to a tensor's own shape (torch.export's expand before each bmm of attention): a
+  copy kernel each, which also kept attention's reshapes from being views. Removed.
+- torch's safe softmax (scaled_dot_product_attention, nn.MultiheadAttention: rows that are all
+  -inf give 0, not NaN) as five reductions and elementwise passes over the scores besides the
+  softmax; one check of the row instead (safe_softmax.py).
+- conv1d as a conv2d of height 1 (conv1d_lift.py): the quantizer and the tensorize pass know
+  2-D convs.
 """
 
 import math
@@ -24,7 +39,9 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from .graph import const_value, op_name, rewrite_functions
+from .conv1d_lift import conv1d_as_conv2d
+from .graph import const_value, op_name, rewrite_functions, static_shape
+from .safe_softmax import SafeSoftmaxes
 from .spelled_gelu import SpelledGelus
 
 
@@ -102,6 +119,52 @@ class _EinsumAsMatmul(relax.PyExprMutator):
         return _permuted(product, form.out)
 
 
+@relax.expr_functor.mutator
+class _BroadcastWeightMatmul(relax.PyExprMutator):
+    def visit_call_(self, call):  # noqa: D401 - mutator hook
+        call = self.visit_expr_post_order(call)
+        if op_name(call) != "relax.matmul" or len(call.args) != 2:
+            return call
+        x, y = call.args[0], self._unbroadcast(call.args[1])
+        x_shape, y_shape, w_shape = (static_shape(e) for e in (x, call.args[1], y))
+        # the weight's own shape is the product's last two axes, and x already has the batch
+        # axes the broadcast gave it: the 2-D product has the same shape and values
+        if (None in (x_shape, y_shape, w_shape) or len(w_shape) != 2 or len(y_shape) < 3
+                or w_shape != y_shape[-2:] or x_shape[:-2] != y_shape[:-2]):
+            return call
+        return relax.op.matmul(x, y, out_dtype=call.attrs.out_dtype)
+
+    def _unbroadcast(self, expr):
+        """What a broadcast_to bound to `expr` broadcasts (`expr` itself otherwise)."""
+        bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
+        return bound.args[0] if op_name(bound) == "relax.broadcast_to" else expr
+
+
+@relax.expr_functor.mutator
+class _SqueezeAxesCounted(relax.PyExprMutator):
+    def visit_call_(self, call):  # noqa: D401 - mutator hook
+        call = self.visit_expr_post_order(call)
+        if op_name(call) != "relax.squeeze" or call.attrs.axis is None:
+            return call
+        shape = static_shape(call.args[0])
+        axes = [int(a) for a in call.attrs.axis]
+        if shape is None or all(a >= 0 for a in axes):
+            return call
+        return relax.op.squeeze(call.args[0], [a % len(shape) for a in axes])
+
+
+@relax.expr_functor.mutator
+class _NoOpBroadcasts(relax.PyExprMutator):
+    def visit_call_(self, call):  # noqa: D401 - mutator hook
+        call = self.visit_expr_post_order(call)
+        if op_name(call) == "relax.broadcast_to":
+            shape, to = static_shape(call.args[0]), call.args[1]
+            target = [getattr(v, "value", None) for v in getattr(to, "values", [None])]
+            if shape is not None and shape == target:
+                return call.args[0]
+        return call
+
+
 class ScalarClamp(NamedTuple):
     """A call_tir that computes max(x, bound) ("max") or min(x, bound) ("min") elementwise."""
 
@@ -164,8 +227,13 @@ def frontend_fixes(mod, ctx):
     """tvm.transform.Pass: the repairs above on every Relax function of the module."""
     mod = rewrite_functions(mod, _BoolCumsumAsInt64(mod))
     mod = rewrite_functions(mod, _EinsumAsMatmul(mod))
+    mod = rewrite_functions(mod, _SqueezeAxesCounted(mod))
+    mod = rewrite_functions(mod, _NoOpBroadcasts(mod))
+    mod = rewrite_functions(mod, _BroadcastWeightMatmul(mod))
+    mod = rewrite_functions(mod, SafeSoftmaxes(mod))
     # a spelled-out GELU's ops that nothing else reads are dead once it is one op
-    return relax.transform.DeadCodeElimination()(rewrite_functions(mod, SpelledGelus(mod)))
+    mod = relax.transform.DeadCodeElimination()(rewrite_functions(mod, SpelledGelus(mod)))
+    return conv1d_as_conv2d(mod)
 
 
 def clamps_as_clips(mod: tvm.IRModule) -> tvm.IRModule:
