@@ -151,6 +151,8 @@ CASES = {
     # row reductions at extents that are not whole 16-lane vectors (197, 200 tokens)
     "softmax_197": ((2, 4, 32, 197), lambda x: relax.op.nn.softmax(x, axis=-1), _softmax),
     "softmax_200": ((2, 4, 32, 200), lambda x: relax.op.nn.softmax(x, axis=-1), _softmax),
+    # a row of whole 4-lane vectors only (Whisper's 1500 frames)
+    "softmax_60": ((2, 4, 32, 60), lambda x: relax.op.nn.softmax(x, axis=-1), _softmax),
     # rows shorter than a vector, down to one element (compute_at drops that loop)
     "softmax_3": ((96, 3), lambda x: relax.op.nn.softmax(x, axis=-1), _softmax),
     "softmax_1": ((64, 1), lambda x: relax.op.nn.softmax(x, axis=-1), _softmax),

@@ -50,18 +50,20 @@ def row_fused(func, widths, min_rows, vectorize) -> "tvm.tirx.PrimFunc | None":
 def _partial_sums(sch, block, widths):
     """A row reduction as vectors of partial results (rfactor: the returned block) summed per
     row by `block`; None for any other stage (an elementwise one, a short row, a reduction of
-    two values at once: those stay scalar, in L1 all the same). ValueError for a row that is
-    no multiple of the vector (ViT's 197 tokens): compute_at drops the predicate of its last,
-    partial vector (TVM 0.27), and the sums then read past the row."""
+    two values at once: those stay scalar, in L1 all the same). The vector is the widest of
+    the register's, the narrow one and 4 lanes that divides the row (Whisper's 1500 frames: 4);
+    ValueError for a row that none divides (ViT's 197 tokens): compute_at drops the predicate
+    of a last, partial vector (TVM 0.27), and the sums then read past the row."""
     loops = sch.get_loops(block)
     if sch.get(block).iter_vars[-1].iter_type == 0:
         return None
     extent = int(sch.get(loops[-1]).extent)
-    if extent % widths.lanes:
-        raise ValueError(f"a row of {extent} is no multiple of {widths.lanes} lanes")
-    if extent < 2 * widths.lanes:
+    width = next((w for w in (widths.lanes, widths.narrow, 4) if extent % w == 0), None)
+    if width is None:
+        raise ValueError(f"a row of {extent} is no multiple of {widths.narrow} or 4 lanes")
+    if extent < 2 * width:
         return None
-    _, lanes = sch.split(loops[-1], [None, widths.lanes])
+    _, lanes = sch.split(loops[-1], [None, width])
     try:
         return sch.rfactor(lanes, factor_axis=len(sch.get(block).iter_vars) - 1)
     except s_tir.ScheduleError:
