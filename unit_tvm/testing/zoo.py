@@ -3,13 +3,17 @@
 resnet18, resnet50, mobilenet_v2, inception_v3, regnet_x_400mf and the video ResNet-18 r3d_18
 (every conv 3D; a 16-frame 112x112 clip): the torchvision architectures, written here; a
 BERT-base encoder (12 layers, hidden 768, 12 heads, FFN 3072, seq 128; its input is the
-embedding output [1, 128, 768]) and ViT-B/16 (the same encoder over 197 tokens). Batch norms
+embedding output [1, 128, 768]) and ViT-B/16 (the same encoder over 197 tokens); two speech
+encoders, convolutions over time in front of torch's own transformer layers (zoo_speech.py:
+Whisper tiny's, 3000 mel frames, and wav2vec 2.0 base, one second of audio). Batch norms
 get random running statistics so that folding them is exercised, and weights are scaled to
 keep activations in a sane range.
 """
 
 import torch
 from torch import nn
+
+from .zoo_speech import Wav2Vec2, WhisperEncoder
 
 
 def _bn(c, dims=2):
@@ -335,6 +339,8 @@ MODELS = {
     "r3d_18": (VideoResNet18, (1, 3, 16, 112, 112)),
     "bert_base": (BertEncoder, (1, 128, 768)),
     "vit_b_16": (VisionTransformer, (1, 3, 224, 224)),
+    "whisper_encoder": (WhisperEncoder, (1, 80, 3000)),
+    "wav2vec2_base": (Wav2Vec2, (1, 16000)),
     # one encoder layer of bert_base: a transformer where a whole model is too slow to run
     # (under qemu, in tests)
     "bert_layer": (lambda: BertEncoder(layers=1), (1, 128, 768)),
@@ -345,7 +351,7 @@ def _randomize(model, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for m in model.modules():
-            if isinstance(m, (nn.Conv2d, nn.Conv3d, nn.Linear)):
+            if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)):
                 fan_in = m.weight[0].numel()
                 m.weight.copy_(torch.randn(m.weight.shape, generator=g) * (2.0 / fan_in) ** 0.5)
                 if m.bias is not None:
