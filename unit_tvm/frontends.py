@@ -180,11 +180,27 @@ def _folded_onnx(model, shapes):
         return onnx.load(options.optimized_model_filepath)
 
 
+@contextlib.contextmanager
+def attention_as_ops():
+    """Within the block, torch's nn.MultiheadAttention and nn.TransformerEncoderLayer run as
+    their ops: in eval mode without gradients they otherwise call one fused kernel
+    (aten::_transformer_encoder_layer_fwd) that ONNX export refuses and that makes OpenVINO's
+    tracing fail its sanity check. torch.export does not take that path."""
+    import torch
+
+    before = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(before)
+
+
 def export_onnx(module, example_inputs, path):
     """Write a torch module to an ONNX file (opset 17) for ONNX Runtime and the ONNX frontend."""
     import torch
 
-    with torch.no_grad():
+    with torch.no_grad(), attention_as_ops():
         torch.onnx.export(module.eval(), tuple(example_inputs), path, opset_version=17,
                           input_names=[f"input{i}" for i in range(len(example_inputs))],
                           dynamo=False)

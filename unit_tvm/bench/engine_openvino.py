@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 
+from ..frontends import attention_as_ops
 from .engines import Engine, ModelCase, Stopwatch, cosine, fastest_accurate, first_output
 from .timing import interleaved
 
@@ -48,7 +49,9 @@ def openvino_int8(case: ModelCase, references) -> Engine:
     else:
         import torch
 
-        model = ov.convert_model(case.model, example_input=torch.tensor(case.calibration[0]))
+        with attention_as_ops():
+            model = ov.convert_model(case.model,
+                                     example_input=torch.tensor(case.calibration[0]))
     preset = {"model_type": nncf.ModelType.TRANSFORMER} if case.transformer else {}
     if case.quantized:  # the file's own quantization: OpenVINO reads its QDQ pairs
         quantized = model

@@ -30,8 +30,14 @@ class ModelCase:
 
     @property
     def transformer(self) -> bool:
-        """Whether the model is a token sequence model (BERT): its quantizers differ."""
-        return len(self.shape) == 3
+        """Whether the model is a transformer (BERT, ViT, the speech encoders): the engines'
+        quantizers have presets for those. A torch model is one when it has attention layers
+        (torch's own, or the zoo's EncoderLayer); an ONNX file when its input is a sequence of
+        vectors (rank 3)."""
+        if self.model is None:
+            return len(self.shape) == 3
+        return any(type(m).__name__ in ("MultiheadAttention", "EncoderLayer")
+                   for m in self.model.modules())
 
 
 @dataclass
