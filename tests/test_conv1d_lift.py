@@ -246,3 +246,45 @@ def test_safe_softmax_compiled_by_unit_tvm(tokens):
     want = _MaskedAttention()(*args).numpy()
     assert not np.isnan(got).any() and (got[0, 1, 5] == 0).all()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["whisper_encoder", "wav2vec2_base"])
+def test_speech_zoo_models_int8(name):
+    """The zoo's speech encoders: every conv, dense layer and attention matmul on an
+    instruction (a float32 leftover is a report row without one) and the output within cosine
+    0.999 of PyTorch fp32."""
+    require_host("x86.vpdpbusd")
+    from unit_tvm.testing import zoo
+
+    model, shape = zoo.get(name)
+    xs = zoo.inputs(shape, 5)
+    report = []
+    ex = unit_tvm.compile(frontends.from_torch(model, [torch.tensor(xs[0])]),
+                          quantize={"calibration_data": xs[:4]}, report=report)
+    assert report and all(row[1] is not None for row in report), report
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xs[4]))
+    got = got.numpy() if hasattr(got, "numpy") else got[0].numpy()
+    with torch.no_grad():
+        want = model(torch.tensor(xs[4])).numpy()
+    cos = float((want * got).sum() / np.linalg.norm(want) / np.linalg.norm(got))
+    assert cos > 0.999, cos
+
+
+@pytest.mark.parametrize("shape, groups", [
+    ((2, 6, 11), 6),  # wav2vec2's: one channel per group over time
+    ((1, 4, 5, 7), 4),  # an instance norm of an image
+    ((1, 6, 11), 3),  # two channels per group: left as it is
+])
+def test_channel_group_norm_as_layer_norm(shape, groups):
+    torch.manual_seed(1)
+    norm = nn.GroupNorm(groups, shape[1]).eval()
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    x = np.random.default_rng(8).standard_normal(shape).astype("float32") * 3 + 1
+    mod = frontends.from_torch(norm, [torch.tensor(x)])
+    fixed = frontend_fixes(mod)
+    assert ("relax.nn.group_norm" in _ops(fixed)) == (groups != shape[1])
+    want = norm(torch.tensor(x)).detach().numpy()
+    np.testing.assert_allclose(_run(fixed, x), want, rtol=1e-4, atol=1e-4)
