@@ -71,6 +71,21 @@ def test_model_cases_are_reproducible_and_varied():
     assert fuzz.MODEL_KIND not in {fuzz.make_case(7, i).kind for i in range(400)}
 
 
+def test_speech_cases_run_as_models():
+    """Kind "speech": conv1d front ends (grouped, depthwise, strided, dilated; batch or group
+    norm) and torch's transformer layer, varied, checked like the model kind (fp32 PyTorch
+    against unit_tvm.compile's int8 build): three of them tensorized and right."""
+    require_host("x86.vpdpbusd")
+    speech = [dict(fuzz.make_case(7, i, (fuzz.SPEECH_KIND,)).params) for i in range(100)]
+    assert {p["family"] for p in speech} == {"speech"}
+    assert {p["reader"] for p in speech} == {"transformer", "mean_dense", "returned"}
+    assert any("dw" in p["convs"] for p in speech) and {p["norm"] for p in speech} == {
+        "batch", "group", ""}
+    report = fuzz.fuzz(3, 5, (fuzz.SPEECH_KIND,), workers=2, timeout=600)
+    assert not report.failures, "\n".join(fuzz.result_line(r) for r in report.failures)
+    assert report.counts()["all"]["tensorized-correct"] == 3
+
+
 QDQ_SEED = 3  # cases 0-10: ResNet and Inception blocks (ONNX Runtime U8S8, weights per tensor
 # or channel; NNCF), conv blocks (S8S8), encoder layers, two QOperator files (9, 10)
 

@@ -148,7 +148,8 @@ def test_gpu_int8_options_have_clear_errors(resnet18):
 @pytest.mark.skipif(not has_gpu(), reason="no CUDA GPU on this machine")
 @pytest.mark.parametrize("name,int8", [("resnet18", False), ("mobilenet_v2", False),
                                        ("bert_base", False), ("resnet18", True),
-                                       ("bert_base", True)])
+                                       ("bert_base", True), ("whisper_encoder", False),
+                                       ("wav2vec2_base", True)])
 def test_gpu_model_matches_pytorch_fp32(name, int8):
     from unit_tvm import frontends
     from unit_tvm.testing import zoo

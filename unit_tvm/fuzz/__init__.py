@@ -14,8 +14,8 @@ passes); `--kinds qdq` the same models quantized by ONNX Runtime into QDQ files 
 import time
 
 from .. import intrinsics
-from .cases import (GPU_MODEL_KIND, KINDS, MODEL_KIND, QDQ_KIND, WHOLE_MODEL_KINDS, Case,
-                    make_case, make_op)
+from .cases import (GPU_MODEL_KIND, KINDS, MODEL_KIND, QDQ_KIND, SPEECH_KIND, WHOLE_MODEL_KINDS,
+                    Case, make_case, make_op)
 from .check import CLASSES, CaseResult, run_case
 from .report import FAILURES, FuzzReport, result_line, table
 from .worker import run_cases
@@ -43,5 +43,5 @@ def fuzz(cases=200, seed=0, kinds=KINDS, *, first=0, workers=1, timeout=300.0,
 
 __all__ = ["fuzz", "FuzzReport", "Case", "CaseResult", "make_case", "make_op", "run_case",
            "run_cases", "table", "result_line", "KINDS", "MODEL_KIND", "QDQ_KIND",
-           "GPU_MODEL_KIND", "WHOLE_MODEL_KINDS", "CLASSES",
+           "GPU_MODEL_KIND", "SPEECH_KIND", "WHOLE_MODEL_KINDS", "CLASSES",
            "FAILURES"]

@@ -120,7 +120,9 @@ QDQ_KIND = "qdq"
 # the same models through the GPU path in fp16 (fuzz/gpu_check.py: the graph around the
 # Tensor Core kernels checked on this CPU, the kernels built for sm_90 where nvcc is)
 GPU_MODEL_KIND = "gpu_model"
-WHOLE_MODEL_KINDS = (MODEL_KIND, QDQ_KIND, GPU_MODEL_KIND)
+# conv1d front ends and torch's transformer layer (model_cases.speech_params), checked as "model"
+SPEECH_KIND = "speech"
+WHOLE_MODEL_KINDS = (MODEL_KIND, QDQ_KIND, GPU_MODEL_KIND, SPEECH_KIND)
 QDQ_QUANTIZERS = ("ort", "ort_per_channel", "ort_s8s8", "ort_qoperator", "nncf")
 
 
@@ -129,9 +131,9 @@ def make_case(seed: int, index: int, kinds=KINDS) -> Case:
     rng = random.Random(seed * 1_000_003 + index)
     kind = rng.choice(list(kinds))
     if kind in WHOLE_MODEL_KINDS:
-        from .model_cases import model_params
+        from .model_cases import model_params, speech_params
 
-        params = model_params(rng)
+        params = speech_params(rng) if kind == SPEECH_KIND else model_params(rng)
         if kind == QDQ_KIND:
             params["quantizer"] = rng.choice(QDQ_QUANTIZERS)
             if params["quantizer"] in ("ort", "ort_per_channel", "ort_s8s8"):

@@ -20,7 +20,8 @@ from ..build import BuildReport, FallbackWarning, build_report, prepare_op
 from ..measure import numpy_dtype
 from ..rewriter import schedule
 from ..target import host, instruction_target
-from .cases import GPU_MODEL_KIND, MODEL_KIND, QDQ_KIND, WHOLE_MODEL_KINDS, Case, make_op
+from .cases import (GPU_MODEL_KIND, MODEL_KIND, QDQ_KIND, SPEECH_KIND, WHOLE_MODEL_KINDS, Case,
+                    make_op)
 
 FLOAT_RTOL = 2.0 ** -12
 FLOAT_ATOL = 1e-5
@@ -106,7 +107,7 @@ def run_case(case: Case, target=None, emulate="") -> CaseResult:
         from .model_check import run_model_case
         from .qdq_check import run_qdq_case
 
-        run = {MODEL_KIND: run_model_case, QDQ_KIND: run_qdq_case,
+        run = {MODEL_KIND: run_model_case, SPEECH_KIND: run_model_case, QDQ_KIND: run_qdq_case,
                GPU_MODEL_KIND: run_gpu_model_case}[case.kind]
         return run(case, target)
     t0 = time.time()

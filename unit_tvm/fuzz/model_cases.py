@@ -11,8 +11,12 @@ PyTorch's fused attention, post-, pre- or RMS norm, a GELU (either form, as one 
 out, or CLIP's quick GELU), ReLU, SiLU or SwiGLU feed-forward, the hidden states or a pooled
 head as output. A residual model is a stem conv (1x1 to 7x7, stride 1 or 2, a pool after it or
 not) and one to three ResNet basic, bottleneck or Inception blocks (a grid reduction at stride
-2) with batch norms, then a pooled or flattened dense head or a 1x1 conv. Needs PyTorch (the
-test extra).
+2) with batch norms, then a pooled or flattened dense head or a 1x1 conv. A speech model is one
+to three conv1d over time (width 1 to 7, stride, dilation, grouped or depthwise, a batch norm,
+a per-channel group norm or none, an activation), then torch's own nn.TransformerEncoderLayer
+(nn.MultiheadAttention inside), a mean and a dense layer, or the value as it is: a kind of its
+own ("speech"), so that the other kinds' seeds keep their cases. Needs PyTorch (the test
+extra).
 """
 
 import random
@@ -65,6 +69,20 @@ def model_params(rng: random.Random) -> dict:
             "reader": rng.choice(READERS)}
 
 
+def speech_params(rng: random.Random) -> dict:
+    """The choices that make one speech model (family "speech", fuzz kind "speech"): conv1d
+    layers over time, then a reader (module docstring)."""
+    convs = rng.randint(1, 3)
+    return {"family": "speech", "cin": rng.choice((1, 8, 20)), "frames": rng.choice((16, 37, 64)),
+            "convs": ",".join(f"{rng.randint(1, 7)}:{rng.choice((1, 1, 2))}:"
+                              f"{rng.choice((1, 1, 2))}:{rng.choice(('1', '1', '2', 'dw'))}"
+                              for _ in range(convs)),
+            "channels": rng.choice((16, 24, 32, 48)),
+            "norm": rng.choice(("batch", "group", "")),
+            "act": rng.choice(("gelu", "relu", "silu")),
+            "reader": rng.choice(("transformer", "transformer", "mean_dense", "returned"))}
+
+
 def _activation(name, x):
     import torch
     from torch.nn import functional as F
@@ -104,7 +122,8 @@ def make_model(params: dict, seed: int):
 
     from ..testing import zoo
 
-    build = {"cnn": _cnn, "encoder": _encoder, "residual": _residual}[params["family"]]
+    build = {"cnn": _cnn, "encoder": _encoder, "residual": _residual,
+             "speech": _speech}[params["family"]]
     torch.manual_seed(seed)
     model, shape = build(params)
     zoo._randomize(model, seed)
@@ -325,3 +344,39 @@ def _residual(p: dict):
             return self.fc(x.mean((2, 3)) if p["head"] == "mean_fc" else x.flatten(1))
 
     return Residual(), shape
+
+
+def _speech(p: dict):
+    from torch import nn
+
+    c = p["channels"]
+    layers, cin = [], p["cin"]
+    for spec in p["convs"].split(","):
+        width, stride, dilation, groups = spec.split(":")
+        if groups == "dw":
+            groups = c if cin == c else 1
+        else:
+            groups = int(groups) if cin % int(groups) == 0 else 1
+        layers.append(nn.Conv1d(cin, c, int(width), int(stride), padding=int(width) // 2,
+                                dilation=int(dilation), groups=groups))
+        if p["norm"]:
+            layers.append(nn.BatchNorm1d(c) if p["norm"] == "batch" else nn.GroupNorm(c, c))
+        layers.append({"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}[p["act"]]())
+        cin = c
+
+    class Speech(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.convs = nn.Sequential(*layers)
+            self.layer = nn.TransformerEncoderLayer(c, 4 if c % 4 == 0 else 2, 2 * c,
+                                                    dropout=0.0, activation="gelu",
+                                                    batch_first=True)
+            self.head = nn.Linear(c, 10)
+
+        def forward(self, x):
+            y = self.convs(x)
+            if p["reader"] == "transformer":
+                return self.layer(y.transpose(1, 2))
+            return self.head(y.mean(-1)) if p["reader"] == "mean_dense" else y
+
+    return Speech(), (1, p["cin"], p["frames"])

@@ -356,7 +356,7 @@ def _randomize(model, seed):
                 m.weight.copy_(torch.randn(m.weight.shape, generator=g) * (2.0 / fan_in) ** 0.5)
                 if m.bias is not None:
                     m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.01)
-            elif isinstance(m, (nn.BatchNorm2d, nn.BatchNorm3d)):
+            elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)):
                 m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
                 m.running_var.copy_(torch.rand(m.num_features, generator=g) * 0.5 + 0.75)
                 m.weight.copy_(torch.rand(m.num_features, generator=g) * 0.5 + 0.75)
