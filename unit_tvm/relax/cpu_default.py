@@ -10,7 +10,7 @@ import math
 from typing import NamedTuple
 
 import tvm
-from tvm import relax, s_tir
+from tvm import s_tir
 
 from .. import fastmath
 from ..target import arch
@@ -410,11 +410,6 @@ class DefaultCPUSchedule:
                 continue
             if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
                 continue  # tensorized kernels (and anything scheduled before us)
-            if relax.analysis.has_reshape_pattern(func):
-                # left as TVM wrote it, TVM's build makes the call a view of its input (no
-                # copy); a schedule hides the pattern (Whisper's 54 MB attention scores were
-                # copied twice per layer, 2.3 ms)
-                continue
             # exp/erf become vector arithmetic whether or not the loops below can be scheduled
             func = fastmath.vectorizable(func)
             updates[gv] = func  # TVM's loop nest for anything unusual
