@@ -16,17 +16,7 @@ from unit_tvm.relax.conv1d_lift import conv1d_as_conv2d
 from unit_tvm.relax.frontend_fixes import frontend_fixes
 
 from .conftest import require_host
-
-
-def _ops(mod):
-    names = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
-            names.append(e.op.name)
-
-    relax.analysis.post_order_visit(mod["main"], visit)
-    return names
+from .test_views import _ops
 
 
 def _run(mod, *xs):
