@@ -46,7 +46,7 @@ import tvm_ffi
 from tvm import relax
 
 from .conv1d_lift import conv1d_as_conv2d
-from .graph import const_value, op_name, rewrite_functions, static_shape
+from .graph import bound_call, const_value, op_name, rewrite_functions, static_shape
 from .safe_softmax import SafeSoftmaxes
 from .spelled_gelu import SpelledGelus
 
@@ -142,8 +142,8 @@ class _BroadcastWeightMatmul(relax.PyExprMutator):
 
     def _unbroadcast(self, expr):
         """What a broadcast_to bound to `expr` broadcasts (`expr` itself otherwise)."""
-        bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
-        return bound.args[0] if op_name(bound) == "relax.broadcast_to" else expr
+        call = bound_call(expr, self.lookup_binding, "relax.broadcast_to")
+        return expr if call is None else call.args[0]
 
 
 @relax.expr_functor.mutator

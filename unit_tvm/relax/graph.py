@@ -24,6 +24,13 @@ def op_name(expr) -> str:
     return op.name if isinstance(op, tvm.ir.Op) else ""
 
 
+def bound_call(expr, lookup, name):
+    """The call of op `name` that `expr` is, or that the variable `expr` is bound to (`lookup`:
+    a mutator's lookup_binding), else None."""
+    call = lookup(expr) if isinstance(expr, relax.Var) else expr
+    return call if op_name(call) == name else None
+
+
 def const_value(expr):
     """The numpy value of a Relax constant, or None for anything else."""
     return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None

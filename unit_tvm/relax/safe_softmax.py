@@ -18,12 +18,7 @@ import math
 import tvm
 from tvm import relax, te
 
-from .graph import op_name, scalar_const, static_shape
-
-
-def _call(expr, lookup, name):
-    call = lookup(expr) if isinstance(expr, relax.Var) else expr
-    return call if op_name(call) == name else None
+from .graph import bound_call, op_name, scalar_const, static_shape
 
 
 def _axis(axis, ndim):
@@ -36,10 +31,10 @@ def _is_neg_inf(expr):
 
 
 def _is_zero(expr, lookup):
-    full = _call(expr, lookup, "relax.full_like")
+    full = bound_call(expr, lookup, "relax.full_like")
     if full is not None:
         return scalar_const(full.args[1]) == 0.0
-    return _call(expr, lookup, "relax.zeros_like") is not None
+    return bound_call(expr, lookup, "relax.zeros_like") is not None
 
 
 def _all_neg_inf(cond, lookup):
@@ -49,7 +44,7 @@ def _all_neg_inf(cond, lookup):
              "relax.logical_not", "relax.equal"]
     calls, expr = [], cond
     for name in steps:
-        call = _call(expr, lookup, name)
+        call = bound_call(expr, lookup, name)
         if call is None:
             return None, None
         calls.append(call)
@@ -69,7 +64,7 @@ def safe_softmax_parts(call, lookup):
     if op_name(call) != "relax.where" or len(call.args) != 3:
         return None
     cond, zeros, value = call.args
-    softmax = _call(value, lookup, "relax.nn.softmax")
+    softmax = bound_call(value, lookup, "relax.nn.softmax")
     if softmax is None or not _is_zero(zeros, lookup):
         return None
     x, axis = _all_neg_inf(cond, lookup)

@@ -21,22 +21,16 @@ import math
 import tvm_ffi
 from tvm import relax
 
-from .graph import op_name, scalar_const, scalar_near
+from .graph import bound_call, op_name, scalar_const, scalar_near
 
 SQRT2 = math.sqrt(2.0)
 TANH_SCALE = math.sqrt(2.0 / math.pi)
 CUBIC = 0.044715
 
 
-def _call(expr, lookup, name):
-    """The call `expr` is (or a variable is bound to) when it is the op `name`, else None."""
-    call = lookup(expr) if isinstance(expr, relax.Var) else expr
-    return call if op_name(call) == name else None
-
-
 def _scaled(expr, lookup, op, want):
     """y when `expr` is op(y, c) (either order for a multiply) with c near `want`."""
-    call = _call(expr, lookup, op)
+    call = bound_call(expr, lookup, op)
     if call is None:
         return None
     a, b = call.args
@@ -52,7 +46,7 @@ def _groupings(call, lookup):
     0.5 * (a * b), operands in either order."""
     pair = tuple(call.args)
     for this, other in (pair, pair[::-1]):
-        inner = _call(other, lookup, "relax.multiply")
+        inner = bound_call(other, lookup, "relax.multiply")
         if inner is None:
             continue
         if scalar_near(this, 0.5):
@@ -64,7 +58,7 @@ def _groupings(call, lookup):
 
 def _plus_one(expr, lookup):
     """y when `expr` is 1 + y (the 1 on either side)."""
-    add = _call(expr, lookup, "relax.add")
+    add = bound_call(expr, lookup, "relax.add")
     if add is None:
         return None
     a, b = add.args
@@ -73,7 +67,7 @@ def _plus_one(expr, lookup):
 
 def _erf_argument(expr, lookup):
     """x when `expr` is 1 + erf(x / sqrt(2)) or 1 + erf(x * (1 / sqrt(2)))."""
-    erf = _call(_plus_one(expr, lookup), lookup, "relax.erf")
+    erf = bound_call(_plus_one(expr, lookup), lookup, "relax.erf")
     if erf is None:
         return None
     x = _scaled(erf.args[0], lookup, "relax.divide", SQRT2)
@@ -82,14 +76,14 @@ def _erf_argument(expr, lookup):
 
 def _is_cube_of(expr, x, lookup) -> bool:
     """Whether `expr` is power(x, 3) or x * x * x (any grouping)."""
-    power = _call(expr, lookup, "relax.power")
+    power = bound_call(expr, lookup, "relax.power")
     if power is not None:
         return power.args[0].same_as(x) and scalar_const(power.args[1]) == 3.0
-    outer = _call(expr, lookup, "relax.multiply")
+    outer = bound_call(expr, lookup, "relax.multiply")
     if outer is None:
         return False
     for square, single in (tuple(outer.args), tuple(outer.args)[::-1]):
-        inner = _call(square, lookup, "relax.multiply")
+        inner = bound_call(square, lookup, "relax.multiply")
         if single.same_as(x) and inner is not None and all(a.same_as(x) for a in inner.args):
             return True
     return False
@@ -97,10 +91,11 @@ def _is_cube_of(expr, x, lookup) -> bool:
 
 def _tanh_argument(expr, lookup):
     """x when `expr` is 1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))."""
-    tanh = _call(_plus_one(expr, lookup), lookup, "relax.tanh")
+    tanh = bound_call(_plus_one(expr, lookup), lookup, "relax.tanh")
     if tanh is None:
         return None
-    add = _call(_scaled(tanh.args[0], lookup, "relax.multiply", TANH_SCALE), lookup, "relax.add")
+    scaled = _scaled(tanh.args[0], lookup, "relax.multiply", TANH_SCALE)
+    add = bound_call(scaled, lookup, "relax.add")
     if add is None:
         return None
     for x, term in (tuple(add.args), tuple(add.args)[::-1]):
