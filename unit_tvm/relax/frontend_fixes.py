@@ -20,9 +20,6 @@
   nn.TransformerEncoderLayer with batch_first): one copy of the weight per row of the sequence
   (300 x 384 x 1152 float32 for one Whisper-sized layer), a batched product the quantizer does
   not take. It becomes the matmul by the 2-D weight, which broadcasts the same way.
-- squeeze's negative axes counted from the front: TVM 0.27's ConvertLayout (the GPU path's
-  NHWC pass) dies with std::bad_alloc on squeeze(axis=[-2]), which every nn.MultiheadAttention
-  has (its packed Q, K, V).
 - a group norm with one channel per group (wav2vec2's feature encoder, instance norms) as a
   layer norm over the axes after the channels and the channels' scale and shift: TVM's group
   norm kernel took 2.2 ms for wav2vec2's 512 x 3199 values (6 GB/s), 18% of the model; the
@@ -147,19 +144,6 @@ class _BroadcastWeightMatmul(relax.PyExprMutator):
 
 
 @relax.expr_functor.mutator
-class _SqueezeAxesCounted(relax.PyExprMutator):
-    def visit_call_(self, call):  # noqa: D401 - mutator hook
-        call = self.visit_expr_post_order(call)
-        if op_name(call) != "relax.squeeze" or call.attrs.axis is None:
-            return call
-        shape = static_shape(call.args[0])
-        axes = [int(a) for a in call.attrs.axis]
-        if shape is None or all(a >= 0 for a in axes):
-            return call
-        return relax.op.squeeze(call.args[0], [a % len(shape) for a in axes])
-
-
-@relax.expr_functor.mutator
 class _ChannelGroupNorms(relax.PyExprMutator):
     def visit_call_(self, call):  # noqa: D401 - mutator hook
         call = self.visit_expr_post_order(call)
@@ -258,7 +242,6 @@ def frontend_fixes(mod, ctx):
     """tvm.transform.Pass: the repairs above on every Relax function of the module."""
     mod = rewrite_functions(mod, _BoolCumsumAsInt64(mod))
     mod = rewrite_functions(mod, _EinsumAsMatmul(mod))
-    mod = rewrite_functions(mod, _SqueezeAxesCounted(mod))
     mod = rewrite_functions(mod, _ChannelGroupNorms(mod))
     mod = rewrite_functions(mod, _NoOpBroadcasts(mod))
     mod = rewrite_functions(mod, _BroadcastWeightMatmul(mod))

@@ -4,7 +4,7 @@ clips as a maximum and a minimum) and its values made fp16 by TVM's own passes."
 import tvm
 from tvm import relax
 
-from .graph import const_value, op_name, rewrite_functions
+from .graph import const_value, op_name, rewrite_functions, static_shape
 
 
 def _scalar(prim_value):
@@ -30,6 +30,27 @@ class _ClipAsMinMax(relax.PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="ClipAsMinMax")
 def _clip_as_min_max(mod, ctx):
     return rewrite_functions(mod, _ClipAsMinMax(mod))
+
+
+@relax.expr_functor.mutator
+class _SqueezeAxesCounted(relax.PyExprMutator):
+    def visit_call_(self, call):  # noqa: D401 - mutator hook
+        call = self.visit_expr_post_order(call)
+        if op_name(call) != "relax.squeeze" or call.attrs.axis is None:
+            return call
+        shape = static_shape(call.args[0])
+        axes = [int(a) for a in call.attrs.axis]
+        if shape is None or all(a >= 0 for a in axes):
+            return call
+        return relax.op.squeeze(call.args[0], [a % len(shape) for a in axes])
+
+
+@tvm.transform.module_pass(opt_level=0, name="SqueezeAxesCounted")
+def _squeeze_axes_counted(mod, ctx):
+    """squeeze's negative axes counted from the front: ConvertLayout (TVM 0.27) dies with
+    std::bad_alloc on squeeze(axis=[-2]), which every nn.MultiheadAttention has (its packed Q,
+    K and V)."""
+    return rewrite_functions(mod, _SqueezeAxesCounted(mod))
 
 
 @relax.expr_functor.mutator
@@ -95,6 +116,7 @@ def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
         # kernel of its own after each of mobilenet_v2's convs; a maximum and a minimum follow
         # the layout and fuse with the conv's bias
         _clip_as_min_max,
+        _squeeze_axes_counted,
         relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
         relax.transform.FoldConstant(),  # the weights' layout transforms
     ])(mod)
