@@ -58,29 +58,9 @@ class Conv1dAsConv2d(relax.PyExprMutator):
 
     def _lifted_form(self, expr):
         """The 4-D variable a 3-D value is the squeeze of, or None."""
-        bound = self._bound(expr)
+        bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
         if op_name(bound) == "relax.squeeze" and bound.args[0] in self.lifted:
             return bound.args[0]
-        return None
-
-    def _bound(self, expr):
-        """What `expr` is bound to, through aliases and fields of tuples (a decomposed batch
-        norm's result is field 0 of a tuple of its value and statistics)."""
-        for _ in range(8):
-            if isinstance(expr, relax.TupleGetItem):
-                tup = self._bound(expr.tuple_value)
-                if not isinstance(tup, relax.Tuple):
-                    return None
-                expr = tup.fields[expr.index]
-            elif isinstance(expr, relax.Var):
-                bound = self.lookup_binding(expr)
-                if bound is None:
-                    return None
-                if not isinstance(bound, (relax.Var, relax.TupleGetItem)):
-                    return bound
-                expr = bound
-            else:
-                return expr
         return None
 
     def _four(self, call):
@@ -147,5 +127,6 @@ def conv1d_as_conv2d(mod: tvm.IRModule) -> tvm.IRModule:
     if not _has_conv1d(mod):
         return mod
     # a batch norm after a conv1d (TDNN, ECAPA) as the arithmetic the lift carries through
-    mod = relax.transform.DecomposeOpsForInference()(mod)
+    # (its result is field 0 of a tuple: CanonicalizeBindings reads such fields back as values)
+    mod = relax.transform.CanonicalizeBindings()(relax.transform.DecomposeOpsForInference()(mod))
     return relax.transform.DeadCodeElimination()(rewrite_functions(mod, Conv1dAsConv2d(mod)))
