@@ -43,6 +43,7 @@ from ..target import as_target, host, is_host
 from . import qbmm, u8_values, views
 from .chains import epilogue_fields, find_chains
 from .frontend_fixes import clamps_as_clips, frontend_fixes
+from .fused_attention import fuse_attention
 from .graph import dataflow_bindings
 from .graph import uses as count_uses
 from .qdq import fake_quantization
@@ -165,6 +166,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     mod = inference_form(mod)
+    if attention == "bf16":  # one fused bf16 kernel per attention where the CPU has one
+        mod = fuse_attention(mod, target)
     if dtype == "int8":  # a QDQ model's pairs: its own activation scales (relax/qdq.py)
         mod, model_scales = fake_quantization(mod)
     else:

@@ -20,6 +20,9 @@ from tvm import relax, te
 
 from .graph import bound_call, op_name, scalar_const, static_shape
 
+# PrimFunc attribute marking the kernel (relax/fused_attention.py reads attention through it)
+SAFE_SOFTMAX_ATTR = "unit_tvm.safe_softmax"
+
 
 def _axis(axis, ndim):
     return int(axis) % ndim
@@ -108,4 +111,5 @@ class SafeSoftmaxes(relax.PyExprMutator):
         x, softmax = parts
         if _axis(softmax.attrs.axis, len(static_shape(x))) != len(static_shape(x)) - 1:
             return call
-        return self.builder_.call_te(safe_softmax_te, x, primfunc_name_hint="safe_softmax")
+        return self.builder_.call_te(safe_softmax_te, x, primfunc_name_hint="safe_softmax",
+                                     primfunc_attrs={SAFE_SOFTMAX_ATTR: True})

@@ -1,0 +1,309 @@
+"""Fused attention on a CPU: softmax(Q x K^T * scale) x V in one kernel, the scores of a block
+of query rows kept in cache between the two products.
+
+Computed as three matmul-shaped kernels (Q x K^T, softmax, P x V), Whisper-sized attention
+(6 heads x 1500 tokens) writes 54 MB of float32 scores, reads them back for the softmax, writes
+the probabilities and reads them again for P x V: 12.4 ms per layer on Zen 5 against 6.0 ms
+here (docs/RESULTS.md 2026-11-28). Per task (one head, `rows` query rows):
+
+- S = Q x K^T with a broadcast dot-product instruction on bf16 pairs (x86.vdpbf16ps): Q rows
+  rounded to bf16, K packed once per call into [keys / lanes, depth / width, lanes, width]
+  blocks; a register tile of `row_tile` rows x `key_blocks` blocks of keys;
+- the row maximum, E = exp(S * scale - max) (float32, then rounded to bf16) and the row sum of
+  E, row by row in L1 (vectors of partial results for the reductions);
+- O = E x V with the same instruction, V packed into [keys / width, depth / lanes, lanes,
+  width] blocks, and O / sum.
+
+Rounding: both products take bf16 operands and sum in float32, as the bf16 attention matmuls
+do (relax/qbmm.py); E is rounded before both its sum and the product, so the normalisation
+matches what was multiplied. Keys are padded to whole tiles with zero K and V rows and scores
+of -inf; query rows to whole register tiles (the padded rows are computed and dropped).
+
+Special values, as torch: a row whose scores are all -inf gives 0 (`safe`, torch's safe
+softmax) or NaN (a plain softmax); a NaN or an infinite score makes its row NaN.
+"""
+
+import math
+from typing import Callable, NamedTuple
+
+from tvm import s_tir, te, tirx
+
+from .. import fastmath
+
+# Accumulators of the two products' register tiles: 4 rows x 4 blocks of 16 lanes (measured
+# on Zen 5 at Whisper's size: 4 x 4, 5 x 3, 5 x 4 and 4 rows x 2 blocks for P x V within 2%;
+# 6 x 4 spilled, 24 accumulators stored after every instruction)
+ROW_TILE = 4
+# blocks of keys per S register tile: the most whose padded key count stays within
+# KEY_PADDING of the least padded one (Whisper's 1500 keys: 4 blocks, 1536 keys, 6.0 ms; 2
+# blocks, 1504 keys, 6.6 ms)
+KEY_BLOCKS = (4, 3, 2)
+KEY_PADDING = 1.125
+MAX_OUT_BLOCKS = 4
+# query rows per task: their scores (rows x keys float32) stay in L2 from S to E; 20 rows of
+# 1536 keys are 123 KB (within 2% from 20 to 60 rows at Whisper's size). Their bf16 exps live
+# on the worker thread's stack: MAX_TASK_BYTES bounds the scores of one task (and so how many
+# keys a fused attention takes: 16384).
+MAX_TASK_ROWS = 32
+MAX_TASK_BYTES = 256 * 1024
+# Scores smaller than this stay in cache between three separate kernels, which then run as fast
+# or faster (Zen 5, per layer: BERT-base's 12 x 128 x 128 scores, 768 KB: 95 us separate, 107
+# fused; ViT-B/16's 12 x 197 x 197, 1.8 MB: 510 and 324; Whisper's 6 x 1500 x 1500, 54 MB:
+# 12.4 ms and 6.0)
+MIN_SCORES_BYTES = 1 << 20
+
+
+OUT_STAGE = "attention_out"  # the result's rows unpadded and its axes permuted
+
+
+class AttentionShape(NamedTuple):
+    """softmax(Q x K^T) x V over `batch` independent (flattened) heads: Q [batch, rows, depth],
+    K^T [batch, depth, keys], V [batch, keys, v_depth]."""
+
+    batch: int
+    rows: int
+    depth: int
+    keys: int
+    v_depth: int
+
+
+class AttentionTiles(NamedTuple):
+    """How the kernel blocks its loops."""
+
+    rows_padded: int  # query rows computed: a multiple of row_tile
+    task_rows: int  # query rows per parallel task: divides rows_padded
+    row_tile: int
+    keys_padded: int  # a multiple of lanes x key_blocks
+    key_blocks: int  # blocks of `lanes` keys per S register tile
+    out_blocks: int  # blocks of `lanes` output columns per O register tile
+
+
+def _ceil_to(n, m):
+    return -(-n // m) * m
+
+
+def _task_rows_bound(keys_padded):
+    return min(MAX_TASK_ROWS, MAX_TASK_BYTES // (4 * keys_padded))
+
+
+def fits(shape: AttentionShape, lanes: int, width: int) -> bool:
+    """Whether the instruction's lanes and width tile the head depths (the reduction of
+    Q x K^T in pairs of `width`, the columns of E x V in blocks of `lanes`) and a register
+    tile of rows fits one task's bound."""
+    return (shape.depth % width == 0 and shape.v_depth % lanes == 0
+            and _task_rows_bound(tiles_for(shape, lanes).keys_padded) >= ROW_TILE)
+
+
+def worth_fusing(shape: AttentionShape) -> bool:
+    """Whether the fused kernel is expected to beat separate ones: scores of at least
+    MIN_SCORES_BYTES."""
+    return 4 * shape.batch * shape.rows * shape.keys >= MIN_SCORES_BYTES
+
+
+def tiles_for(shape: AttentionShape, lanes: int) -> AttentionTiles:
+    """The blocking of the module note for `shape` (keys padded to whole blocks of `lanes`,
+    which also makes them whole pairs)."""
+    padded = {b: _ceil_to(shape.keys, lanes * b) for b in KEY_BLOCKS}
+    least = min(padded.values())
+    blocks = next(b for b in KEY_BLOCKS if padded[b] <= KEY_PADDING * least)
+    rows_padded = _ceil_to(shape.rows, ROW_TILE)
+    tiles = rows_padded // ROW_TILE
+    bound = max(_task_rows_bound(padded[blocks]), ROW_TILE)
+    per_task = max(t for t in range(1, tiles + 1) if tiles % t == 0 and t * ROW_TILE <= bound)
+    out = max(b for b in range(1, MAX_OUT_BLOCKS + 1) if (shape.v_depth // lanes) % b == 0)
+    return AttentionTiles(rows_padded, per_task * ROW_TILE, ROW_TILE, padded[blocks], blocks,
+                          out)
+
+
+class Operands(NamedTuple):
+    """How the kernel reads its operands: functions of a (flattened) head and two indices to a
+    float32 te expression: q(h, i, d), kt(h, d, j) (K^T: j a key), v(h, j, c)."""
+
+    q: Callable
+    kt: Callable
+    v: Callable
+
+
+def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, scale: float,
+                 safe: bool, lanes: int, width: int, dtype: str, out_axes=None):
+    """The stages of the module note as te.computes over the operands `read` gives (of `shape`,
+    the batch flattened); returns the output, [batch, rows, v_depth] with its axes in
+    `out_axes` order (None: as they are)."""
+    b, n, np_ = shape.batch, shape.keys, tiles.keys_padded
+    f32, zero = "float32", tirx.const(0.0, "float32")
+    neg_inf = tirx.const(-math.inf, f32)
+    last = shape.rows - 1
+    qb = te.compute((b, tiles.rows_padded, shape.depth),
+                    lambda h, i, d: read.q(h, te.min(i, last), d).astype(dtype), name="q_pairs")
+
+    def key(j):  # a padded key reads the last one (and is masked)
+        return te.min(j, n - 1)
+
+    kp = te.compute((b, np_ // lanes, shape.depth // width, lanes, width),
+                    lambda h, jo, dp, jl, w: te.if_then_else(
+                        jo * lanes + jl < n, read.kt(h, dp * width + w, key(jo * lanes + jl)),
+                        zero).astype(dtype), name="k_blocks")
+    vp = te.compute((b, np_ // width, shape.v_depth // lanes, lanes, width),
+                    lambda h, jp, do, dl, w: te.if_then_else(
+                        jp * width + w < n, read.v(h, key(jp * width + w), do * lanes + dl),
+                        zero).astype(dtype), name="v_blocks")
+    d = te.reduce_axis((0, shape.depth), name="d")
+    scores = te.compute((b, tiles.rows_padded, np_), lambda h, i, j: te.sum(
+        qb[h, i, d].astype(f32) * kp[h, j // lanes, d // width, j % lanes, d % width].astype(f32),
+        axis=d), name="scores")
+    k = te.reduce_axis((0, np_), name="k")
+    row_max = te.compute((b, tiles.rows_padded), lambda h, i: te.max(
+        tirx.Select(k < n, scores[h, i, k] * scale, neg_inf), axis=k), name="row_max")
+
+    def exp_of(h, i, j):
+        s = scores[h, i, j] * scale
+        x = s - row_max[h, i]
+        # x is NaN for a NaN score, an infinite one (inf - inf), which make the row NaN as in
+        # torch, and throughout a row of -inf scores, whose exps are 0 (the maximum alone cannot
+        # tell: te.max, like LLVM's maxnum, drops NaNs, and a row of NaNs has a maximum of -inf
+        # too). A condition on the row alone in the if_then_else would split the vector loop in
+        # two, and TVM's vectorizer then rejects the exp's Let bindings, copied into both.
+        nan = tirx.const(math.nan, f32)
+        special = tirx.Select(tirx.any(tirx.isnan(s), row_max[h, i] != neg_inf), nan, zero)
+        return te.if_then_else(j < n, tirx.Select(tirx.isnan(x), special, fastmath.exp(x)), zero)
+
+    # float32 first, then rounded in a stage of its own: TVM's bf16 rounding reads its operand
+    # twice, and a copy of the exp's Let bindings fails to vectorize
+    exps = te.compute((b, tiles.rows_padded, np_), exp_of, name="exps")
+    probs = te.compute((b, tiles.rows_padded, np_), lambda h, i, j: exps[h, i, j].astype(dtype),
+                       name="probs")
+    k2 = te.reduce_axis((0, np_), name="k2")
+    total = te.compute((b, tiles.rows_padded), lambda h, i: te.sum(
+        probs[h, i, k2].astype(f32), axis=k2), name="row_sum")
+    j = te.reduce_axis((0, np_), name="j")
+    weighted = te.compute((b, tiles.rows_padded, shape.v_depth), lambda h, i, c: te.sum(
+        probs[h, i, j].astype(f32)
+        * vp[h, j // width, c // lanes, c % lanes, j % width].astype(f32), axis=j),
+        name="weighted")
+
+    def normalised(h, i, c):
+        value = weighted[h, i, c] / total[h, i]  # a row of -inf: 0 / 0, NaN as a softmax's
+        if safe:  # ... and 0 as torch's safe softmax's (a NaN row stays NaN)
+            t = total[h, i]
+            return tirx.Select(tirx.any(t > zero, tirx.isnan(t)), value, zero)
+        return value
+
+    out = te.compute((b, tiles.rows_padded, shape.v_depth), normalised, name="attention")
+    axes = tuple(out_axes) if out_axes is not None else (0, 1, 2)
+    if tiles.rows_padded == shape.rows and axes == (0, 1, 2):
+        return out
+    logical = (b, shape.rows, shape.v_depth)
+
+    def unpermuted(*idx):
+        at = [None] * 3
+        for axis, i in zip(axes, idx):
+            at[axis] = i
+        return out[tuple(at)]
+
+    return te.compute([logical[a] for a in axes], unpermuted, name=OUT_STAGE)
+
+
+def _partial_sums(sch, block, lanes):
+    """A row reduction as `lanes` vectors of partial results (rfactor): returns that block."""
+    _, lane = sch.split(sch.get_loops(block)[-1], [None, lanes])
+    return sch.rfactor(lane, factor_axis=len(sch.get(block).iter_vars) - 1)
+
+
+def _vectorize_partials(sch, rf):
+    """An rfactor block computed at a row: compute_at lays its loops out in its iteration
+    order, [lanes (data parallel), steps (reduction)]; the lanes go innermost, vectorised, the
+    init before the steps."""
+    lanes, steps = sch.get_loops(rf)[-2:]
+    sch.reorder(steps, lanes)
+    sch.vectorize(lanes)
+    sch.decompose_reduction(rf, steps)
+
+
+def _register_tiled(sch, block, tile_rows, tile_cols, lanes, width, cols_first):
+    """The product `block` ([rows, cols, reduction] innermost loops) as register tiles of
+    tile_rows x tile_cols blocks of `lanes` columns around the instruction's (lanes, width)
+    loops; the tile written back once per tile. Returns the instruction's outer loop."""
+    rows, cols, red = sch.get_loops(block)[-3:]
+    r_out, r_in = sch.split(rows, [None, tile_rows])
+    c_blocks, c_lane = sch.split(cols, [None, lanes])
+    c_out, c_in = sch.split(c_blocks, [None, tile_cols])
+    steps, w = sch.split(red, [None, width])
+    outer = (c_out, r_out) if cols_first else (r_out, c_out)
+    sch.reorder(*outer, steps, r_in, c_in, c_lane, w)
+    write_back = sch.cache_write(block, 0, "global")
+    sch.reverse_compute_at(write_back, outer[1])
+    sch.unroll(r_in)
+    sch.unroll(c_in)
+    sch.decompose_reduction(block, steps)
+    return c_lane
+
+
+def _parallel_pack(sch, name):
+    loops = sch.get_loops(sch.get_sblock(name))
+    sch.parallel(sch.fuse(loops[0], loops[1]))
+
+
+def _softmax_by_rows(sch, partial, lanes):
+    """The softmax row by row inside the task: its reductions and exps while the row is in
+    L1, vectorised."""
+    probs, exps = sch.get_sblock("probs"), sch.get_sblock("exps")
+    row = sch.get_loops(probs)[-2]
+    sch.compute_at(exps, row, preserve_unit_loops=False)
+    sch.compute_at(sch.get_sblock("row_max"), row, preserve_unit_loops=False)
+    sch.compute_at(partial["row_max"], row, preserve_unit_loops=False)
+    sch.reverse_compute_at(partial["row_sum"], row, preserve_unit_loops=False)
+    sch.reverse_compute_at(sch.get_sblock("row_sum"), row, preserve_unit_loops=False)
+    for rf in partial.values():
+        _vectorize_partials(sch, rf)
+    for block in (exps, probs):
+        sch.vectorize(sch.split(sch.get_loops(block)[-1], [None, lanes])[1])
+
+
+def schedule(func, tiles: AttentionTiles, intrin, lanes: int) -> tirx.PrimFunc:
+    """The PrimFunc of attention_te's stages scheduled as the module note says, the products
+    tensorized with `intrin` (an Intrinsic of `lanes` x pairs)."""
+    sch = s_tir.Schedule(func)
+    width = intrin.reduction_width
+    for name in ("q_pairs", "k_blocks", "v_blocks"):
+        _parallel_pack(sch, name)
+    partial = {name: _partial_sums(sch, sch.get_sblock(name), lanes)
+               for name in ("row_max", "row_sum")}
+    final = sch.get_sblock("attention")
+    head, rows, cols = sch.get_loops(final)
+    rows_out, _ = sch.split(rows, [None, tiles.task_rows])
+    task = sch.fuse(head, rows_out)
+    sch.parallel(task)
+    for name in ("weighted", "row_sum", "row_sum.rf", "probs", "exps", "row_max", "row_max.rf",
+                 "scores"):
+        block = partial[name[:-3]] if name.endswith(".rf") else sch.get_sblock(name)
+        sch.compute_at(block, task, preserve_unit_loops=False)
+    _softmax_by_rows(sch, partial, lanes)
+    # S: each panel of key blocks stays in L1 while the task's row tiles pass it
+    core = _register_tiled(sch, sch.get_sblock("scores"), tiles.row_tile, tiles.key_blocks,
+                           lanes, width, cols_first=True)
+    sch.tensorize(core, intrin.tensor_intrin)
+    core = _register_tiled(sch, sch.get_sblock("weighted"), tiles.row_tile, tiles.out_blocks,
+                           lanes, width, cols_first=False)
+    sch.tensorize(core, intrin.tensor_intrin)
+    sch.vectorize(sch.split(sch.get_loops(final)[-1], [None, lanes])[1])
+    # E in a scope of its own: TVM's StorageRewrite would otherwise place it in a dead float32
+    # buffer of the same scope (a tile of S), as a bf16 view, and the instruction's bf16 pointer
+    # to it then fails to lower (seen with 16 keys)
+    sch.set_scope(sch.get_sblock("probs"), 0, "local")
+    if _has(sch, OUT_STAGE):  # written per task, from the task's rows in cache
+        # the task's normalised rows in a scope of their own too: sharing a buffer with them
+        # (StorageRewrite's choice), P x V's accumulator tile was left in memory, stored after
+        # every instruction (Whisper: 9.8 ms against 6.0)
+        sch.set_scope(final, 0, "local")
+        out = sch.get_sblock(OUT_STAGE)
+        sch.reverse_compute_at(out, task, preserve_unit_loops=False)
+        sch.vectorize(sch.split(sch.get_loops(out)[-1], [None, lanes])[1])
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _has(sch, name):
+    try:
+        sch.get_sblock(name)
+        return True
+    except s_tir.ScheduleError:
+        return False

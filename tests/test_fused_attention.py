@@ -1,0 +1,221 @@
+"""Fused attention on CPUs (schedules/cpu_attention.py, relax/fused_attention.py): the kernel
+against a numpy model of its bf16 rounding, torch's special values, and the graph rewrite on
+attention spelled many ways."""
+
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+import tvm
+from torch import nn
+from tvm import relax, te
+
+import unit_tvm
+from unit_tvm import frontends, intrinsics, lowering
+from unit_tvm.relax import quantize
+from unit_tvm.relax.fused_attention import KERNEL_NAME, fuse_attention, instruction
+from unit_tvm.relax.quantize import inference_form
+from unit_tvm.schedules import cpu_attention
+from unit_tvm.testing import zoo
+
+from .conftest import require_host
+from .test_relax import _cos, _run
+from .test_views import SEEDS, DrawnHeads, SplitHeads
+
+
+def _bf16(a):
+    return a.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+def _reference(q, kt, v, scale, safe=True):
+    """The kernel's arithmetic in float64: operands rounded to bf16, the exps rounded to bf16
+    before their sum and the product (rows of -inf: 0 if safe, else NaN, as torch)."""
+    s = (_bf16(q) @ _bf16(kt)) * scale
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        top = s.max(-1, keepdims=True)
+        e = _bf16(np.exp(s - top))
+        dead = np.isneginf(top)
+        e = np.where(dead, 0.0, e)
+        out = (e @ _bf16(v)) / e.sum(-1, keepdims=True)
+        return np.where(dead, 0.0 if safe else np.nan, out)
+
+
+def _build(shape, scale, safe, out_axes=None):
+    intrin = intrinsics.get("x86.vdpbf16ps")
+    lanes = intrin.lanes
+    tiles = cpu_attention.tiles_for(shape, lanes)
+    b, m, d, n, dv = shape
+    q, kt, v = (te.placeholder(s, "float32", name) for s, name in (
+        ((b, m, d), "q"), ((b, d, n), "kt"), ((b, n, dv), "v")))
+    read = cpu_attention.Operands(lambda h, i, c: q[h, i, c], lambda h, c, j: kt[h, c, j],
+                                  lambda h, j, c: v[h, j, c])
+    out = cpu_attention.attention_te(read, shape, tiles, scale, safe, lanes,
+                                     intrin.reduction_width, "bfloat16", out_axes)
+    func = cpu_attention.schedule(te.create_prim_func([q, kt, v, out]), tiles, intrin, lanes)
+    return lowering.build(tvm.IRModule({"main": func}), unit_tvm.target.host())
+
+
+def _call(lib, arrays, out_shape):
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a.astype(np.float32), dev) for a in arrays]
+    args.append(tvm.runtime.tensor(np.zeros(out_shape, np.float32), dev))
+    lib(*args)
+    return args[-1].numpy()
+
+
+# (batch, rows, depth, keys, v_depth): Whisper-like blocks, rows and keys padded (61 and 37
+# tokens), a head depth of 8 (four pairs), keys fewer than one block, one query row
+SHAPES = [(2, 64, 64, 64, 64), (3, 61, 32, 37, 16), (2, 7, 8, 5, 32), (1, 1, 2, 1, 16),
+          (2, 40, 16, 130, 48)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("out_axes", [None, (1, 0, 2)])
+def test_kernel_equals_its_bf16_arithmetic(shape, out_axes):
+    """The fused kernel equals softmax(Q K^T * scale) V computed in float64 from the same
+    bf16-rounded values, whatever the padding of rows and keys and the result's axis order;
+    an index off by one row, key or head would be far outside the tolerance."""
+    require_host("x86.vdpbf16ps")
+    shape = cpu_attention.AttentionShape(*shape)
+    b, m, d, n, dv = shape
+    rng = np.random.default_rng(sum(shape))
+    q, kt, v = (rng.standard_normal(s) for s in ((b, m, d), (b, d, n), (b, n, dv)))
+    scale = 1 / math.sqrt(d)
+    want = _reference(q, kt, v, scale)
+    axes = out_axes or (0, 1, 2)
+    got = _call(_build(shape, scale, True, out_axes), (q, kt, v), [want.shape[a] for a in axes])
+    got = got.transpose(np.argsort(axes))
+    # what is left: float32 sums and exp (2e-7), and an exp that rounds to the other bf16
+    np.testing.assert_allclose(got, want, rtol=0, atol=4e-3 * np.abs(want).max())
+    assert _cos(got, want) > 0.99999
+
+
+@pytest.mark.parametrize("safe", [True, False])
+def test_special_values_as_torch(safe):
+    """A row whose scores are all -inf gives 0 (torch's safe softmax) or NaN (a plain
+    softmax); a NaN in Q makes its row NaN; +inf scores make their row NaN (inf - inf); the
+    other rows are unaffected."""
+    require_host("x86.vdpbf16ps")
+    shape = cpu_attention.AttentionShape(2, 8, 16, 24, 16)
+    rng = np.random.default_rng(5)
+    q, v = rng.standard_normal((2, 8, 16)), rng.standard_normal((2, 24, 16))
+    kt = np.abs(rng.standard_normal((2, 16, 24))) + 0.5  # every key's first element > 0
+    q[0, 1, 0] = -np.inf  # row 1 of head 0: every score -inf
+    q[1, 2, 3] = np.nan  # row 2 of head 1: NaN
+    q[1, 5, 0] = np.inf  # row 5 of head 1: every score +inf
+    got = _call(_build(shape, 0.25, safe), (q, kt, v), (2, 8, 16))
+    with torch.no_grad():
+        s = torch.tensor(_bf16(q) @ _bf16(kt)) * 0.25
+        p = torch.ops.aten._safe_softmax(s, -1) if safe else torch.softmax(s, -1)
+    assert np.all(got[0, 1] == 0) if safe else np.all(np.isnan(got[0, 1]))
+    assert np.all(np.isnan(got[1, 2])) and np.all(np.isnan(got[1, 5]))
+    assert torch.isnan(p[1, 2]).all() and torch.isnan(p[1, 5]).all()
+    live = np.ones((2, 8), bool)
+    live[0, 1] = live[1, 2] = live[1, 5] = False
+    want = _reference(q, kt, v, 0.25, safe)
+    np.testing.assert_allclose(got[live], want[live], atol=4e-3 * np.abs(want[live]).max())
+
+
+def _fused_kernels(mod):
+    return [gv.name_hint for gv in mod.functions if gv.name_hint.startswith(KERNEL_NAME)]
+
+
+def _softmaxes(mod):
+    names = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
+            names.append(e.op.name)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return [n for n in names if "softmax" in n or n == "relax.matmul"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_drawn_spellings_fused_equal_fp32_attention(seed, monkeypatch):
+    """Attention spelled six drawn ways (relax/views.py's test models: heads split, sliced,
+    transposed and merged differently, Q scaled or the scores): every one becomes one fused
+    kernel reading its operands in place (no matmul or softmax left), and the built module is
+    as close to the fp32-attention module as bf16 rounding allows. (The size policy is turned
+    off: at 16 tokens separate kernels are the faster choice.)"""
+    require_host("x86.vdpbf16ps")
+    monkeypatch.setattr(cpu_attention, "MIN_SCORES_BYTES", 0)
+    model = DrawnHeads(seed)
+    zoo._randomize(model, seed)
+    model.eval()
+    shape = (1 + seed % 2, 16, 48)
+    cal, xs = zoo.inputs(shape, 2, seed=1), zoo.inputs(shape, 2, seed=2)
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    host = unit_tvm.target.host()
+    qmod = quantize(mod, calibration_data=cal, attention="bf16")
+    assert len(_fused_kernels(qmod)) == 1 and not _softmaxes(qmod), _softmaxes(qmod)
+    fp32 = _run(tvm.compile(quantize(mod, calibration_data=cal, attention="fp32"), target=host),
+                xs)
+    for got, other in zip(_run(unit_tvm.compiler.build_relax(qmod, host), xs), fp32):
+        assert _cos(got, other) > 0.9999
+        np.testing.assert_allclose(got, other, atol=2e-2 * np.abs(other).max())
+
+
+class LongAttention(nn.Module):
+    """torch's scaled_dot_product_attention over `tokens` tokens, 4 heads of 16."""
+
+    def __init__(self, tokens):
+        super().__init__()
+        self.tokens = tokens
+        self.qkv = nn.Linear(64, 192)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, s, 3, 4, 16).permute(2, 0, 3, 1, 4)
+        o = nn.functional.scaled_dot_product_attention(q, k, v)
+        return o.transpose(1, 2).reshape(b, s, 64)
+
+
+@pytest.mark.parametrize("tokens,fused", [(256, True), (128, False)])
+def test_fusion_where_scores_outgrow_the_caches(tokens, fused):
+    """SDPA (torch's safe softmax) is fused where its scores reach MIN_SCORES_BYTES (4 heads x
+    256 x 256 float32: 1 MiB) and left to separate kernels below (128 tokens)."""
+    require_host("x86.vdpbf16ps")
+    model = LongAttention(tokens).eval()
+    x = torch.tensor(zoo.inputs((1, tokens, 64), 1, seed=3)[0])
+    mod = inference_form(frontends.from_torch(model, [x]))
+    out = fuse_attention(mod, unit_tvm.target.host())
+    assert bool(_fused_kernels(out)) == fused
+    if fused:
+        with torch.no_grad():
+            want = model(x).numpy()
+        got = _run(unit_tvm.compiler.build_relax(out, unit_tvm.target.host()), [x.numpy()])[0]
+        assert _cos(got, want) > 0.9999
+
+
+class MaskedAttention(SplitHeads):
+    """SplitHeads with an additive mask on the scores: not the fused pattern."""
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = (m(x).view(b, s, self.heads, self.d).transpose(1, 2)
+                   for m in (self.q, self.k, self.v))
+        mask = torch.triu(torch.full((s, s), -1e4), 1)
+        att = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / self.d ** 0.5 + mask, -1)
+        return self.out(torch.matmul(att, v).transpose(1, 2).reshape(b, s, h))
+
+
+def test_masked_attention_is_left_as_it_is(monkeypatch):
+    """A mask added to the scores ends the match: no fused kernel, the softmax stays."""
+    monkeypatch.setattr(cpu_attention, "MIN_SCORES_BYTES", 0)
+    model = MaskedAttention().eval()
+    x = torch.zeros(1, 16, 64)
+    mod = inference_form(frontends.from_torch(model, [x]))
+    out = fuse_attention(mod, unit_tvm.target.host())
+    assert not _fused_kernels(out) and "relax.nn.softmax" in _softmaxes(out)
+
+
+def test_instruction_is_a_vector_bf16_dot_product():
+    """The kernel's instruction: x86.vdpbf16ps where the target has AVX512-BF16 (also on AMX
+    hosts: the tile instructions are not this schedule's), none on other targets."""
+    bf16 = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
+    assert instruction(bf16).name == "x86.vdpbf16ps"
+    assert instruction(tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})) is None
+    assert instruction(tvm.target.Target({"kind": "cuda", "arch": "sm_80"})) is None

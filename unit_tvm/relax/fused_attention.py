@@ -1,0 +1,287 @@
+"""Attention written as matmul, softmax, matmul, read back as one fused kernel on CPUs
+(schedules/cpu_attention.py).
+
+The match, on the graph `quantize` sees (frontend_fixes applied, bindings canonical):
+
+    scores = matmul(q, kt)                 q [..., M, D], kt [..., D, N]
+    [scores = scores * c  or  scores / c]  a scalar constant
+    probs  = softmax(scores, axis=-1)      or torch's safe softmax (relax/safe_softmax.py)
+    out    = matmul(probs, v)              v [..., N, Dv]
+
+with reshapes that only regroup the batch axes between them (torch.export's bmm form), the
+three operands' batch axes equal, float32, static shapes, and the scores and probabilities
+read by nothing else. A mask added to the scores is not matched (those ops stay as they are).
+
+Like the bf16 attention matmuls (relax/views.py), the kernel reads each operand where its
+producer left it: back through the view ops (reshape, permute_dims, strided_slice, squeeze,
+...) that cut Q, K and V out of one projection, and through multiplies by a scalar constant
+(torch's SDPA scales Q and K by the square root of 1/sqrt(D) each), which join the kernel's
+scale; and it writes its result through the transposes and reshapes that merge the heads back.
+In BERT-base that is six copy kernels per layer fewer.
+
+Applied to attention whose scores outgrow the caches (cpu_attention.worth_fusing: Whisper's,
+ViT's, not BERT-base's at 128 tokens), where attention is computed in bf16 (quantize's
+`attention="bf16"`, the default on CPUs with a bf16 dot product) and the target has a broadcast
+bf16 dot-product instruction: the kernel's products round their operands to bf16 as the bf16
+attention matmuls do.
+"""
+
+import math
+from typing import NamedTuple
+
+import tvm
+from tvm import relax, te, tirx
+
+from .. import intrinsics
+from ..schedules import cpu_attention
+from ..target import is_cpu
+from .graph import (dataflow_bindings, op_name, readers, rewrite_functions, scalar_const,
+                    static_shape, uses)
+from .safe_softmax import SAFE_SOFTMAX_ATTR
+from .views import VIEW_OPS, StridedView, apply, result_layout
+
+KERNEL_NAME = "unit_attention"
+# {"instruction", "macs", "label"} of the kernel, for `unit-tvm profile`
+KERNEL_INFO_ATTR = "unit_tvm.kernel_info"
+
+
+class Operand(NamedTuple):
+    """An operand read from `source` (a variable that survives the rewrite) through `view`
+    (its [batch, rows, cols] form), times `scale`."""
+
+    source: relax.Var
+    view: StridedView
+    scale: float
+
+
+class AttentionPlan(NamedTuple):
+    """One matched attention: its operands, the softmax's kind and scale, and where the
+    kernel's result goes (`end`, whose value it computes, with the [batch, rows, v_depth]
+    axes in `out_axes` order)."""
+
+    q: Operand
+    kt: Operand
+    v: Operand
+    scale: float
+    safe: bool
+    shape: cpu_attention.AttentionShape
+    end: relax.Var
+    out_axes: tuple
+
+
+def instruction(target):
+    """The Intrinsic the fused kernel runs on `target` (a vector dot product of bf16 pairs into
+    float32 lanes, one operand broadcast), or None."""
+    if target is None or not is_cpu(target):
+        return None
+    for intrin in intrinsics.for_target(target):
+        if (intrin.input_dtypes == ("bfloat16", "bfloat16") and intrin.output_dtype == "float32"
+                and intrin.broadcast_operand is not None and not intrin.lanewise):
+            return intrin
+    return None
+
+
+class _Graph(NamedTuple):
+    by_var: dict  # Var -> its binding
+    uses: dict  # Var -> number of reads
+    users: dict  # Var -> its first reader's binding
+
+    def call(self, var, name=None):
+        """The call `var` is bound to (of op `name` if given), or None."""
+        b = self.by_var.get(var) if isinstance(var, relax.Var) else None
+        value = b.value if b is not None else None
+        if not isinstance(value, relax.Call) or (name and op_name(value) != name):
+            return None
+        return value
+
+
+def _under_batch_reshapes(g, expr):
+    """`expr` past reshapes that keep its last two axes (regrouping the batch axes only)."""
+    while (call := g.call(expr, "relax.reshape")) is not None:
+        inner, outer = static_shape(call.args[0]), static_shape(call)
+        if inner is None or outer is None or len(inner) < 2 or inner[-2:] != outer[-2:]:
+            break
+        expr = call.args[0]
+    return expr
+
+
+def _scalar_factor(call):
+    """(x, c) for x * c, c * x or x / c with a scalar constant c, else None."""
+    name = op_name(call)
+    if name not in ("relax.multiply", "relax.divide") or len(call.args) != 2:
+        return None
+    a, b = call.args
+    c = scalar_const(b)
+    if c is not None and (name == "relax.multiply" or c != 0):
+        return a, c if name == "relax.multiply" else 1.0 / c
+    if name == "relax.multiply" and scalar_const(a) is not None:
+        return b, scalar_const(a)
+    return None
+
+
+def _softmax_input(g, expr, mod):
+    """(scores, safe) when `expr` is a softmax over its last axis, plain or safe, else None."""
+    call = g.call(expr)
+    if op_name(call) == "relax.nn.softmax":
+        ndim = len(static_shape(call) or [])
+        if ndim and int(call.attrs.axis) % ndim == ndim - 1:
+            return call.args[0], False
+        return None
+    if op_name(call) == "relax.call_tir":
+        try:
+            attrs = mod[call.args[0]].attrs
+        except (KeyError, ValueError, tvm.error.TVMError):
+            return None
+        if attrs is not None and SAFE_SOFTMAX_ATTR in attrs and len(call.args[1].fields) == 1:
+            return call.args[1].fields[0], True
+    return None
+
+
+def _operand(g, var, logical) -> Operand:
+    """How the kernel reads the operand `var` (logical: its [batch, rows, cols] shape): back
+    through view ops and scalar multiplies as far as the views compose, else `var` itself."""
+    ops, scale, cur = [], 1.0, var
+    best = Operand(var, StridedView.contiguous(logical), 1.0)
+    while (call := g.call(cur)) is not None:
+        factor = _scalar_factor(call)
+        if factor is not None:
+            cur, c = factor
+            scale *= c
+        elif op_name(call) in VIEW_OPS:
+            ops.append(call)
+            cur = call.args[0]
+        else:
+            break
+        if not isinstance(cur, relax.Var) or static_shape(cur) is None:
+            break
+        view = StridedView.contiguous(static_shape(cur))
+        for op in reversed(ops):
+            view = apply(view, op) if view is not None else None
+        view = view.reshape(logical) if view is not None else None
+        if view is not None:
+            best = Operand(cur, view, scale)
+    return best
+
+
+def _shape_of(q, kt, v):
+    shapes = [static_shape(x) for x in (q, kt, v)]
+    if any(s is None or len(s) < 3 for s in shapes) or any(
+            str(x.ty.dtype) != "float32" for x in (q, kt, v)):
+        return None
+    (*bq, m, d), (*bk, d2, n), (*bv, n2, dv) = shapes
+    if not (bq == bk == bv and d == d2 and n == n2):
+        return None
+    return cpu_attention.AttentionShape(math.prod(bq), m, d, n, dv)
+
+
+def attention_plan(g, binding, mod) -> AttentionPlan | None:
+    """The AttentionPlan of `binding` when its value is the last matmul of the pattern in the
+    module note, else None."""
+    call = binding.value
+    if op_name(call) != "relax.matmul" or len(call.args) != 2:
+        return None
+    probs, v = call.args
+    probs = _under_batch_reshapes(g, probs)
+    found = _softmax_input(g, probs, mod) if g.uses.get(probs, 0) == 1 else None
+    if found is None:
+        return None
+    scores, safe = found
+    scores = _under_batch_reshapes(g, scores)
+    scale = 1.0
+    factor = _scalar_factor(g.call(scores)) if g.call(scores) is not None else None
+    if factor is not None and g.uses.get(scores, 0) == 1:
+        scores, scale = _under_batch_reshapes(g, factor[0]), factor[1]
+    product = g.call(scores, "relax.matmul")
+    if product is None or g.uses.get(scores, 0) != 1:
+        return None
+    q, kt = product.args
+    shape = _shape_of(q, kt, v)
+    if shape is None:
+        return None
+    b, m, d, n, dv = shape
+    ops = [_operand(g, x, logical) for x, logical in (
+        (q, (b, m, d)), (kt, (b, d, n)), (v, (b, n, dv)))]
+    layout = result_layout(binding.var, (b, m, dv), g.users, g.uses)
+    end, axes = (layout.end, layout.axes) if layout is not None else (binding.var, (0, 1, 2))
+    return AttentionPlan(*ops, scale * ops[0].scale * ops[1].scale, safe, shape, end, axes)
+
+
+def _reader(src, view, factor):
+    """A function of an operand's index to its float32 value in the flat `src`."""
+    if factor == 1.0:
+        return lambda *idx: src[view.flat_index(idx)]
+    return lambda *idx: src[view.flat_index(idx)] * tirx.const(factor, "float32")
+
+
+def kernel(plan: AttentionPlan, intrin) -> tvm.tirx.PrimFunc:
+    """The scheduled PrimFunc of a plan: (flat q, kt and v sources, the result)."""
+    shape, lanes = plan.shape, intrin.lanes
+    tiles = cpu_attention.tiles_for(shape, lanes)
+    sources = [te.placeholder((math.prod(static_shape(op.source)),), "float32", name)
+               for op, name in zip((plan.q, plan.kt, plan.v), ("q", "kt", "v"))]
+
+    read = cpu_attention.Operands(
+        _reader(sources[0], plan.q.view, 1.0), _reader(sources[1], plan.kt.view, 1.0),
+        _reader(sources[2], plan.v.view, plan.v.scale))  # q's and k's factors are in the scale
+    out = cpu_attention.attention_te(read, shape, tiles, plan.scale, plan.safe, lanes,
+                                     intrin.reduction_width, intrin.input_dtypes[0],
+                                     plan.out_axes)
+    func = cpu_attention.schedule(te.create_prim_func([*sources, out]), tiles, intrin, lanes)
+    macs = shape.batch * shape.rows * shape.keys * (shape.depth + shape.v_depth)
+    label = (f"fused attention {shape.batch} x [{shape.rows}, {shape.depth}] x "
+             f"[{shape.depth}, {shape.keys}] x [{shape.keys}, {shape.v_depth}]; rows "
+             f"{tiles.task_rows} per task, tiles {tiles.row_tile}x{tiles.key_blocks} and "
+             f"{tiles.row_tile}x{tiles.out_blocks}")
+    return func.with_attr(KERNEL_INFO_ATTR, {"instruction": intrin.name, "macs": macs,
+                                              "label": label})
+
+
+@relax.expr_functor.mutator
+class _FuseAttention(relax.PyExprMutator):
+    def __init__(self, mod, intrin, plans):
+        super().__init__(mod)
+        self.intrin = intrin
+        self.plans = {plan.end: plan for plan in plans}
+        self.added = {}  # the kernel's signature -> GlobalVar: one kernel for equal layers
+
+    def visit_var_binding_(self, binding):  # noqa: D401 - mutator hook
+        plan = self.plans.get(binding.var)
+        if plan is None:
+            super().visit_var_binding_(binding)
+            return
+        sig = (plan.shape, plan.scale, plan.safe, plan.out_axes,
+               *[(tuple(static_shape(op.source)), op.view, op.scale)
+                 for op in (plan.q, plan.kt, plan.v)])
+        if sig not in self.added:
+            name = f"{KERNEL_NAME}_{len(self.added)}"
+            # opaque: operator fusion must not merge the scheduled loop nest with neighbours
+            func = kernel(plan, self.intrin).with_attrs({"global_symbol": name, "op_pattern": 8})
+            self.added[sig] = self.builder_.add_func(func, name)
+        args = [self.builder_.emit(relax.op.reshape(self.visit_expr(op.source),
+                                                    [math.prod(static_shape(op.source))]))
+                for op in (plan.q, plan.kt, plan.v)]
+        logical = (plan.shape.batch, plan.shape.rows, plan.shape.v_depth)
+        out = self.builder_.emit(relax.call_tir(
+            self.added[sig], args,
+            relax.TensorType([logical[a] for a in plan.out_axes], "float32")))
+        value = self.builder_.normalize(relax.op.reshape(out, static_shape(binding.var)))
+        self.set_var_remap(binding.var, self.builder_.emit(value))
+
+
+def fuse_attention(mod: tvm.IRModule, target) -> tvm.IRModule:
+    """`mod` with every attention of the module note one fused kernel, where `target` has the
+    instruction for it (else `mod` unchanged)."""
+    intrin = instruction(target)
+    if intrin is None:
+        return mod
+    main = mod["main"]
+    bindings = dataflow_bindings(main)
+    g = _Graph({b.var: b for b in bindings}, uses(bindings, main),
+               {v: bs[0] for v, bs in readers(bindings).items()})
+    plans = [plan for b in bindings if (plan := attention_plan(g, b, mod)) is not None
+             and cpu_attention.fits(plan.shape, intrin.lanes, intrin.reduction_width)
+             and cpu_attention.worth_fusing(plan.shape)]
+    if not plans:
+        return mod
+    fused = rewrite_functions(mod, _FuseAttention(mod, intrin, plans))
+    return relax.transform.DeadCodeElimination()(fused)
