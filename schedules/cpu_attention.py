@@ -165,7 +165,9 @@ def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, s
         # two, and TVM's vectorizer then rejects the exp's Let bindings, copied into both.
         nan = tirx.const(math.nan, f32)
         special = tirx.Select(tirx.any(tirx.isnan(s), row_max[h, i] != neg_inf), nan, zero)
-        return te.if_then_else(j < n, tirx.Select(tirx.isnan(x), special, fastmath.exp(x)), zero)
+        # x <= 0, and E is rounded to bf16: the shorter exp (measured 6% of the kernel)
+        value = tirx.Select(tirx.isnan(x), special, fastmath.exp_nonpositive_bf16(x))
+        return te.if_then_else(j < n, value, zero)
 
     # float32 first, then rounded in a stage of its own: TVM's bf16 rounding reads its operand
     # twice, and a copy of the exp's Let bindings fails to vectorize
