@@ -75,8 +75,12 @@ def instruction(target):
     if target is None or not is_cpu(target):
         return None
     for intrin in intrinsics.for_target(target):
+        # the layout cpu_attention packs: the first operand a broadcast word of `width`, the
+        # second [lanes, width] (UNIT's Fig. 4a, as dot_semantics writes it)
+        shape = [(kind, ext) for _, ext, kind in intrin.loops]
         if (intrin.input_dtypes == ("bfloat16", "bfloat16") and intrin.output_dtype == "float32"
-                and intrin.broadcast_operand is not None and not intrin.lanewise):
+                and intrin.broadcast_operand == intrin.operands[0]
+                and shape == [("S", intrin.lanes), ("R", intrin.reduction_width)]):
             return intrin
     return None
 
