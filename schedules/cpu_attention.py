@@ -3,7 +3,7 @@ of query rows kept in cache between the two products.
 
 Computed as three matmul-shaped kernels (Q x K^T, softmax, P x V), Whisper-sized attention
 (6 heads x 1500 tokens) writes 54 MB of float32 scores, reads them back for the softmax, writes
-the probabilities and reads them again for P x V: 12.4 ms per layer on Zen 5 against 6.0 ms
+the probabilities and reads them again for P x V: 12.4 ms per layer on Zen 5 against 5.6 ms
 here (docs/RESULTS.md 2026-11-28). Per task (one head, `rows` query rows):
 
 - S = Q x K^T with a broadcast dot-product instruction on bf16 pairs (x86.vdpbf16ps): Q rows

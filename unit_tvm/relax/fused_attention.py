@@ -16,8 +16,8 @@ Like the bf16 attention matmuls (relax/views.py), the kernel reads each operand 
 producer left it: back through the view ops (reshape, permute_dims, strided_slice, squeeze,
 ...) that cut Q, K and V out of one projection, and through multiplies by a scalar constant
 (torch's SDPA scales Q and K by the square root of 1/sqrt(D) each), which join the kernel's
-scale; and it writes its result through the transposes and reshapes that merge the heads back.
-In BERT-base that is six copy kernels per layer fewer.
+scale; and it writes its result through the transposes and reshapes that merge the heads back
+(six copy kernels per layer fewer in Hugging Face's spelling of attention).
 
 Applied to attention whose scores outgrow the caches (cpu_attention.worth_fusing: Whisper's,
 ViT's, not BERT-base's at 128 tokens), where attention is computed in bf16 (quantize's
