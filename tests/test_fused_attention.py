@@ -219,3 +219,37 @@ def test_instruction_is_a_vector_bf16_dot_product():
     assert instruction(bf16).name == "x86.vdpbf16ps"
     assert instruction(tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})) is None
     assert instruction(tvm.target.Target({"kind": "cuda", "arch": "sm_80"})) is None
+
+
+class WideScale(nn.Module):
+    """K scaled by a constant of shape [1, 1, 1, 1] before its transpose: the multiply adds an
+    axis to 3-D heads, so the transpose after it counts one more axis than its input has."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(64, 192)
+        self.register_buffer("c", torch.full((1, 1, 1, 1), 0.25))
+
+    def forward(self, x):
+        q, k, v = (t.reshape(4, 16, 16) for t in self.qkv(x[0]).split(64, -1))
+        kt = (k * self.c).transpose(-1, -2)  # [1, 4, 16, 16], the last two axes swapped
+        att = torch.softmax(torch.matmul(q.reshape(1, 4, 16, 16), kt), -1)
+        return torch.matmul(att, v.reshape(1, 4, 16, 16)).transpose(1, 2).reshape(1, 16, 64)
+
+
+def test_scale_that_adds_axes_is_read_as_it_is(monkeypatch):
+    """Such a multiply is not folded into the kernel's scale (the views after it would be
+    composed over the wrong axes: the pass stopped with "cannot reshape"): the kernel reads its
+    result, and the model stays right."""
+    require_host("x86.vdpbf16ps")
+    monkeypatch.setattr(cpu_attention, "MIN_SCORES_BYTES", 0)
+    model = WideScale().eval()
+    zoo._randomize(model, 4)
+    x = torch.tensor(zoo.inputs((1, 16, 64), 1, seed=4)[0])
+    out = fuse_attention(inference_form(frontends.from_torch(model, [x])),
+                         unit_tvm.target.host())
+    assert _fused_kernels(out)
+    with torch.no_grad():
+        want = model(x).numpy()
+    got = _run(unit_tvm.compiler.build_relax(out, unit_tvm.target.host()), [x.numpy()])[0]
+    assert _cos(got, want) > 0.9999

@@ -110,17 +110,21 @@ def _under_batch_reshapes(g, expr):
 
 
 def _scalar_factor(call):
-    """(x, c) for x * c, c * x or x / c with a scalar constant c, else None."""
+    """(x, c) for x * c, c * x or x / c with a scalar constant c that keeps x's shape (a
+    constant of shape [1, 1, 1, 1] would add axes the views after it count), else None."""
     name = op_name(call)
     if name not in ("relax.multiply", "relax.divide") or len(call.args) != 2:
         return None
     a, b = call.args
     c = scalar_const(b)
     if c is not None and (name == "relax.multiply" or c != 0):
-        return a, c if name == "relax.multiply" else 1.0 / c
-    if name == "relax.multiply" and scalar_const(a) is not None:
-        return b, scalar_const(a)
-    return None
+        found = a, c if name == "relax.multiply" else 1.0 / c
+    elif name == "relax.multiply" and scalar_const(a) is not None:
+        found = b, scalar_const(a)
+    else:
+        return None
+    shape = static_shape(found[0])
+    return found if shape is not None and shape == static_shape(call) else None
 
 
 def _softmax_input(g, expr, mod):
