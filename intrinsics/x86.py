@@ -90,8 +90,10 @@ def _storage_ptr(buf, extent):
 
 def _vdpbf16ps_emit(bufs):
     a, b, d = bufs["a"], bufs["b"], bufs["d"]
+    # the float32 accumulator by address_of: TVM's StorageRewrite may fold its tile into a dead
+    # buffer of another dtype (a bf16 pack), after which a typed access_ptr fails to lower
     with T.attr(tirx.const(0, "int32"), "pragma_import_llvm", tvm.ir.expr.StringImm(_VDPBF16PS_IR)):
-        T.evaluate(tirx.call_extern("void", "unit_tvm_vdpbf16ps", d.access_ptr("rw"),
+        T.evaluate(tirx.call_extern("void", "unit_tvm_vdpbf16ps", tirx.address_of(d),
                                     _storage_ptr(a, 2), _storage_ptr(b, 32)))
 
 
