@@ -10,7 +10,7 @@ import pytest
 import torch
 import tvm
 from torch import nn
-from tvm import relax, te
+from tvm import te
 
 import unit_tvm
 from unit_tvm import frontends, intrinsics, lowering
@@ -22,7 +22,7 @@ from unit_tvm.testing import zoo
 
 from .conftest import require_host
 from .test_relax import _cos, _run
-from .test_views import SEEDS, DrawnHeads, SplitHeads
+from .test_views import SEEDS, DrawnHeads, SplitHeads, _ops
 
 
 def _bf16(a):
@@ -152,14 +152,7 @@ def _fused_kernels(mod):
 
 
 def _softmaxes(mod):
-    names = []
-
-    def visit(e):
-        if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op):
-            names.append(e.op.name)
-
-    relax.analysis.post_order_visit(mod["main"], visit)
-    return [n for n in names if "softmax" in n or n == "relax.matmul"]
+    return [n for n in _ops(mod) if "softmax" in n or n == "relax.matmul"]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
