@@ -22,7 +22,7 @@ from unit_tvm.testing import zoo
 
 from .conftest import require_host
 from .test_relax import _cos, _run
-from .test_views import SEEDS, DrawnHeads, SplitHeads, _ops
+from .test_views import SEEDS, SplitHeads, _ops, drawn_attention
 
 
 def _bf16(a):
@@ -164,12 +164,7 @@ def test_drawn_spellings_fused_equal_fp32_attention(seed, monkeypatch):
     off: at 16 tokens separate kernels are the faster choice.)"""
     require_host("x86.vdpbf16ps")
     monkeypatch.setattr(cpu_attention, "MIN_SCORES_BYTES", 0)
-    model = DrawnHeads(seed)
-    zoo._randomize(model, seed)
-    model.eval()
-    shape = (1 + seed % 2, 16, 48)
-    cal, xs = zoo.inputs(shape, 2, seed=1), zoo.inputs(shape, 2, seed=2)
-    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    mod, cal, xs = drawn_attention(seed)
     host = unit_tvm.target.host()
     qmod = quantize(mod, calibration_data=cal, attention="bf16")
     assert len(_fused_kernels(qmod)) == 1 and not _softmaxes(qmod), _softmaxes(qmod)

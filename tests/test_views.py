@@ -241,18 +241,24 @@ class DrawnHeads(nn.Module):
 SEEDS = (0, 2, 4, 7, 9, 11)  # every spelling option drawn at least once, batch 1 and 2
 
 
+def drawn_attention(seed):
+    """DrawnHeads(seed) with random weights (batch 1 or 2, 16 tokens): its Relax module, two
+    calibration inputs and two test inputs."""
+    model = DrawnHeads(seed)
+    zoo._randomize(model, seed)
+    model.eval()
+    shape = (1 + seed % 2, 16, 48)
+    cal, xs = zoo.inputs(shape, 2, seed=1), zoo.inputs(shape, 2, seed=2)
+    return frontends.from_torch(model, [torch.tensor(xs[0])]), cal, xs
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_bf16_attention_in_drawn_spellings_equals_fp32_attention(seed):
     """Attention spelled six drawn ways (batch 1 or 2): wherever quantize folds the layout ops
     into the bf16 matmuls or leaves them, TVM's plain build of the module is as close to the
     fp32-attention module as bf16 rounding allows (a head or token read from the wrong place
     would not be), and the tensorized build equals the plain one."""
-    model = DrawnHeads(seed)
-    zoo._randomize(model, seed)
-    model.eval()
-    shape = (1 + seed % 2, 16, 48)
-    cal, xs = zoo.inputs(shape, 2, seed=1), zoo.inputs(shape, 2, seed=2)
-    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    mod, cal, xs = drawn_attention(seed)
     qmod = quantize(mod, calibration_data=cal, attention="bf16")
     host = unit_tvm.target.host()
     fp32 = _run(tvm.compile(quantize(mod, calibration_data=cal, attention="fp32"), target=host),
