@@ -31,8 +31,8 @@ from tvm import s_tir, te, tirx
 from .. import fastmath
 
 # Accumulators of the two products' register tiles: 4 rows x 4 blocks of 16 lanes (measured
-# on Zen 5 at Whisper's size: 4 x 4, 5 x 3, 5 x 4 and 4 rows x 2 blocks for P x V within 2%;
-# 6 x 4 spilled, 24 accumulators stored after every instruction)
+# on Zen 5 at Whisper's size: 4 x 4, 5 x 3 and 5 x 4, and 4, 5 or 6 rows x 4 blocks for E x V,
+# within 2%; 4 rows x 6 blocks of keys, 24 accumulators, were stored after every instruction)
 ROW_TILE = 4
 # blocks of keys per S register tile: the most whose padded key count stays within
 # KEY_PADDING of the least padded one (Whisper's 1500 keys: 4 blocks, 1536 keys, 6.0 ms; 2
