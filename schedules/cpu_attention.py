@@ -29,6 +29,7 @@ from typing import Callable, NamedTuple
 from tvm import s_tir, te, tirx
 
 from .. import fastmath
+from .cpu_stages import vectorize_partials
 
 # Accumulators of the two products' register tiles: 4 rows x 4 blocks of 16 lanes (measured
 # on Zen 5 at Whisper's size: 4 x 4, 5 x 3 and 5 x 4, and 4, 5 or 6 rows x 4 blocks for E x V,
@@ -211,16 +212,6 @@ def _partial_sums(sch, block, lanes):
     return sch.rfactor(lane, factor_axis=len(sch.get(block).iter_vars) - 1)
 
 
-def _vectorize_partials(sch, rf):
-    """An rfactor block computed at a row: compute_at lays its loops out in its iteration
-    order, [lanes (data parallel), steps (reduction)]; the lanes go innermost, vectorised, the
-    init before the steps."""
-    lanes, steps = sch.get_loops(rf)[-2:]
-    sch.reorder(steps, lanes)
-    sch.vectorize(lanes)
-    sch.decompose_reduction(rf, steps)
-
-
 def _register_tiled(sch, block, tile_rows, tile_cols, lanes, width, cols_first):
     """The product `block` ([rows, cols, reduction] innermost loops) as register tiles of
     tile_rows x tile_cols blocks of `lanes` columns around the instruction's (lanes, width)
@@ -256,7 +247,7 @@ def _softmax_by_rows(sch, partial, lanes):
     sch.reverse_compute_at(partial["row_sum"], row, preserve_unit_loops=False)
     sch.reverse_compute_at(sch.get_sblock("row_sum"), row, preserve_unit_loops=False)
     for rf in partial.values():
-        _vectorize_partials(sch, rf)
+        vectorize_partials(sch, rf)
     for block in (exps, probs):
         sch.vectorize(sch.split(sch.get_loops(block)[-1], [None, lanes])[1])
 

@@ -1,6 +1,7 @@
 """The stages of a prepared graph around its core on a CPU: producers (packs, pads, shifts,
 compensation) inlined where nothing else reads them, or run once in parallel with their channel
-vectors copied whole; padding loops marked for TVM's LoopPartition."""
+vectors copied whole; padding loops marked for TVM's LoopPartition; row reductions as vectors of
+partial results."""
 
 import tvm
 from tvm import s_tir, tirx
@@ -120,3 +121,13 @@ def inline_copy_stages(sch, prepared, intrin):
                 continue
             changed = True
             break
+
+
+def vectorize_partials(sch, rf):
+    """An rfactor block (a row reduction's vector of partial results) computed at its row:
+    compute_at lays its loops out in its iteration order, [lanes (data parallel), steps
+    (reduction)]; the lanes go innermost, vectorised, the init before the steps."""
+    lanes, steps = sch.get_loops(rf)[-2:]
+    sch.reorder(steps, lanes)
+    sch.vectorize(lanes)
+    sch.decompose_reduction(rf, steps)

@@ -14,6 +14,8 @@ import math
 import tvm
 from tvm import s_tir
 
+from ..schedules.cpu_stages import vectorize_partials
+
 
 def row_fused(func, widths, min_rows, vectorize) -> "tvm.tirx.PrimFunc | None":
     """`func` scheduled row by row (see the module note), or None when it is not a row-wise
@@ -36,7 +38,7 @@ def row_fused(func, widths, min_rows, vectorize) -> "tvm.tirx.PrimFunc | None":
             sch.compute_at(block, row, preserve_unit_loops=False)
         for block in [*stages, blocks[-1]]:
             if any(s is not None and s.same_as(block) for s in partials):
-                _vectorize_partials(sch, block)
+                vectorize_partials(sch, block)
             elif all(iv.iter_type == 0 for iv in sch.get(block).iter_vars):
                 loops = sch.get_loops(block)  # the row loop, then the stage's own (if any:
                 loop = loops[-1]  # compute_at drops an extent-1 one)
@@ -96,12 +98,3 @@ def _at_own_row(region, ivs, n_rows):
     return len(region.region) >= n_rows and all(
         isinstance(r.min, tvm.tirx.Var) and r.min.same_as(iv.var) and int(r.extent) == 1
         for r, iv in zip(region.region[:n_rows], ivs[:n_rows]))
-
-
-def _vectorize_partials(sch, rf):
-    """An rfactor block inside the row loop, [lanes (data parallel), steps (reduction)]: the
-    lanes innermost and vectorised, the init before the steps."""
-    lanes, steps = sch.get_loops(rf)[-2:]
-    sch.reorder(steps, lanes)
-    sch.vectorize(lanes)
-    sch.decompose_reduction(rf, steps)
