@@ -35,10 +35,10 @@ from tvm import relax, te, tirx
 from .. import intrinsics
 from ..schedules import cpu_attention
 from ..target import is_cpu
-from .graph import (dataflow_bindings, op_name, readers, rewrite_functions, scalar_const,
-                    static_shape, uses)
+from .graph import (bound_call, dataflow_bindings, op_name, readers, rewrite_functions,
+                    scalar_const, static_shape, uses)
 from .safe_softmax import SAFE_SOFTMAX_ATTR
-from .views import VIEW_OPS, StridedView, apply, result_layout
+from .views import VIEW_OPS, StridedView, composed, result_layout
 
 KERNEL_NAME = "unit_attention"
 # {"instruction", "macs", "label"} of the kernel, for `unit-tvm profile`
@@ -90,13 +90,17 @@ class _Graph(NamedTuple):
     uses: dict  # Var -> number of reads
     users: dict  # Var -> its first reader's binding
 
-    def call(self, var, name=None):
-        """The call `var` is bound to (of op `name` if given), or None."""
+    def lookup(self, var):
+        """The value `var` is bound to, or None."""
         b = self.by_var.get(var) if isinstance(var, relax.Var) else None
-        value = b.value if b is not None else None
-        if not isinstance(value, relax.Call) or (name and op_name(value) != name):
-            return None
-        return value
+        return b.value if b is not None else None
+
+    def call(self, expr, name=None):
+        """The call `expr` is bound to (of op `name` if given: graph.bound_call), or None."""
+        if name:
+            return bound_call(expr, self.lookup, name) if isinstance(expr, relax.Var) else None
+        value = self.lookup(expr)
+        return value if isinstance(value, relax.Call) else None
 
 
 def _under_batch_reshapes(g, expr):
@@ -162,9 +166,7 @@ def _operand(g, var, logical) -> Operand:
             break
         if not isinstance(cur, relax.Var) or static_shape(cur) is None:
             break
-        view = StridedView.contiguous(static_shape(cur))
-        for op in reversed(ops):
-            view = apply(view, op) if view is not None else None
+        view = composed(static_shape(cur), ops)
         view = view.reshape(logical) if view is not None else None
         if view is not None:
             best = Operand(cur, view, scale)

@@ -200,6 +200,17 @@ def _inverse(view, call):
     return None
 
 
+def composed(shape, ops) -> "StridedView | None":
+    """The view of the last result of `ops` (view ops, last first, each reading the one after
+    it; the last of them reads a tensor of `shape`), or None where one is not a view."""
+    view = StridedView.contiguous(shape)
+    for op in reversed(ops):
+        view = apply(view, op)
+        if view is None:
+            return None
+    return view
+
+
 class OperandView(NamedTuple):
     """A bmm operand read from `source` (a variable whose value survives the rewrite)."""
 
@@ -218,11 +229,7 @@ def operand_view(var, by_var, readable) -> "OperandView | None":
         if not isinstance(src, relax.Var) or not readable(src) or static_shape(src) is None:
             break
         ops.append(call)
-        view = StridedView.contiguous(static_shape(src))
-        for op in reversed(ops):
-            view = apply(view, op)
-            if view is None:
-                break
+        view = composed(static_shape(src), ops)
         if view is None:
             break
         best, cur = OperandView(src, view), src
