@@ -19,7 +19,7 @@ last axis (a rank-2 or rank-3 operand), none for a scalar or a row over time.
 import tvm
 from tvm import relax
 
-from .graph import op_name, rewrite_functions
+from .graph import bound_call, op_name, rewrite_functions
 
 HEIGHT = 2  # the axis a lifted NCW value gains: NC1W
 
@@ -58,8 +58,8 @@ class Conv1dAsConv2d(relax.PyExprMutator):
 
     def _lifted_form(self, expr):
         """The 4-D variable a 3-D value is the squeeze of, or None."""
-        bound = self.lookup_binding(expr) if isinstance(expr, relax.Var) else None
-        if op_name(bound) == "relax.squeeze" and bound.args[0] in self.lifted:
+        bound = bound_call(expr, self.lookup_binding, "relax.squeeze")
+        if bound is not None and isinstance(expr, relax.Var) and bound.args[0] in self.lifted:
             return bound.args[0]
         return None
 
