@@ -29,6 +29,7 @@ from typing import Callable, NamedTuple
 from tvm import s_tir, te, tirx
 
 from .. import fastmath
+from .cpu_attention_int8 import attention_int8_te
 from .cpu_stages import vectorize_partials
 
 # Accumulators of the two products' register tiles: 4 rows x 4 blocks of 16 lanes (measured
@@ -128,14 +129,25 @@ class Operands(NamedTuple):
 def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, scale: float,
                  safe: bool, lanes: int, width: int, dtype: str, out_axes=None):
     """The stages of the module note as te.computes over the operands `read` gives (of `shape`,
-    the batch flattened); returns the output, [batch, rows, v_depth] with its axes in
-    `out_axes` order (None: as they are)."""
+    the batch flattened), the products' operands of `dtype`: "bfloat16", or "uint8" for the
+    int8 stages (cpu_attention_int8.py; `safe` does not matter there: no score is -inf);
+    returns the output, [batch, rows, v_depth] with its axes in `out_axes` order (None: as
+    they are)."""
+    if dtype == "uint8":
+        out = attention_int8_te(read, shape, tiles, scale, lanes, width)
+    else:
+        out = _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype)
+    return _laid_out(out, shape, tiles, out_axes)
+
+
+def _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype):
+    """The bf16 stages of the module note; returns the normalised result ("attention")."""
     b, n, np_ = shape.batch, shape.keys, tiles.keys_padded
     f32, zero = "float32", tirx.const(0.0, "float32")
     neg_inf = tirx.const(-math.inf, f32)
     last = shape.rows - 1
     qb = te.compute((b, tiles.rows_padded, shape.depth),
-                    lambda h, i, d: read.q(h, te.min(i, last), d).astype(dtype), name="q_pairs")
+                    lambda h, i, d: read.q(h, te.min(i, last), d).astype(dtype), name="q_rows")
 
     def key(j):  # a padded key reads the last one (and is masked)
         return te.min(j, n - 1)
@@ -191,7 +203,12 @@ def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, s
             return tirx.Select(tirx.any(t > zero, tirx.isnan(t)), value, zero)
         return value
 
-    out = te.compute((b, tiles.rows_padded, shape.v_depth), normalised, name="attention")
+    return te.compute((b, tiles.rows_padded, shape.v_depth), normalised, name="attention")
+
+
+def _laid_out(out, shape, tiles, out_axes):
+    """The normalised result `out` without its padded rows, its axes in `out_axes` order."""
+    b = shape.batch
     axes = tuple(out_axes) if out_axes is not None else (0, 1, 2)
     if tiles.rows_padded == shape.rows and axes == (0, 1, 2):
         return out
@@ -236,6 +253,19 @@ def _parallel_pack(sch, name):
     sch.parallel(sch.fuse(loops[0], loops[1]))
 
 
+def _int8_preludes(sch, lanes):
+    """The int8 stages' passes over whole heads (cpu_attention_int8.py): each operand's |max|
+    as vectors of partial results, heads in parallel, and K's sums per key."""
+    for name in ("q_amax", "k_amax", "v_amax"):
+        _, lane = sch.split(sch.get_loops(sch.get_sblock(name))[-1], [None, lanes])
+        rf = sch.rfactor(lane, factor_axis=1)
+        loops = sch.get_loops(rf)
+        sch.parallel(loops[0])
+        sch.vectorize(loops[-1])
+        sch.decompose_reduction(rf, loops[1])
+    sch.parallel(sch.get_loops(sch.get_sblock("k_sums"))[0])
+
+
 def _softmax_by_rows(sch, partial, lanes):
     """The softmax row by row inside the task: its reductions and exps while the row is in
     L1, vectorised."""
@@ -257,8 +287,10 @@ def schedule(func, tiles: AttentionTiles, intrin, lanes: int) -> tirx.PrimFunc:
     tensorized with `intrin` (an Intrinsic of `lanes` x pairs)."""
     sch = s_tir.Schedule(func)
     width = intrin.reduction_width
-    for name in ("q_pairs", "k_blocks", "v_blocks"):
+    for name in ("q_rows", "k_blocks", "v_blocks"):
         _parallel_pack(sch, name)
+    if _has(sch, "k_sums"):  # the int8 stages: per-head scales and K's sums, before the tasks
+        _int8_preludes(sch, lanes)
     partial = {name: _partial_sums(sch, sch.get_sblock(name), lanes)
                for name in ("row_max", "row_sum")}
     final = sch.get_sblock("attention")

@@ -42,8 +42,8 @@ def _reference(q, kt, v, scale, safe=True):
         return np.where(dead, 0.0 if safe else np.nan, out)
 
 
-def _build(shape, scale, safe, out_axes=None):
-    intrin = intrinsics.get("x86.vdpbf16ps")
+def _build(shape, scale, safe, out_axes=None, instruction_name="x86.vdpbf16ps"):
+    intrin = intrinsics.get(instruction_name)
     lanes = intrin.lanes
     tiles = cpu_attention.tiles_for(shape, lanes)
     b, m, d, n, dv = shape
@@ -52,7 +52,7 @@ def _build(shape, scale, safe, out_axes=None):
     read = cpu_attention.Operands(lambda h, i, c: q[h, i, c], lambda h, c, j: kt[h, c, j],
                                   lambda h, j, c: v[h, j, c])
     out = cpu_attention.attention_te(read, shape, tiles, scale, safe, lanes,
-                                     intrin.reduction_width, "bfloat16", out_axes)
+                                     intrin.reduction_width, intrin.input_dtypes[0], out_axes)
     func = cpu_attention.schedule(te.create_prim_func([q, kt, v, out]), tiles, intrin, lanes)
     return lowering.build(tvm.IRModule({"main": func}), unit_tvm.target.host())
 

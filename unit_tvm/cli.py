@@ -276,6 +276,7 @@ def _add_model_commands(sub):
                    "graph) and TVM's own GPU build")
     p.add_argument("--bf16", action="store_true",
                    help="also unit-tvm bf16 (quantize dtype=bfloat16) and PyTorch bf16 (autocast)")
+    _attention_arg(p, "unit-tvm int8: ")
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
     add_rpc_arguments(p)

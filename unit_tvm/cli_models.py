@@ -39,6 +39,8 @@ def cmd_bench_model(args):
                    "trials": args.trials, "tune": not args.no_tune}
         if args.batch != 1:  # (a fleet server of an older unit-tvm knows no batch)
             options["batch"] = args.batch
+        if args.attention:
+            options["attention"] = args.attention
         if runner is None:
             results.append(model.run_model(name, engines=engines, log=log,
                                            database=args.database, **options))

@@ -104,6 +104,16 @@ def exp_nonpositive_bf16(x):
         xe < _c(-87.0), _c(0.0), _exp_clamped(xe, _EXP_POLY_BF16)))
 
 
+def rounded_to_uint8(t):
+    """float32 t rounded to nearest (ties to even, the FPU's mode) and clipped to [0, 255], as
+    uint8: a max at 0, llvm.lrint (one convert: vcvtps2dq, frintx + fcvtzs) and an unsigned min
+    at 255 that LLVM folds into the narrowing store (vpmovusdb). Above 2^31 lrint gives INT_MIN
+    (x86) or saturates (ARM), which the unsigned min maps to 255; NaN becomes 0."""
+    t = tirx.max(t, tirx.const(0.0, "float32"))
+    rounded = tirx.call_llvm_pure_intrin("int32", "llvm.lrint", t).astype("uint32")
+    return tirx.min(rounded, tirx.const(255, "uint32")).astype("uint8")
+
+
 def erf(x):
     """erf(x) for a float32 PrimExpr (odd, rational on the clamped argument)."""
     return _let("xe", _clamp(x, -_ERF_CLAMP, _ERF_CLAMP), lambda xe: _let(

@@ -57,7 +57,8 @@ def unit_tvm_int8(case: ModelCase) -> Engine:
     watch = Stopwatch()
     target = _target(case)
     mod = relax_module(case)
-    qmod = quantize(mod, calibration_data=calibration(case, mod), target=target)
+    qmod = quantize(mod, calibration_data=calibration(case, mod), target=target,
+                    attention=case.options.get("attention"))
     return _unit_tvm(case, qmod, "unit-tvm int8", "int8", watch)
 
 

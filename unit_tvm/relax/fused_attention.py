@@ -20,10 +20,11 @@ scale; and it writes its result through the transposes and reshapes that merge t
 (six copy kernels per layer fewer in Hugging Face's spelling of attention).
 
 Applied to attention whose scores outgrow the caches (cpu_attention.worth_fusing: Whisper's,
-ViT's, not BERT-base's at 128 tokens), where attention is computed in bf16 (quantize's
-`attention="bf16"`, the default on CPUs with a bf16 dot product) and the target has a broadcast
-bf16 dot-product instruction: the kernel's products round their operands to bf16 as the bf16
-attention matmuls do.
+ViT's, not BERT-base's at 128 tokens), where the target has a broadcast dot-product instruction
+for the precision quantize's `attention` asks: "bf16" (the default on CPUs with a bf16 dot
+product; the kernel's products round their operands to bf16 as the bf16 attention matmuls do)
+or "int8" (u8 x s8 products with per-head scales taken at run time:
+schedules/cpu_attention_int8.py).
 """
 
 import math
@@ -69,16 +70,25 @@ class AttentionPlan(NamedTuple):
     out_axes: tuple
 
 
-def instruction(target):
-    """The Intrinsic the fused kernel runs on `target` (a vector dot product of bf16 pairs into
-    float32 lanes, one operand broadcast), or None."""
+# the products' operand and accumulator types per precision of the fused kernel
+PRODUCT_TYPES = {"bf16": (("bfloat16", "bfloat16"), "float32"),
+                 "int8": (("uint8", "int8"), "int32")}
+
+
+def instruction(target, precision="bf16"):
+    """The Intrinsic the fused kernel runs on `target` in `precision` ("bf16": a vector dot
+    product of bf16 pairs into float32 lanes; "int8": of u8 x s8 words into int32 lanes; one
+    operand broadcast), or None."""
     if target is None or not is_cpu(target):
         return None
+    inputs, output = PRODUCT_TYPES[precision]
     for intrin in intrinsics.for_target(target):
         # the layout cpu_attention packs: the first operand a broadcast word of `width`, the
         # second [lanes, width] (UNIT's Fig. 4a, as dot_semantics writes it)
+        # ... and exact on every value of its operand types (vpmaddubsw saturates u8 >= 128)
         shape = [(kind, ext) for _, ext, kind in intrin.loops]
-        if (intrin.input_dtypes == ("bfloat16", "bfloat16") and intrin.output_dtype == "float32"
+        if (intrin.input_dtypes == inputs and intrin.output_dtype == output
+                and not intrin.operand_ranges
                 and intrin.broadcast_operand == intrin.operands[0]
                 and shape == [("S", intrin.lanes), ("R", intrin.reduction_width)]):
             return intrin
@@ -278,10 +288,11 @@ class _FuseAttention(relax.PyExprMutator):
         self.set_var_remap(binding.var, self.builder_.emit(value))
 
 
-def fuse_attention(mod: tvm.IRModule, target) -> tvm.IRModule:
-    """`mod` with every attention of the module note one fused kernel, where `target` has the
-    instruction for it (else `mod` unchanged)."""
-    intrin = instruction(target)
+def fuse_attention(mod: tvm.IRModule, target, precision="bf16") -> tvm.IRModule:
+    """`mod` with every attention of the module note one fused kernel computing its products
+    in `precision` ("bf16" or "int8"), where `target` has the instruction for it (else `mod`
+    unchanged)."""
+    intrin = instruction(target, precision)
     if intrin is None:
         return mod
     main = mod["main"]

@@ -16,15 +16,10 @@ def quantize_value(x, scale, zp):
     """fp32 -> uint8: x / scale + zp rounded to nearest (ties to even, the FPU's mode), clipped
     to [0, 255]. Multiplies by 1/scale (a vector divide costs ~10x a multiply); results can
     differ from round(x / scale) + zp by one step only where x / scale lies within an ulp of a
-    rounding tie. Spelled so that LLVM emits few instructions per vector (an epilogue of a
-    short reduction is bound by them): one fma, a max at 0, llvm.lrint (one convert: vcvtps2dq,
-    frintx + fcvtzs) and an unsigned min at 255 folded into the narrowing store (vpmovusdb).
-    Out-of-range values still clip correctly: lrint gives INT_MIN (x86) or saturates (ARM) above
-    2^31, which the unsigned min maps to 255; NaN becomes 0."""
-    t = x * tirx.const(1.0 / scale, "float32") + tirx.const(float(zp), "float32")
-    t = tirx.max(t, tirx.const(0.0, "float32"))
-    rounded = tirx.call_llvm_pure_intrin("int32", "llvm.lrint", t).astype("uint32")
-    return tirx.min(rounded, tirx.const(255, "uint32")).astype("uint8")
+    rounding tie. One fma, then fastmath.rounded_to_uint8 (few instructions per vector: an
+    epilogue of a short reduction is bound by them); out-of-range values clip, NaN becomes 0."""
+    return fastmath.rounded_to_uint8(x * tirx.const(1.0 / scale, "float32")
+                                     + tirx.const(float(zp), "float32"))
 
 
 def round_to_bf16(v):

@@ -166,8 +166,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     mod = inference_form(mod)
-    if attention == "bf16":  # one fused bf16 kernel per attention where the CPU has one
-        mod = fuse_attention(mod, target)
+    if attention == "bf16" or (attention == "int8" and dtype == "int8"):
+        mod = fuse_attention(mod, target, attention)  # one kernel per long attention
     if dtype == "int8":  # a QDQ model's pairs: its own activation scales (relax/qdq.py)
         mod, model_scales = fake_quantization(mod)
     else:

@@ -1,0 +1,150 @@
+"""The int8 fused attention (schedules/cpu_attention_int8.py, quantize's attention="int8"):
+the kernel against a numpy model of its arithmetic, against float attention, with special
+values, and in a model."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import tvm
+
+import unit_tvm
+from unit_tvm import frontends
+from unit_tvm.relax import quantize
+from unit_tvm.relax.fused_attention import instruction
+from unit_tvm.schedules import cpu_attention
+from unit_tvm.testing import zoo
+
+from .conftest import require_host
+from .test_fused_attention import (LongAttention, _build, _call, _drawn_shapes, _fused_kernels,
+                                   _softmaxes)
+from .test_relax import _cos, _run
+
+VPDPBUSD = "x86.vpdpbusd"
+
+
+def _codes(x, inverse, zero_point):
+    """The kernel's quantization: x * inverse + zero_point rounded half to even and clipped
+    to [0, 255]; NaN to code 0."""
+    with np.errstate(invalid="ignore"):
+        c = np.clip(np.rint(x * inverse + zero_point), 0, 255)
+    return np.where(np.isnan(c), 0, c)
+
+
+def _head_ranges(x, axes):
+    with np.errstate(invalid="ignore"):
+        finite = np.where(np.isfinite(x), np.abs(x), 0)
+    return np.maximum(finite.max(axis=axes, keepdims=True), 1e-30)
+
+
+def _reference(q, kt, v, scale):
+    """The kernel's arithmetic in float64: per-head ranges of the finite values, Q as u8 around
+    128, K and V as s8, integer products, exps rounded to codes of 1/255, the sum of those
+    codes as the normaliser."""
+    q, kt, v = (np.asarray(a, np.float32).astype(np.float64) for a in (q, kt, v))
+    rq, rk, rv = (_head_ranges(a, (1, 2)) for a in (q, kt, v))
+    qc = _codes(q, np.float32(127.0) / rq.astype(np.float32), 128) - 128
+    kc = _codes(kt, np.float32(127.0) / rk.astype(np.float32), 128) - 128
+    vc = _codes(v, np.float32(127.0) / rv.astype(np.float32), 128) - 128
+    s = (qc @ kc) * (rq * rk / 127.0 / 127.0 * scale)
+    p = np.rint(np.exp(s - s.max(-1, keepdims=True)) * 255.0)
+    return (p @ vc) * (rv / 127.0) / p.sum(-1, keepdims=True)
+
+
+def _check(got, want, v):
+    # an exp at a code's rounding boundary may round to the next code (the kernel's exp is
+    # good to bf16's precision): a few codes of 1/255 of a row's weight, times |V|
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-2 * np.abs(v).max())
+    assert _cos(got, want) > 0.9999
+
+
+@pytest.mark.parametrize("out_axes", [None, (1, 0, 2)])
+def test_kernel_equals_its_int8_arithmetic_and_stays_close_to_float(out_axes):
+    """Whisper-like blocks and a padded shape (61 rows, 37 keys): the kernel equals the numpy
+    model of its arithmetic (an index off by one row, key or head would be far outside the
+    tolerance) and float64 attention to a cosine of 0.999."""
+    require_host(VPDPBUSD)
+    for shape in [(2, 64, 64, 64, 64), (3, 61, 32, 37, 16)]:
+        shape = cpu_attention.AttentionShape(*shape)
+        b, m, d, n, dv = shape
+        rng = np.random.default_rng(sum(shape))
+        q, kt, v = (rng.standard_normal(s) for s in ((b, m, d), (b, d, n), (b, n, dv)))
+        scale = 1 / math.sqrt(d)
+        axes = out_axes or (0, 1, 2)
+        want = _reference(q, kt, v, scale)
+        got = _call(_build(shape, scale, True, out_axes, VPDPBUSD), (q, kt, v),
+                    [want.shape[a] for a in axes]).transpose(np.argsort(axes))
+        _check(got, want, v)
+        exact = torch.softmax(torch.tensor(q @ kt * scale), -1).numpy() @ v
+        assert _cos(got, exact) > 0.999
+
+
+def test_drawn_shapes_equal_their_int8_arithmetic():
+    """Eight drawn shapes (heads, rows, depths and keys of every residue the instruction's
+    words allow, the result permuted or not) against the numpy model."""
+    require_host(VPDPBUSD)
+    intrin = unit_tvm.intrinsics.get(VPDPBUSD)
+    drawn = [(s, a) for s, a, _ in _drawn_shapes(11, 24)
+             if cpu_attention.fits(s, intrin.lanes, intrin.reduction_width)][:8]
+    assert len(drawn) == 8
+    for n, (shape, axes) in enumerate(drawn):
+        b, m, d, keys, dv = shape
+        rng = np.random.default_rng(n)
+        q, kt, v = (rng.standard_normal(s) for s in ((b, m, d), (b, d, keys), (b, keys, dv)))
+        want = _reference(q, kt, v, 1 / math.sqrt(d))
+        order = axes or (0, 1, 2)
+        got = _call(_build(shape, 1 / math.sqrt(d), True, axes, VPDPBUSD), (q, kt, v),
+                    [want.shape[a] for a in order]).transpose(np.argsort(order))
+        _check(got, want, v)
+
+
+def test_special_values_are_quantized_as_int8_ops_quantize_them():
+    """NaN and infinite inputs follow int8 quantization (NaN to code 0, infinities clipped to
+    the ends), and the head's scale counts only its finite values: every result is finite and
+    equals the numpy model; a head without special values is untouched by another's."""
+    require_host(VPDPBUSD)
+    shape = cpu_attention.AttentionShape(2, 8, 16, 24, 16)
+    rng = np.random.default_rng(5)
+    q, kt, v = (rng.standard_normal(s) for s in ((2, 8, 16), (2, 16, 24), (2, 24, 16)))
+    q[1, 2, 3], q[1, 5, 0], kt[1, 4, 7], v[1, 3, 2] = np.nan, np.inf, -np.inf, np.nan
+    got = _call(_build(shape, 0.25, True, None, VPDPBUSD), (q, kt, v), (2, 8, 16))
+    assert np.isfinite(got).all()
+    want = _reference(q, kt, v, 0.25)
+    _check(got, want, np.nan_to_num(v, posinf=0, neginf=0))
+    clean = [a.copy() for a in (q, kt, v)]
+    for a in clean:
+        a[1] = 1.0
+    np.testing.assert_array_equal(
+        _call(_build(shape, 0.25, True, None, VPDPBUSD), clean, (2, 8, 16))[0], got[0])
+
+
+def test_int8_attention_in_a_model():
+    """quantize(attention="int8") fuses SDPA at 256 tokens into one kernel on vpdpbusd (no
+    softmax or matmul left) and the model stays within int8 rounding of torch's."""
+    require_host(VPDPBUSD)
+    assert instruction(unit_tvm.target.host(), "int8").name == VPDPBUSD
+    model = LongAttention(256).eval()
+    zoo._randomize(model, 3)
+    cal = zoo.inputs((1, 256, 64), 2, seed=1)
+    x = zoo.inputs((1, 256, 64), 1, seed=3)[0]
+    mod = frontends.from_torch(model, [torch.tensor(x)])
+    qmod = quantize(mod, calibration_data=cal, attention="int8")
+    kernels = _fused_kernels(qmod)
+    assert len(kernels) == 1 and not _softmaxes(qmod), _softmaxes(qmod)
+    info = qmod[kernels[0]].attrs["unit_tvm.kernel_info"]
+    assert str(info["instruction"]) == VPDPBUSD
+    with torch.no_grad():
+        want = model(torch.tensor(x)).numpy()
+    got = _run(unit_tvm.compiler.build_relax(qmod, unit_tvm.target.host()), [x])[0]
+    assert _cos(got, want) > 0.999
+
+
+def test_int8_attention_needs_the_instruction():
+    """No exact u8 x s8 dot product (AVX512 without VNNI has only vpmaddubsw, which saturates
+    for u8 >= 128: Q's and P's codes reach 255), or a GPU target: no int8 kernel."""
+    assert instruction(tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"}),
+                       "int8") is None
+    assert instruction(tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"}),
+                       "int8").name == VPDPBUSD
+    assert instruction(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}), "int8") is None
