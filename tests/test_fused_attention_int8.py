@@ -148,3 +148,23 @@ def test_int8_attention_needs_the_instruction():
     assert instruction(tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"}),
                        "int8").name == VPDPBUSD
     assert instruction(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}), "int8") is None
+
+
+def test_long_attention_defaults_to_int8_where_the_cpu_has_vnni():
+    """quantize's default: long attention in int8 in an int8 model where the target has an
+    exact u8 x s8 dot product (its other attention matmuls as default_attention), as
+    default_attention in a bf16 model or without one."""
+    from unit_tvm.relax.quantize import default_attention, default_fused_attention
+
+    vnni = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"})
+    plain = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    assert default_fused_attention(vnni) == "int8"
+    assert default_fused_attention(vnni, "bfloat16") == default_attention(vnni) == "fp32"
+    assert default_fused_attention(plain) == "fp32"
+    require_host(VPDPBUSD)
+    model = LongAttention(256).eval()
+    x = zoo.inputs((1, 256, 64), 1, seed=3)[0]
+    qmod = quantize(frontends.from_torch(model, [torch.tensor(x)]),
+                    calibration_data=zoo.inputs((1, 256, 64), 1, seed=1))
+    info = qmod[_fused_kernels(qmod)[0]].attrs["unit_tvm.kernel_info"]
+    assert str(info["instruction"]) == VPDPBUSD

@@ -183,6 +183,7 @@ def _cmd_fuzz(args):
 def _attention_arg(p, prefix=""):
     p.add_argument("--attention", choices=ATTENTION,
                    help=prefix + "how attention's activation x activation matmuls run (default: "
+                   "long attention fused in int8 where the CPU has VNNI, the other matmuls in "
                    "bf16 where the target has a bf16 dot product, else fp32)")
 
 

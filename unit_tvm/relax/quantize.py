@@ -22,7 +22,9 @@ instruction, other grouped ones on TVM's plain loop nest), so the activations ar
 uint8. Activation x activation matmuls (attention) follow `attention`: fp32; int8 where their
 int8 product stays within qbmm.MIN_COSINE of the fp32 one on the calibration inputs
 (relax/qbmm.py); or bf16 (both operands rounded to bf16 in the kernel, float32 sums), which
-UnitTensorize runs on a bf16 dot-product instruction. Pooling and softmax stay fp32.
+UnitTensorize runs on a bf16 dot-product instruction. Attention long enough to outgrow the
+caches becomes one fused kernel (relax/fused_attention.py), by default in int8 where the CPU
+has the instruction. Pooling and softmax stay fp32.
 
 dtype="bfloat16" prepares the model for bf16 dot products (x86.vdpbf16ps): the same ops and
 fused epilogues, with weights rounded to bf16 after folding, activations rounded to bf16 inside
@@ -44,6 +46,7 @@ from . import qbmm, u8_values, views
 from .chains import epilogue_fields, find_chains
 from .frontend_fixes import clamps_as_clips, frontend_fixes
 from .fused_attention import fuse_attention
+from .fused_attention import instruction as fused_instruction
 from .graph import dataflow_bindings
 from .graph import uses as count_uses
 from .qdq import fake_quantization
@@ -152,9 +155,12 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     "unit_tvm.recipe"), scheduled by TVM's defaults; UnitTensorize then tensorizes them.
     dtype="bfloat16": bf16 dot products with float32 accumulation instead (no calibration).
     attention: how matmuls between two activations (attention's) are computed: "fp32";
-    "int8" (int8 models only) where their int8 product stays close to the fp32 one on the
-    calibration inputs (relax/qbmm.py; measured no faster than fp32 at BERT's and ViT's
-    sizes); "bf16": operands rounded to bf16, float32 sums. None: `default_attention(target)`.
+    "int8" (int8 models only): long attention fused into one int8 kernel (per-head scales at
+    run time, relax/fused_attention.py), other matmuls int8 where their int8 product stays
+    close to the fp32 one on the calibration inputs (relax/qbmm.py; measured no faster than
+    fp32 at BERT's and ViT's sizes); "bf16": operands rounded to bf16, float32 sums, long
+    attention fused. None: long attention as `default_fused_attention`, the other matmuls
+    as `default_attention(target)`.
     """
 
     if dtype not in ("int8", "bfloat16"):
@@ -162,12 +168,13 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     if attention is not None and attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION} or None, got {attention!r}")
     target = as_target(target)
+    fused = attention or default_fused_attention(target, dtype)
     attention = attention or default_attention(target)
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     mod = inference_form(mod)
-    if attention == "bf16" or (attention == "int8" and dtype == "int8"):
-        mod = fuse_attention(mod, target, attention)  # one kernel per long attention
+    if fused == "bf16" or (fused == "int8" and dtype == "int8"):
+        mod = fuse_attention(mod, target, fused)  # one kernel per long attention
     if dtype == "int8":  # a QDQ model's pairs: its own activation scales (relax/qdq.py)
         mod, model_scales = fake_quantization(mod)
     else:
@@ -250,6 +257,18 @@ def default_attention(target) -> str:
     probe = Recipe(kind="bmm", in_shape=(1, 64, 64), w_shape=(1, 64, 64),
                    out_shape=(1, 64, 64), out_channels=64, dtype="bfloat16")
     return "bf16" if candidates(probe, as_target(target)) else "fp32"
+
+
+def default_fused_attention(target, dtype="int8") -> str:
+    """How long attention (the fused kernel, relax/fused_attention.py) is computed by default:
+    "int8" in an int8 model where `target` has an exact u8 x s8 dot product, else as
+    `default_attention(target)`. Zen 5, against bf16: the kernel at BERT's 384 tokens 509-516
+    against 696 us, Whisper's encoder and BERT at 384 tokens at the same cosine to fp32
+    (docs/RESULTS.md 2026-11-28); the instruction does twice bf16's products per cycle on
+    every x86 server with both (Intel's with AMX too, Zen 4 and 5)."""
+    if dtype == "int8" and fused_instruction(as_target(target), "int8") is not None:
+        return "int8"
+    return default_attention(target)
 
 
 def _channel_means(chain, values):
