@@ -6,9 +6,10 @@ Computed as three matmul-shaped kernels (Q x K^T, softmax, P x V), Whisper-sized
 the probabilities and reads them again for P x V: 12.4 ms per layer on Zen 5 against 5.6 ms
 here (docs/RESULTS.md 2026-11-28). Per task (one head, `rows` query rows):
 
-- S = Q x K^T with a broadcast dot-product instruction on bf16 pairs (x86.vdpbf16ps): Q rows
-  rounded to bf16, K packed once per call into [keys / lanes, depth / width, lanes, width]
-  blocks; a register tile of `row_tile` rows x `key_blocks` blocks of keys;
+- S = Q x K^T with a broadcast dot-product instruction on bf16 pairs (x86.vdpbf16ps; or on
+  u8 x s8 words, x86.vpdpbusd: the int8 stages of cpu_attention_int8.py): Q rows rounded to
+  bf16, K packed once per call into [keys / lanes, depth / width, lanes, width] blocks; a
+  register tile of `row_tile` rows x `key_blocks` blocks of keys;
 - the row maximum, E = exp(S * scale - max) (float32, then rounded to bf16) and the row sum of
   E, row by row in L1 (vectors of partial results for the reductions);
 - O = E x V with the same instruction, V packed into [keys / width, depth / lanes, lanes,
@@ -249,11 +250,12 @@ def _register_tiled(sch, block, tile_rows, tile_cols, lanes, width, cols_first):
 
 
 def _parallel_pack(sch, name):
+    # its innermost loops as vectors (a block's lanes x width) measured slower: gathers
     loops = sch.get_loops(sch.get_sblock(name))
     sch.parallel(sch.fuse(loops[0], loops[1]))
 
 
-def _int8_preludes(sch, lanes):
+def _int8_preludes(sch, lanes, width):
     """The int8 stages' passes over whole heads (cpu_attention_int8.py): each operand's |max|
     as vectors of partial results, heads in parallel, and K's sums per key."""
     for name in ("q_amax", "k_amax", "v_amax"):
@@ -263,7 +265,15 @@ def _int8_preludes(sch, lanes):
         sch.parallel(loops[0])
         sch.vectorize(loops[-1])
         sch.decompose_reduction(rf, loops[1])
-    sch.parallel(sch.get_loops(sch.get_sblock("k_sums"))[0])
+    # K's sums: 16 keys at a time, along the packed blocks' lanes
+    sums = sch.get_sblock("k_sums")
+    head, key, depth = sch.get_loops(sums)
+    _, key_lane = sch.split(key, [None, lanes])
+    steps, step = sch.split(depth, [None, width])
+    sch.reorder(steps, step, key_lane)
+    sch.parallel(head)
+    sch.vectorize(key_lane)
+    sch.decompose_reduction(sums, steps)
 
 
 def _softmax_by_rows(sch, partial, lanes):
@@ -284,13 +294,14 @@ def _softmax_by_rows(sch, partial, lanes):
 
 def schedule(func, tiles: AttentionTiles, intrin, lanes: int) -> tirx.PrimFunc:
     """The PrimFunc of attention_te's stages scheduled as the module note says, the products
-    tensorized with `intrin` (an Intrinsic of `lanes` x pairs)."""
+    tensorized with `intrin` (an Intrinsic of `lanes` x its reduction width: bf16 pairs, or
+    u8 x s8 words for the int8 stages)."""
     sch = s_tir.Schedule(func)
     width = intrin.reduction_width
     for name in ("q_rows", "k_blocks", "v_blocks"):
         _parallel_pack(sch, name)
     if _has(sch, "k_sums"):  # the int8 stages: per-head scales and K's sums, before the tasks
-        _int8_preludes(sch, lanes)
+        _int8_preludes(sch, lanes, width)
     partial = {name: _partial_sums(sch, sch.get_sblock(name), lanes)
                for name in ("row_max", "row_sum")}
     final = sch.get_sblock("attention")

@@ -17,6 +17,7 @@ head's scale counts only finite values), so no row is NaN.
 """
 
 import math
+
 from tvm import te, tirx
 
 from .. import fastmath
@@ -51,6 +52,7 @@ def _codes(x, inverse, zero_point):
 
 
 def _signed(x, inverse):
+    """x * inverse as s8 (ties to even, clipped to [-128, 127]): u8 codes around 128, moved."""
     return (_codes(x, inverse, 128).astype("int32") - 128).astype("int8")
 
 
@@ -102,7 +104,10 @@ def attention_int8_te(read, shape, tiles, scale: float, lanes: int, width: int) 
     k = te.reduce_axis((0, np_), name="k")
     row_max = te.compute((b, tiles.rows_padded), lambda h, i: te.max(
         tirx.Select(k < n, score(h, i, k), tirx.const(-math.inf, f32)), axis=k), name="row_max")
-    exps = te.compute((b, tiles.rows_padded, np_), lambda h, i, j: te.if_then_else(
+    # a Select, not an if_then_else: a padded key's score is in the buffer, and a condition on
+    # the lane made every load in the exp masked, the head's factor a gather (ViT's 197 tokens:
+    # the int8 kernel then lost to the bf16 one)
+    exps = te.compute((b, tiles.rows_padded, np_), lambda h, i, j: tirx.Select(
         j < n, fastmath.exp_nonpositive_bf16(score(h, i, j) - row_max[h, i]),
         tirx.const(0.0, f32)), name="exps")
     probs = te.compute((b, tiles.rows_padded, np_), lambda h, i, j: fastmath.rounded_to_uint8(

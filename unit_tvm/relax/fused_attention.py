@@ -21,10 +21,10 @@ scale; and it writes its result through the transposes and reshapes that merge t
 
 Applied to attention whose scores outgrow the caches (cpu_attention.worth_fusing: Whisper's,
 ViT's, not BERT-base's at 128 tokens), where the target has a broadcast dot-product instruction
-for the precision quantize's `attention` asks: "bf16" (the default on CPUs with a bf16 dot
-product; the kernel's products round their operands to bf16 as the bf16 attention matmuls do)
-or "int8" (u8 x s8 products with per-head scales taken at run time:
-schedules/cpu_attention_int8.py).
+for the precision quantize's `attention` asks: "int8" (u8 x s8 products with per-head scales
+taken at run time: schedules/cpu_attention_int8.py; quantize's default in int8 models where the
+CPU has VNNI, quantize.default_fused_attention) or "bf16" (the kernel's products round their
+operands to bf16 as the bf16 attention matmuls do).
 """
 
 import math
