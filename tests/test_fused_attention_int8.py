@@ -80,11 +80,13 @@ def test_kernel_equals_its_int8_arithmetic_and_stays_close_to_float(out_axes):
         assert _cos(got, exact) > 0.999
 
 
-def test_drawn_shapes_equal_their_int8_arithmetic():
+@pytest.mark.parametrize("name", [VPDPBUSD, "x86.vpdpbusd.256"])
+def test_drawn_shapes_equal_their_int8_arithmetic(name):
     """Eight drawn shapes (heads, rows, depths and keys of every residue the instruction's
-    words allow, the result permuted or not) against the numpy model."""
-    require_host(VPDPBUSD)
-    intrin = unit_tvm.intrinsics.get(VPDPBUSD)
+    words allow, the result permuted or not) against the numpy model, with 16 lanes and with
+    AVX-VNNI's 8 (the instruction Alder Lake's cores get)."""
+    require_host(name)
+    intrin = unit_tvm.intrinsics.get(name)
     drawn = [(s, a) for s, a, _ in _drawn_shapes(11, 24)
              if cpu_attention.fits(s, intrin.lanes, intrin.reduction_width)][:8]
     assert len(drawn) == 8
@@ -94,7 +96,7 @@ def test_drawn_shapes_equal_their_int8_arithmetic():
         q, kt, v = (rng.standard_normal(s) for s in ((b, m, d), (b, d, keys), (b, keys, dv)))
         want = _reference(q, kt, v, 1 / math.sqrt(d))
         order = axes or (0, 1, 2)
-        got = _call(_build(shape, 1 / math.sqrt(d), True, axes, VPDPBUSD), (q, kt, v),
+        got = _call(_build(shape, 1 / math.sqrt(d), True, axes, name), (q, kt, v),
                     [want.shape[a] for a in order]).transpose(np.argsort(order))
         _check(got, want, v)
 
@@ -147,6 +149,8 @@ def test_int8_attention_needs_the_instruction():
                        "int8") is None
     assert instruction(tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"}),
                        "int8").name == VPDPBUSD
+    assert instruction(tvm.target.Target({"kind": "llvm", "mcpu": "alderlake"}),
+                       "int8").name == "x86.vpdpbusd.256"
     assert instruction(tvm.target.Target({"kind": "cuda", "arch": "sm_80"}), "int8") is None
 
 
