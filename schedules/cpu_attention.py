@@ -30,7 +30,7 @@ from typing import Callable, NamedTuple
 from tvm import s_tir, te, tirx
 
 from .. import fastmath
-from .cpu_attention_int8 import attention_int8_te
+from .cpu_attention_int8 import Softmaxed, int8_stages
 from .cpu_stages import vectorize_partials
 
 # Accumulators of the two products' register tiles: 4 rows x 4 blocks of 16 lanes (measured
@@ -135,14 +135,26 @@ def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, s
     returns the output, [batch, rows, v_depth] with its axes in `out_axes` order (None: as
     they are)."""
     if dtype == "uint8":
-        out = attention_int8_te(read, shape, tiles, scale, lanes, width)
+        front = int8_stages(read, shape, tiles, scale, lanes, width)
     else:
-        out = _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype)
+        front = _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype)
+    b, np_, acc = shape.batch, tiles.keys_padded, front.accumulator
+    probs, vp = front.probs, front.v_blocks
+    k = te.reduce_axis((0, np_), name="k2")
+    total = te.compute((b, tiles.rows_padded), lambda h, i: te.sum(
+        probs[h, i, k].astype(acc), axis=k), name="row_sum")
+    j = te.reduce_axis((0, np_), name="j")
+    weighted = te.compute((b, tiles.rows_padded, shape.v_depth), lambda h, i, c: te.sum(
+        probs[h, i, j].astype(acc)
+        * vp[h, j // width, c // lanes, c % lanes, j % width].astype(acc), axis=j),
+        name="weighted")
+    out = te.compute((b, tiles.rows_padded, shape.v_depth),
+                     lambda h, i, c: front.normalised(weighted, total, h, i, c), name="attention")
     return _laid_out(out, shape, tiles, out_axes)
 
 
-def _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype):
-    """The bf16 stages of the module note; returns the normalised result ("attention")."""
+def _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype) -> Softmaxed:
+    """The bf16 stages of the module note up to E rounded to bf16."""
     b, n, np_ = shape.batch, shape.keys, tiles.keys_padded
     f32, zero = "float32", tirx.const(0.0, "float32")
     neg_inf = tirx.const(-math.inf, f32)
@@ -188,23 +200,15 @@ def _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype):
     exps = te.compute((b, tiles.rows_padded, np_), exp_of, name="exps")
     probs = te.compute((b, tiles.rows_padded, np_), lambda h, i, j: exps[h, i, j].astype(dtype),
                        name="probs")
-    k2 = te.reduce_axis((0, np_), name="k2")
-    total = te.compute((b, tiles.rows_padded), lambda h, i: te.sum(
-        probs[h, i, k2].astype(f32), axis=k2), name="row_sum")
-    j = te.reduce_axis((0, np_), name="j")
-    weighted = te.compute((b, tiles.rows_padded, shape.v_depth), lambda h, i, c: te.sum(
-        probs[h, i, j].astype(f32)
-        * vp[h, j // width, c // lanes, c % lanes, j % width].astype(f32), axis=j),
-        name="weighted")
 
-    def normalised(h, i, c):
+    def normalised(weighted, total, h, i, c):
         value = weighted[h, i, c] / total[h, i]  # a row of -inf: 0 / 0, NaN as a softmax's
         if safe:  # ... and 0 as torch's safe softmax's (a NaN row stays NaN)
             t = total[h, i]
             return tirx.Select(tirx.any(t > zero, tirx.isnan(t)), value, zero)
         return value
 
-    return te.compute((b, tiles.rows_padded, shape.v_depth), normalised, name="attention")
+    return Softmaxed(probs, vp, f32, normalised)
 
 
 def _laid_out(out, shape, tiles, out_axes):

@@ -17,6 +17,7 @@ head's scale counts only finite values), so no row is NaN.
 """
 
 import math
+from typing import Callable, NamedTuple
 
 from tvm import te, tirx
 
@@ -56,10 +57,22 @@ def _signed(x, inverse):
     return (_codes(x, inverse, 128).astype("int32") - 128).astype("int8")
 
 
-def attention_int8_te(read, shape, tiles, scale: float, lanes: int, width: int) -> te.Tensor:
-    """The stages of the module note over the operands `read` gives (cpu_attention.Operands),
-    blocked as `tiles` (cpu_attention.AttentionTiles) for an instruction of `lanes` x `width`;
-    returns the normalised result, [batch, rows_padded, v_depth] float32 ("attention")."""
+class Softmaxed(NamedTuple):
+    """What a precision's stages give the ones every precision shares (cpu_attention.py: the
+    row sums, P x V, the result): the exps as P x V's first operand ("probs", [batch,
+    rows_padded, keys_padded]), V packed ("v_blocks"), the type both are summed in, and
+    normalised(weighted, total, h, i, c), the result's value from P x V and the row sums."""
+
+    probs: te.Tensor
+    v_blocks: te.Tensor
+    accumulator: str
+    normalised: Callable
+
+
+def int8_stages(read, shape, tiles, scale: float, lanes: int, width: int) -> Softmaxed:
+    """The stages of the module note up to P over the operands `read` gives
+    (cpu_attention.Operands), blocked as `tiles` (cpu_attention.AttentionTiles) for an
+    instruction of `lanes` x `width`."""
     b, n, np_, last = shape.batch, shape.keys, tiles.keys_padded, shape.rows - 1
     f32, i32 = "float32", "int32"
     q_range = _abs_max(read.q, (b, shape.rows, shape.depth), "q")
@@ -112,16 +125,9 @@ def attention_int8_te(read, shape, tiles, scale: float, lanes: int, width: int) 
         tirx.const(0.0, f32)), name="exps")
     probs = te.compute((b, tiles.rows_padded, np_), lambda h, i, j: fastmath.rounded_to_uint8(
         exps[h, i, j] * tirx.const(P_LEVELS, f32)), name="probs")
-    k2 = te.reduce_axis((0, np_), name="k2")
-    total = te.compute((b, tiles.rows_padded), lambda h, i: te.sum(
-        probs[h, i, k2].astype(i32), axis=k2), name="row_sum")
-    j = te.reduce_axis((0, np_), name="j")
-    weighted = te.compute((b, tiles.rows_padded, shape.v_depth), lambda h, i, c: te.sum(
-        probs[h, i, j].astype(i32)
-        * vp[h, j // width, c // lanes, c % lanes, j % width].astype(i32), axis=j),
-        name="weighted")
-    # the row's largest exp is 1, 255 codes: the sum is never 0
-    out = te.compute((b, tiles.rows_padded, shape.v_depth), lambda h, i, c: (
-        weighted[h, i, c].astype(f32) * (factors[h, 1] / total[h, i].astype(f32))),
-        name="attention")
-    return out
+
+    def normalised(weighted, total, h, i, c):
+        # the row's largest exp is 1, 255 codes: the sum is never 0
+        return weighted[h, i, c].astype(f32) * (factors[h, 1] / total[h, i].astype(f32))
+
+    return Softmaxed(probs, vp, i32, normalised)
