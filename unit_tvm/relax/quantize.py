@@ -262,8 +262,9 @@ def default_attention(target) -> str:
 def default_fused_attention(target, dtype="int8") -> str:
     """How long attention (the fused kernel, relax/fused_attention.py) is computed by default:
     "int8" in an int8 model where `target` has an exact u8 x s8 dot product, else as
-    `default_attention(target)`. Zen 5, against bf16: the kernel at BERT's 384 tokens 509-516
-    against 696 us, Whisper's encoder and BERT at 384 tokens at the same cosine to fp32
+    `default_attention(target)`. Zen 5, against the bf16 kernel: 12 x 384 x 64 (BERT at 384
+    tokens) 501-512 against 661-682 us, 6 x 1500 x 64 (Whisper) 3.77 against 5.59 ms; Whisper's
+    encoder, ViT-B/16 and BERT at 384 tokens within 1e-4 of its cosine to fp32
     (docs/RESULTS.md 2026-11-28); the instruction does twice bf16's products per cycle on
     every x86 server with both (Intel's with AMX too, Zen 4 and 5)."""
     if dtype == "int8" and fused_instruction(as_target(target), "int8") is not None:
