@@ -229,9 +229,10 @@ def _laid_out(out, shape, tiles, out_axes):
 
 
 def _partial_sums(sch, block, lanes):
-    """A row reduction as `lanes` vectors of partial results (rfactor): returns that block."""
+    """A reduction (over a row, or a head's values) as `lanes` vectors of partial results
+    (rfactor, the lanes after the result's own axes): returns that block."""
     _, lane = sch.split(sch.get_loops(block)[-1], [None, lanes])
-    return sch.rfactor(lane, factor_axis=len(sch.get(block).iter_vars) - 1)
+    return sch.rfactor(lane, factor_axis=len(sch.get(block).writes[0].region))
 
 
 def _register_tiled(sch, block, tile_rows, tile_cols, lanes, width, cols_first):
@@ -263,8 +264,7 @@ def _int8_preludes(sch, lanes, width):
     """The int8 stages' passes over whole heads (cpu_attention_int8.py): each operand's |max|
     as vectors of partial results, heads in parallel, and K's sums per key."""
     for name in ("q_amax", "k_amax", "v_amax"):
-        _, lane = sch.split(sch.get_loops(sch.get_sblock(name))[-1], [None, lanes])
-        rf = sch.rfactor(lane, factor_axis=1)
+        rf = _partial_sums(sch, sch.get_sblock(name), lanes)
         loops = sch.get_loops(rf)
         sch.parallel(loops[0])
         sch.vectorize(loops[-1])

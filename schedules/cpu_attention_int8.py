@@ -3,12 +3,14 @@ u8 x s8 dot product into int32 lanes (x86.vpdpbusd), the softmax between them in
 
 Scales are dynamic, one per head and operand: |max| of the head's finite Q, K or V values over
 127 (a static per-tensor scale would be set by the largest head of the calibration inputs).
-Q is stored as u8 with zero point 128 (the instruction's unsigned operand) and K as s8, so
+Q's s8 codes are re-based to u8 (+128, shift.py's SHIFT: the instruction's unsigned operand)
+and K stays s8, so
 
     S[i, j] = (sum_d q_u8[i, d] k_s8[j, d] - 128 sum_d k_s8[j, d]) * s_q * s_k * scale,
 
-the second sum once per key (`k_sums`). E = exp(S - max) lies in (0, 1]: P = E * 255 rounded
-to u8, V is s8, and O = (P x V) * s_v / sum(P), normalised by the sum of what was multiplied.
+the second sum (shift.py's correction) once per key (`k_sums`). E = exp(S - max) lies in
+(0, 1]: P = E * 255 rounded to u8, V is s8, and O = (P x V) * s_v / sum(P), normalised by the
+sum of what was multiplied.
 P's step of 1/255 drops exps below 1/510: on Whisper-sized attention with peaked rows (random
 Q and K, scores of standard deviation 2.25) the result's cosine to float64 attention is 0.9988
 against 0.99999 in bf16 (docs/RESULTS.md 2026-11-28). Scores are finite whatever the input:
@@ -22,8 +24,8 @@ from typing import Callable, NamedTuple
 from tvm import te, tirx
 
 from .. import fastmath
+from ..shift import SHIFT
 
-Q_ZERO_POINT = 128
 LEVELS = 127.0  # s8 codes on each side of 0
 P_LEVELS = 255.0  # u8 codes of an exp in [0, 1]
 # the smallest |max| taken for a head's scale: an all-zero head gets finite scales
@@ -47,14 +49,20 @@ def _abs_max(value, extent, name):
                       name=f"{name}_range")
 
 
-def _codes(x, inverse, zero_point):
-    """x * inverse + zero_point as u8 (ties to even, clipped)."""
-    return fastmath.rounded_to_uint8(x * inverse + tirx.const(float(zero_point), "float32"))
+def _codes(x, inverse):
+    """x * inverse as s8 codes re-based to u8 (+SHIFT; ties to even, clipped)."""
+    return fastmath.rounded_to_uint8(x * inverse + tirx.const(float(SHIFT), "float32"))
 
 
 def _signed(x, inverse):
-    """x * inverse as s8 (ties to even, clipped to [-128, 127]): u8 codes around 128, moved."""
-    return (_codes(x, inverse, 128).astype("int32") - 128).astype("int8")
+    """x * inverse as s8 (ties to even, clipped to [-128, 127]): the u8 codes re-based back,
+    as qarith.quantized does (u8 - 128 is an xor of the sign bit)."""
+    return (_codes(x, inverse) ^ tirx.const(SHIFT, "uint8")).astype("int8")
+
+
+def _per_head(batch, value, name):
+    """A [batch] stage of value(h): a head's scalar, computed once per call."""
+    return te.compute((batch,), value, name=name)
 
 
 class Softmaxed(NamedTuple):
@@ -78,28 +86,29 @@ def int8_stages(read, shape, tiles, scale: float, lanes: int, width: int) -> Sof
     q_range = _abs_max(read.q, (b, shape.rows, shape.depth), "q")
     k_range = _abs_max(lambda h, j, d: read.kt(h, d, j), (b, n, shape.depth), "k")
     v_range = _abs_max(read.v, (b, n, shape.v_depth), "v")
-    inverse = te.compute((b, 3), lambda h, t: LEVELS / tirx.Select(
-        t == 0, q_range[h], tirx.Select(t == 1, k_range[h], v_range[h])), name="inverses")
-    # S's float32 factor and O's, per head
-    factors = te.compute((b, 2), lambda h, t: tirx.Select(
-        t == 0, q_range[h] * k_range[h] * (scale / LEVELS / LEVELS),
-        v_range[h] / LEVELS), name="factors")
+    q_inverse = _per_head(b, lambda h: LEVELS / q_range[h], "q_inverse")
+    k_inverse = _per_head(b, lambda h: LEVELS / k_range[h], "k_inverse")
+    v_inverse = _per_head(b, lambda h: LEVELS / v_range[h], "v_inverse")
+    # the float32 factors of S and of O
+    s_factor = _per_head(b, lambda h: q_range[h] * k_range[h] * (scale / LEVELS / LEVELS),
+                         "s_factor")
+    o_factor = _per_head(b, lambda h: v_range[h] / LEVELS, "o_factor")
 
     def key(j):  # a padded key reads the last one (and is zero)
         return te.min(j, n - 1)
 
     qb = te.compute((b, tiles.rows_padded, shape.depth), lambda h, i, d: _codes(
-        read.q(h, te.min(i, last), d), inverse[h, 0], Q_ZERO_POINT), name="q_rows")
+        read.q(h, te.min(i, last), d), q_inverse[h]), name="q_rows")
     zero8 = tirx.const(0, "int8")
     kp = te.compute((b, np_ // lanes, shape.depth // width, lanes, width),
                     lambda h, jo, dp, jl, w: te.if_then_else(
                         jo * lanes + jl < n, _signed(read.kt(h, dp * width + w,
                                                               key(jo * lanes + jl)),
-                                                     inverse[h, 1]), zero8), name="k_blocks")
+                                                     k_inverse[h]), zero8), name="k_blocks")
     vp = te.compute((b, np_ // width, shape.v_depth // lanes, lanes, width),
                     lambda h, jp, do, dl, w: te.if_then_else(
                         jp * width + w < n, _signed(read.v(h, key(jp * width + w),
-                                                           do * lanes + dl), inverse[h, 2]),
+                                                           do * lanes + dl), v_inverse[h]),
                         zero8), name="v_blocks")
     dd = te.reduce_axis((0, shape.depth), name="dd")
     k_sums = te.compute((b, np_), lambda h, j: te.sum(
@@ -111,8 +120,8 @@ def int8_stages(read, shape, tiles, scale: float, lanes: int, width: int) -> Sof
         axis=d), name="scores")
 
     def score(h, i, j):
-        centred = scores[h, i, j] - tirx.const(Q_ZERO_POINT, i32) * k_sums[h, j]
-        return centred.astype(f32) * factors[h, 0]
+        centred = scores[h, i, j] - tirx.const(SHIFT, i32) * k_sums[h, j]
+        return centred.astype(f32) * s_factor[h]
 
     k = te.reduce_axis((0, np_), name="k")
     row_max = te.compute((b, tiles.rows_padded), lambda h, i: te.max(
@@ -128,6 +137,6 @@ def int8_stages(read, shape, tiles, scale: float, lanes: int, width: int) -> Sof
 
     def normalised(weighted, total, h, i, c):
         # the row's largest exp is 1, 255 codes: the sum is never 0
-        return weighted[h, i, c].astype(f32) * (factors[h, 1] / total[h, i].astype(f32))
+        return weighted[h, i, c].astype(f32) * (o_factor[h] / total[h, i].astype(f32))
 
     return Softmaxed(probs, vp, i32, normalised)
