@@ -288,21 +288,29 @@ class _FuseAttention(relax.PyExprMutator):
         self.set_var_remap(binding.var, self.builder_.emit(value))
 
 
-def fuse_attention(mod: tvm.IRModule, target, precision="bf16") -> tvm.IRModule:
-    """`mod` with every attention of the module note one fused kernel computing its products
-    in `precision` ("bf16" or "int8"), where `target` has the instruction for it (else `mod`
-    unchanged)."""
+def attention_plans(mod: tvm.IRModule, target, precision="bf16") -> list[AttentionPlan]:
+    """The attentions of the module note in `mod`'s main that the fused kernel takes in
+    `precision` on `target` (none where the target has no instruction for it)."""
     intrin = instruction(target, precision)
     if intrin is None:
-        return mod
+        return []
     main = mod["main"]
     bindings = dataflow_bindings(main)
     g = _Graph({b.var: b for b in bindings}, uses(bindings, main),
                {v: bs[0] for v, bs in readers(bindings).items()})
-    plans = [plan for b in bindings if (plan := attention_plan(g, b, mod)) is not None
-             and cpu_attention.fits(plan.shape, intrin.lanes, intrin.reduction_width)
-             and cpu_attention.worth_fusing(plan.shape)]
-    if not plans:
+    return [plan for b in bindings if (plan := attention_plan(g, b, mod)) is not None
+            and cpu_attention.fits(plan.shape, intrin.lanes, intrin.reduction_width)
+            and cpu_attention.worth_fusing(plan.shape)]
+
+
+def fuse_attention(mod: tvm.IRModule, target, precision="bf16", plans=None) -> tvm.IRModule:
+    """`mod` with every attention of the module note (or those of `plans`, attention_plans'
+    of `mod`) one fused kernel computing its products in `precision` ("bf16" or "int8"),
+    where `target` has the instruction for it (else `mod` unchanged)."""
+    intrin = instruction(target, precision)
+    if plans is None:
+        plans = attention_plans(mod, target, precision)
+    if intrin is None or not plans:
         return mod
     fused = rewrite_functions(mod, _FuseAttention(mod, intrin, plans))
     return relax.transform.DeadCodeElimination()(fused)

@@ -24,7 +24,8 @@ int8 product stays within qbmm.MIN_COSINE of the fp32 one on the calibration inp
 (relax/qbmm.py); or bf16 (both operands rounded to bf16 in the kernel, float32 sums), which
 UnitTensorize runs on a bf16 dot-product instruction. Attention long enough to outgrow the
 caches becomes one fused kernel (relax/fused_attention.py), by default in int8 where the CPU
-has the instruction. Pooling and softmax stay fp32.
+has the instruction and the kernel's rounding stays small on the calibration inputs
+(relax/attention_check.py). Pooling and softmax stay fp32.
 
 dtype="bfloat16" prepares the model for bf16 dot products (x86.vdpbf16ps): the same ops and
 fused epilogues, with weights rounded to bf16 after folding, activations rounded to bf16 inside
@@ -42,10 +43,10 @@ from tvm import relax
 
 from ..runner import prepare_host
 from ..target import as_target, host, is_host
-from . import qbmm, u8_values, views
+from . import attention_check, qbmm, u8_values, views
 from .chains import epilogue_fields, find_chains
 from .frontend_fixes import clamps_as_clips, frontend_fixes
-from .fused_attention import fuse_attention
+from .fused_attention import attention_plans, fuse_attention
 from .fused_attention import instruction as fused_instruction
 from .graph import dataflow_bindings
 from .graph import uses as count_uses
@@ -156,11 +157,12 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     dtype="bfloat16": bf16 dot products with float32 accumulation instead (no calibration).
     attention: how matmuls between two activations (attention's) are computed: "fp32";
     "int8" (int8 models only): long attention fused into one int8 kernel (per-head scales at
-    run time, relax/fused_attention.py), other matmuls int8 where their int8 product stays
-    close to the fp32 one on the calibration inputs (relax/qbmm.py; measured no faster than
+    run time, relax/fused_attention.py) where the kernel's arithmetic stays close to float
+    attention on the calibration inputs (relax/attention_check.py), other matmuls int8 where
+    their int8 product stays close to the fp32 one (relax/qbmm.py; measured no faster than
     fp32 at BERT's and ViT's sizes); "bf16": operands rounded to bf16, float32 sums, long
     attention fused. None: long attention as `default_fused_attention`, the other matmuls
-    as `default_attention(target)`.
+    (and long attention the int8 kernel does not take) as `default_attention(target)`.
     """
 
     if dtype not in ("int8", "bfloat16"):
@@ -173,8 +175,11 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     mod = inference_form(mod)
-    if fused == "bf16" or (fused == "int8" and dtype == "int8"):
-        mod = fuse_attention(mod, target, fused)  # one kernel per long attention
+    samples = list(calibration_data)
+    if fused == "int8" and dtype == "int8":  # one kernel per long attention
+        mod = _int8_attention_fused(mod, target, samples)
+    if "bf16" in (fused, attention):  # and the rest in bf16 where asked
+        mod = fuse_attention(mod, target, "bf16")
     if dtype == "int8":  # a QDQ model's pairs: its own activation scales (relax/qdq.py)
         mod, model_scales = fake_quantization(mod)
     else:
@@ -186,7 +191,6 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     if dtype == "bfloat16":
         return _to_bfloat16(mod, [c for c in chains if c.kind == "dense"
                                   or int(c.attrs.groups) == 1], bf16_bmms)
-    samples = list(calibration_data)
     if model_scales and not samples:
         # a QDQ model without calibration inputs: int8 where its pairs say, float32 elsewhere
         chains = [c for c in chains if c.kind != "bmm" and c.x in model_scales]
@@ -219,6 +223,20 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     # bf16 matmuls read and write float32: decided after the uint8 edges, which they keep out of
     return rewrite(mod, chains + bf16_bmms, {**by_end, **_bf16_bmm_ops(func, bf16_bmms, chains)},
                    pools, plan)
+
+
+def _int8_attention_fused(mod, target, samples):
+    """`mod` with long attention fused in int8 where the kernel's arithmetic stays within
+    qbmm.MIN_COSINE of float attention on the calibration inputs (attention_check.py); the
+    others are left as they are. Without calibration inputs (a QDQ model can come without)
+    every one is fused: the kernel takes its scales at run time."""
+    plans = attention_plans(mod, target, "int8")
+    if plans and samples:
+        operands = [op.source for plan in plans for op in (plan.q, plan.kt, plan.v)]
+        values = observe(mod, operands, samples, target)
+        plans = [plan for n, plan in enumerate(plans)
+                 if attention_check.fits_int8(plan, *values[3 * n:3 * n + 3])]
+    return fuse_attention(mod, target, "int8", plans)
 
 
 class _Calibration(NamedTuple):

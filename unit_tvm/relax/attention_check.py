@@ -1,0 +1,96 @@
+"""Whether the int8 fused attention may compute an attention: its arithmetic
+(schedules/cpu_attention_int8.py) in numpy, on the operands the attention took on the
+calibration inputs, against float attention.
+
+The kernel's scales are taken per head at run time, so calibration sets none of them; what it
+can tell is how much the kernel's rounding costs on values like the model's. Sharp attention
+over long rows loses most: an exp below 1/510 of its row's largest rounds to code 0 (P's step
+is 1/255), and a row's many small weights go with it. Where the cosine to float attention falls
+below qbmm.MIN_COSINE (the bound the unfused int8 matmuls are held to), quantize computes that
+attention in bf16, or leaves it to separate kernels where the target has no bf16 one.
+"""
+
+import numpy as np
+
+from ..schedules.cpu_attention_int8 import LEVELS, P_LEVELS, TINY
+from ..shift import SHIFT
+from .fused_attention import AttentionPlan, Operand
+from .qbmm import MIN_COSINE
+
+
+def _codes(x, inverse):
+    """x * inverse re-based by SHIFT, rounded half to even and clipped to [0, 255]; NaN to 0."""
+    with np.errstate(invalid="ignore"):
+        c = np.clip(np.rint(x * inverse + SHIFT), 0, 255)
+    return np.where(np.isnan(c), 0, c)
+
+
+def _signed_codes(x):
+    """x as the kernel's s8 codes (float32), with the per-head range they were taken over."""
+    with np.errstate(invalid="ignore"):
+        finite = np.where(np.isfinite(x), np.abs(x), 0)
+    head_range = np.maximum(finite.max(axis=(-2, -1), keepdims=True), TINY)
+    inverse = np.float32(LEVELS) / head_range.astype(np.float32)
+    return (_codes(x, inverse) - SHIFT).astype(np.float32), head_range.astype(np.float32)
+
+
+def int8_attention(q, kt, v, scale: float) -> np.ndarray:
+    """The fused int8 kernel's arithmetic (q [batch, rows, depth], kt [batch, depth, keys],
+    v [batch, keys, v_depth]): per-head ranges of the finite values, s8 codes, integer
+    products, exps rounded to codes of 1/255, the sum of those codes as the normaliser.
+    float32 numpy (Q x K's integer sums are exact in it; Whisper's attention takes half the
+    time of float64), the kernel's own accumulator types aside."""
+    q, kt, v = (np.asarray(a, np.float32) for a in (q, kt, v))
+    (qc, rq), (kc, rk), (vc, rv) = (_signed_codes(a) for a in (q, kt, v))
+    s = (qc @ kc) * (rq * rk * np.float32(scale / LEVELS / LEVELS))
+    p = np.rint(np.exp(s - s.max(-1, keepdims=True)) * np.float32(P_LEVELS))
+    return (p @ vc) * (rv / np.float32(LEVELS)) / p.sum(-1, keepdims=True)
+
+
+def float_attention(q, kt, v, scale: float) -> np.ndarray:
+    """softmax(q x kt * scale) x v in float32 numpy."""
+    q, kt, v = (np.asarray(a, np.float32) for a in (q, kt, v))
+    s = (q @ kt) * np.float32(scale)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def operand_values(operand: Operand, flat: np.ndarray) -> np.ndarray:
+    """The [batch, rows, cols] operand the kernel reads from one input's flat source values
+    (its own factor not applied: q's and kt's are in the plan's scale, v's is the caller's)."""
+    view, flat = operand.view, np.ascontiguousarray(flat)
+    return np.lib.stride_tricks.as_strided(
+        flat[view.offset:], shape=view.shape,
+        strides=[s * flat.itemsize for s in view.strides], writeable=False)
+
+
+def int8_cosine(plan: AttentionPlan, q_values, kt_values, v_values) -> float:
+    """Cosine between the kernel's int8 result and float attention over the calibration
+    inputs (each argument: an operand's source values, flattened over all inputs, as
+    quantize.observe gives them); 0 where either is not finite (NaN or infinite operands:
+    the int8 kernel quantizes them, float attention propagates them)."""
+    dot = want_sq = got_sq = 0.0
+    sizes = [int(np.prod(op.source.ty.shape)) for op in (plan.q, plan.kt, plan.v)]
+    per_input = [values.reshape(-1, size)
+                 for values, size in zip((q_values, kt_values, v_values), sizes)]
+    for q_flat, kt_flat, v_flat in zip(*per_input):
+        q, kt = operand_values(plan.q, q_flat), operand_values(plan.kt, kt_flat)
+        v = operand_values(plan.v, v_flat) * np.float32(plan.v.scale)
+        with np.errstate(all="ignore"):
+            # sums of squares over a whole input in float64 (float32's would be off by 1e-5)
+            want = float_attention(q, kt, v, plan.scale).astype(np.float64).reshape(-1)
+            got = int8_attention(q, kt, v, plan.scale).astype(np.float64).reshape(-1)
+        dot += float(want @ got)
+        want_sq += float(want @ want)
+        got_sq += float(got @ got)
+    if not np.isfinite([dot, want_sq, got_sq]).all():
+        return 0.0
+    if min(want_sq, got_sq) == 0:  # both zero: the same; one zero: nothing is left
+        return 1.0 if max(want_sq, got_sq) == 0 else 0.0
+    return dot / np.sqrt(want_sq * got_sq)
+
+
+def fits_int8(plan: AttentionPlan, q_values, kt_values, v_values) -> bool:
+    """Whether the int8 kernel stays within MIN_COSINE of float attention on the calibration
+    inputs (int8_cosine's arguments)."""
+    return int8_cosine(plan, q_values, kt_values, v_values) >= MIN_COSINE
