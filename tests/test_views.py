@@ -14,6 +14,7 @@ from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
 from unit_tvm.relax.views import StridedView, _copy_schedule
 from unit_tvm.testing import zoo
+from unit_tvm.testing.attention import drawn_heads, drawn_spelling
 
 from .conftest import require_host
 from .test_relax import TinyTransformer, _cos, _run
@@ -182,60 +183,10 @@ def test_bf16_attention_reads_heads_in_place_and_writes_them_merged(model_cls):
         np.testing.assert_allclose(got, base, rtol=1e-4, atol=1e-5)
 
 
-class DrawnHeads(nn.Module):
-    """Multi-head attention whose heads are split, sliced, transposed and merged in a spelling
-    drawn from `seed`: fused or separate projections, Q/K/V interleaved as (3, heads) or
-    (heads, 3), K^T by transpose or straight from the 5-D permute, every other key, the scale
-    before or after the matmul, heads merged in order, interleaved with the head dimension
-    (no view of the matmul's result: a copy stays), or summed."""
-
-    def __init__(self, seed, hidden=48, heads=3):
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.heads, self.d = heads, hidden // heads
-        self.fused = bool(rng.integers(0, 2))
-        self.order, self.kt, self.scale, self.merge = (
-            str(rng.choice(opts)) for opts in (["3hd", "h3d"], ["transpose", "permute"],
-                                               ["after", "q", "none"],
-                                               ["transpose", "flatten", "interleave", "sum"]))
-        self.stride = int(rng.choice([1, 1, 2]))
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
-        self.out = nn.Linear(self.d if self.merge == "sum" else hidden, hidden)
-
-    def _split(self, x):
-        b, s, _ = x.shape
-        h, d = self.heads, self.d
-        if not self.fused:
-            q, k, v = (m(x).view(b, s, h, d).transpose(1, 2) for m in (self.q, self.k, self.v))
-            return q, (k.transpose(-1, -2) if self.kt == "transpose" else k.permute(0, 1, 3, 2)), v
-        shape, axes = (((b, s, 3, h, d), (2, 0, 3, 1, 4)) if self.order == "3hd"
-                       else ((b, s, h, 3, d), (3, 0, 2, 1, 4)))
-        t = self.qkv(x).reshape(shape)
-        q, k, v = t.permute(axes)
-        if self.kt == "permute":  # K^T in one 5-D permute of the projection
-            return q, t.permute(axes[:3] + (axes[4], axes[3]))[1], v
-        return q, k.transpose(-1, -2), v
-
-    def forward(self, x):
-        b, s, _ = x.shape
-        q, kt, v = self._split(x)
-        kt, v = kt[..., ::self.stride], v[:, :, ::self.stride]
-        if self.scale == "q":
-            q = q * self.d ** -0.5
-        att = torch.matmul(q, kt)
-        if self.scale == "after":
-            att = att / self.d ** 0.5
-        ctx = torch.matmul(torch.softmax(att, dim=-1), v)  # [b, heads, s, d]
-        if self.merge == "transpose":
-            ctx = ctx.transpose(1, 2).reshape(b, s, -1)
-        elif self.merge == "flatten":
-            ctx = ctx.permute(0, 2, 1, 3).flatten(2)
-        elif self.merge == "interleave":  # head index fastest: the result is no view of ctx
-            ctx = ctx.permute(0, 2, 3, 1).reshape(b, s, -1)
-        else:
-            ctx = ctx.sum(1)
-        return self.out(ctx)
+def DrawnHeads(seed):  # noqa: N802 - a model class's name, as the tests read
+    """Multi-head attention (3 heads of 16) in the spelling drawn from `seed`
+    (unit_tvm.testing.attention: heads split, sliced, transposed and merged differently)."""
+    return drawn_heads(drawn_spelling(seed))
 
 
 SEEDS = (0, 2, 4, 7, 9, 11)  # every spelling option drawn at least once, batch 1 and 2
