@@ -86,6 +86,26 @@ def test_speech_cases_run_as_models():
     assert report.counts()["all"]["tensorized-correct"] == 3
 
 
+def test_attention_cases_reach_both_fused_kernels_and_the_separate_ones():
+    """Kind "attention": a layer in a drawn spelling and size, quantized with the default
+    attention against the same layer with float32 attention (fuzz/attention_case.py). Seed
+    0's cases 5 to 8 right, among them 5 (no 1/sqrt(d) scale: sharp scores, so the guard sends
+    it to the bf16 kernel), 8 (the int8 kernel) and 7 (below the size policy: separate bf16
+    matmuls). Seen
+    failing: one head's result scaled by another's V range, 0.10-0.12 apart (relative L2)."""
+    require_host("x86.vpdpbusd")
+    require_host("x86.vdpbf16ps")
+    drawn = [dict(fuzz.make_case(0, i, (fuzz.ATTENTION_KIND,)).params) for i in range(100)]
+    assert {p["merge"] for p in drawn} == {"transpose", "flatten", "interleave", "sum"}
+    assert {p["sharpness"] for p in drawn} == {1.0, 3.0, 6.0}
+    report = fuzz.fuzz(4, 0, (fuzz.ATTENTION_KIND,), first=5, workers=2, timeout=600)
+    assert not report.failures, "\n".join(fuzz.result_line(r) for r in report.failures)
+    results = {r.index: r.intrinsic for r in report.results}
+    assert results[5].startswith("fused x86.vdpbf16ps"), results
+    assert results[8].startswith("fused x86.vpdpbusd"), results
+    assert "fused" not in results[7], results
+
+
 QDQ_SEED = 3  # cases 0-10: ResNet and Inception blocks (ONNX Runtime U8S8, weights per tensor
 # or channel; NNCF), conv blocks (S8S8), encoder layers, two QOperator files (9, 10)
 

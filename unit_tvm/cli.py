@@ -342,7 +342,9 @@ def _add_tool_commands(sub):
                    "fuzzes whole small models through quantize and the graph passes instead, "
                    "'qdq' the same models quantized by ONNX Runtime into QDQ files, "
                    "'gpu_model' the same models through the GPU path in fp16, 'speech' "
-                   "conv1d front ends and torch's transformer layer as 'model' does")
+                   "conv1d front ends and torch's transformer layer as 'model' does, "
+                   "'attention' attention layers of drawn spellings and sizes through the "
+                   "fused kernels, against float32 attention")
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per case")
     p.add_argument("--emulate", metavar="INSTRUCTION",

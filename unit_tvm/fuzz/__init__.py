@@ -8,14 +8,16 @@ build, compared (exactly for integers, within a rounding bound for floats).
 CLI: `unit-tvm fuzz --cases N --seed S [--kinds ...] [--json F]`; `--case I` reruns one case.
 `--kinds model` fuzzes whole small models instead (model_cases.py, model_check.py: the graph
 passes); `--kinds qdq` the same models quantized by ONNX Runtime into QDQ files (qdq_check.py);
-`--kinds gpu_model` the same models through the GPU path in fp16 (gpu_check.py).
+`--kinds gpu_model` the same models through the GPU path in fp16 (gpu_check.py); `--kinds
+attention` attention layers in drawn spellings and sizes through the fused kernels
+(attention_case.py).
 """
 
 import time
 
 from .. import intrinsics
-from .cases import (GPU_MODEL_KIND, KINDS, MODEL_KIND, QDQ_KIND, SPEECH_KIND, WHOLE_MODEL_KINDS,
-                    Case, make_case, make_op)
+from .cases import (ATTENTION_KIND, GPU_MODEL_KIND, KINDS, MODEL_KIND, QDQ_KIND, SPEECH_KIND,
+                    WHOLE_MODEL_KINDS, Case, make_case, make_op)
 from .check import CLASSES, CaseResult, run_case
 from .report import FAILURES, FuzzReport, result_line, table
 from .worker import run_cases
@@ -43,5 +45,5 @@ def fuzz(cases=200, seed=0, kinds=KINDS, *, first=0, workers=1, timeout=300.0,
 
 __all__ = ["fuzz", "FuzzReport", "Case", "CaseResult", "make_case", "make_op", "run_case",
            "run_cases", "table", "result_line", "KINDS", "MODEL_KIND", "QDQ_KIND",
-           "GPU_MODEL_KIND", "SPEECH_KIND", "WHOLE_MODEL_KINDS", "CLASSES",
+           "GPU_MODEL_KIND", "SPEECH_KIND", "ATTENTION_KIND", "WHOLE_MODEL_KINDS", "CLASSES",
            "FAILURES"]

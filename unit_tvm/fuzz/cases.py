@@ -122,7 +122,11 @@ QDQ_KIND = "qdq"
 GPU_MODEL_KIND = "gpu_model"
 # conv1d front ends and torch's transformer layer (model_cases.speech_params), checked as "model"
 SPEECH_KIND = "speech"
-WHOLE_MODEL_KINDS = (MODEL_KIND, QDQ_KIND, GPU_MODEL_KIND, SPEECH_KIND)
+# one attention layer in a drawn spelling and size (model_cases.attention_params), quantized
+# with the default attention (long attention fused, int8 where its guard allows) against the
+# same model with float32 attention (fuzz/attention_case.py)
+ATTENTION_KIND = "attention"
+WHOLE_MODEL_KINDS = (MODEL_KIND, QDQ_KIND, GPU_MODEL_KIND, SPEECH_KIND, ATTENTION_KIND)
 QDQ_QUANTIZERS = ("ort", "ort_per_channel", "ort_s8s8", "ort_qoperator", "nncf")
 
 
@@ -131,9 +135,10 @@ def make_case(seed: int, index: int, kinds=KINDS) -> Case:
     rng = random.Random(seed * 1_000_003 + index)
     kind = rng.choice(list(kinds))
     if kind in WHOLE_MODEL_KINDS:
-        from .model_cases import model_params, speech_params
+        from .model_cases import attention_params, model_params, speech_params
 
-        params = speech_params(rng) if kind == SPEECH_KIND else model_params(rng)
+        params = {SPEECH_KIND: speech_params, ATTENTION_KIND: attention_params}.get(
+            kind, model_params)(rng)
         if kind == QDQ_KIND:
             params["quantizer"] = rng.choice(QDQ_QUANTIZERS)
             if params["quantizer"] in ("ort", "ort_per_channel", "ort_s8s8"):

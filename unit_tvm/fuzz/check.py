@@ -20,8 +20,8 @@ from ..build import BuildReport, FallbackWarning, build_report, prepare_op
 from ..measure import numpy_dtype
 from ..rewriter import schedule
 from ..target import host, instruction_target
-from .cases import (GPU_MODEL_KIND, MODEL_KIND, QDQ_KIND, SPEECH_KIND, WHOLE_MODEL_KINDS, Case,
-                    make_op)
+from .cases import (ATTENTION_KIND, GPU_MODEL_KIND, MODEL_KIND, QDQ_KIND, SPEECH_KIND,
+                    WHOLE_MODEL_KINDS, Case, make_op)
 
 FLOAT_RTOL = 2.0 ** -12
 FLOAT_ATOL = 1e-5
@@ -103,12 +103,13 @@ def run_case(case: Case, target=None, emulate="") -> CaseResult:
         if emulate:
             raise ValueError(f"fuzz: --emulate checks op-level cases only, not kind "
                              f"'{case.kind}'")
+        from .attention_case import run_attention_case
         from .gpu_check import run_gpu_model_case
         from .model_check import run_model_case
         from .qdq_check import run_qdq_case
 
         run = {MODEL_KIND: run_model_case, SPEECH_KIND: run_model_case, QDQ_KIND: run_qdq_case,
-               GPU_MODEL_KIND: run_gpu_model_case}[case.kind]
+               GPU_MODEL_KIND: run_gpu_model_case, ATTENTION_KIND: run_attention_case}[case.kind]
         return run(case, target)
     t0 = time.time()
     target = target or host()

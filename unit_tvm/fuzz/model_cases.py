@@ -83,6 +83,21 @@ def speech_params(rng: random.Random) -> dict:
             "reader": rng.choice(("transformer", "transformer", "mean_dense", "returned"))}
 
 
+def attention_params(rng: random.Random) -> dict:
+    """The choices that make one attention layer (family "attention", fuzz kind "attention"):
+    a spelling (unit_tvm.testing.attention.Spelling), heads, head depth and tokens, and
+    whether the fused kernel's size policy is lifted (fuse_any_size: two cases in three)."""
+    heads = rng.choice((1, 2, 3, 4, 6, 8))
+    return {"family": "attention", "batch": rng.choice((1, 1, 2)), "heads": heads,
+            "depth": rng.choice((8, 16, 24, 32, 48, 64)),
+            "tokens": rng.choice((64, 100, 197, 256, 300, 384, 512)),
+            "fused": rng.randint(0, 1), "order": rng.choice(("3hd", "h3d")),
+            "kt": rng.choice(("transpose", "permute")), "scale": rng.choice(("after", "q", "none")),
+            "merge": rng.choice(("transpose", "flatten", "interleave", "sum")),
+            "stride": rng.choice((1, 1, 2)), "sharpness": rng.choice((1.0, 1.0, 3.0, 6.0)),
+            "fuse_any_size": rng.choice((0, 1, 1))}
+
+
 def _activation(name, x):
     import torch
     from torch.nn import functional as F
@@ -123,7 +138,7 @@ def make_model(params: dict, seed: int):
     from ..testing import zoo
 
     build = {"cnn": _cnn, "encoder": _encoder, "residual": _residual,
-             "speech": _speech}[params["family"]]
+             "speech": _speech, "attention": _attention}[params["family"]]
     torch.manual_seed(seed)
     model, shape = build(params)
     zoo._randomize(model, seed)
@@ -380,3 +395,12 @@ def _speech(p: dict):
             return self.head(y.mean(-1)) if p["reader"] == "mean_dense" else y
 
     return Speech(), (1, p["cin"], p["frames"])
+
+
+def _attention(p: dict):
+    from ..testing.attention import Spelling, drawn_heads
+
+    spelling = Spelling(bool(p["fused"]), p["order"], p["kt"], p["scale"], p["merge"],
+                        p["stride"], p["sharpness"])
+    return (drawn_heads(spelling, p["heads"] * p["depth"], p["heads"]),
+            (p["batch"], p["tokens"], p["heads"] * p["depth"]))

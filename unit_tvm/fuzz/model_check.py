@@ -17,10 +17,11 @@ TIE_SHARE = 0.25
 
 
 def judge(got: list, plain: list, reference: list, baseline: str = "TVM's build",
-          share: float = TIE_SHARE) -> str:
+          share: float = TIE_SHARE, floor: float = 1e-5) -> str:
     """'' when the tensorized outputs may differ from TVM's build of the quantized module by
     rounding ties alone, else what differs. Each list holds one array per model output;
-    baseline names what `plain` came from in the message, share replaces TIE_SHARE.
+    baseline names what `plain` came from in the message, share replaces TIE_SHARE, and
+    floor is how far apart (relative L2) the two may always be.
 
     A tie moves a value by one step and everything that value reaches: little against the
     quantization error when an output reads many values, up to half of it when an output reads
@@ -36,7 +37,7 @@ def judge(got: list, plain: list, reference: list, baseline: str = "TVM's build"
         scale = np.linalg.norm(r) + 1e-12
         quantization, apart = np.linalg.norm(b - r) / scale, np.linalg.norm(g - b) / scale
         own = np.linalg.norm(g - r) / scale
-        if apart > max(share * quantization, 1e-5) and own > (1 + share) * quantization:
+        if apart > max(share * quantization, floor) and own > (1 + share) * quantization:
             worst = np.unravel_index(np.abs(g - b).argmax(), g.shape)
             return (f"output {i}: {apart:.3g} apart from {baseline} and {own:.3g} from the "
                     f"float model (relative L2), where {baseline} is {quantization:.3g} from "
