@@ -5,7 +5,9 @@ rounding tie (an approximated exp moves it by one step), which moves the result 
 quantization itself does (`judge`).
 """
 
+import contextlib
 import time
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -14,6 +16,19 @@ from .model_cases import make_model
 
 # how much of the quantization error itself rounding ties may add (see judge)
 TIE_SHARE = 0.25
+
+
+class Comparison(NamedTuple):
+    """What a whole-model case's tensorized build is compared with: TVM's build of the same
+    quantized module (`attention` None), or of the model quantized with that `attention`;
+    `name` says which in messages, `share` and `floor` go to judge, and `setting(case)` is a
+    context the compilation runs in."""
+
+    name: str = "TVM's build"
+    attention: str | None = None
+    share: float = TIE_SHARE
+    floor: float = 1e-5
+    setting: Callable = lambda case: contextlib.nullcontext()
 
 
 def judge(got: list, plain: list, reference: list, baseline: str = "TVM's build",
@@ -74,9 +89,22 @@ def run_outputs(ex, inputs) -> list:
     return out
 
 
-def run_model_case(case, target=None) -> CaseResult:
+def _instructions(qmod, tpass) -> list:
+    """The instructions the tensorized module runs: UnitTensorize's, and the fused attention
+    kernels' ("fused <name>")."""
+    from ..relax.fused_attention import KERNEL_INFO_ATTR
+
+    used = {instr for _, instr, _ in tpass.report if instr}
+    for func in qmod.functions.values():
+        attrs = getattr(func, "attrs", None)
+        if attrs is not None and KERNEL_INFO_ATTR in attrs:
+            used.add("fused " + str(attrs[KERNEL_INFO_ATTR]["instruction"]))
+    return sorted(used)
+
+
+def run_model_case(case, target=None, against: Comparison = Comparison()) -> CaseResult:
     """Quantize, tensorize and build the case's model; compare with TVM's build of the same
-    quantized module. Exceptions are classified, never raised."""
+    quantized module (or as `against` says). Exceptions are classified, never raised."""
     import torch
     import tvm
 
@@ -96,16 +124,19 @@ def run_model_case(case, target=None) -> CaseResult:
     except Exception as e:  # noqa: BLE001 - PyTorch or TVM's frontend fails: not unit-tvm's
         return failed(base, "invalid", e, t0)
     try:
-        with quiet():
+        with quiet(), against.setting(case):
             # quantize's module must build and run with TVM's own schedules too
             qmod = quantize(mod, target=target, calibration_data=calibration)
-            plain = run_outputs(tvm.compile(qmod, target=target), inputs)
+            other = qmod if against.attention is None else quantize(
+                mod, target=target, calibration_data=calibration, attention=against.attention)
+            plain = run_outputs(tvm.compile(other, target=target), inputs)
             tpass = UnitTensorize(target)
             got = run_outputs(build_relax(tpass(qmod), target), inputs)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
         return failed(base, "crash", e, t0)
-    diff = next(filter(None, (judge(g, b, r) for g, b, r in zip(got, plain, reference))), "")
-    used = sorted({instr for _, instr, _ in tpass.report if instr})
+    diff = next(filter(None, (judge(g, b, r, against.name, against.share, against.floor)
+                              for g, b, r in zip(got, plain, reference))), "")
+    used = _instructions(qmod, tpass)
     outcome = "wrong" if diff else ("tensorized-correct" if used else "fallback-correct")
     return CaseResult(**base, outcome=outcome, intrinsic=",".join(used), detail=diff,
                       seconds=time.time() - t0)

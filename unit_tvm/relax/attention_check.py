@@ -15,7 +15,7 @@ import numpy as np
 from ..schedules.cpu_attention_int8 import LEVELS, P_LEVELS, TINY
 from ..shift import SHIFT
 from .fused_attention import AttentionPlan, Operand
-from .qbmm import MIN_COSINE
+from .qbmm import MIN_COSINE, cosine
 
 
 def _codes(x, inverse):
@@ -69,25 +69,20 @@ def int8_cosine(plan: AttentionPlan, q_values, kt_values, v_values) -> float:
     inputs (each argument: an operand's source values, flattened over all inputs, as
     quantize.observe gives them); 0 where either is not finite (NaN or infinite operands:
     the int8 kernel quantizes them, float attention propagates them)."""
-    dot = want_sq = got_sq = 0.0
     sizes = [int(np.prod(op.source.ty.shape)) for op in (plan.q, plan.kt, plan.v)]
     per_input = [values.reshape(-1, size)
                  for values, size in zip((q_values, kt_values, v_values), sizes)]
+    want, got = [], []
     for q_flat, kt_flat, v_flat in zip(*per_input):
         q, kt = operand_values(plan.q, q_flat), operand_values(plan.kt, kt_flat)
         v = operand_values(plan.v, v_flat) * np.float32(plan.v.scale)
         with np.errstate(all="ignore"):
-            # sums of squares over a whole input in float64 (float32's would be off by 1e-5)
-            want = float_attention(q, kt, v, plan.scale).astype(np.float64).reshape(-1)
-            got = int8_attention(q, kt, v, plan.scale).astype(np.float64).reshape(-1)
-        dot += float(want @ got)
-        want_sq += float(want @ want)
-        got_sq += float(got @ got)
-    if not np.isfinite([dot, want_sq, got_sq]).all():
+            want.append(float_attention(q, kt, v, plan.scale).reshape(-1))
+            got.append(int8_attention(q, kt, v, plan.scale).reshape(-1))
+    want, got = np.concatenate(want), np.concatenate(got)
+    if not (np.isfinite(want).all() and np.isfinite(got).all()):
         return 0.0
-    if min(want_sq, got_sq) == 0:  # both zero: the same; one zero: nothing is left
-        return 1.0 if max(want_sq, got_sq) == 0 else 0.0
-    return dot / np.sqrt(want_sq * got_sq)
+    return cosine(want, got)
 
 
 def fits_int8(plan: AttentionPlan, q_values, kt_values, v_values) -> bool:

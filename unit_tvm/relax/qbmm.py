@@ -47,10 +47,16 @@ def fits_int8(x, y, x_scale, x_zp, y_scale) -> float:
     y: [S, ..., K, N] for S calibration samples), in float64."""
     xq = np.clip(np.round(x / x_scale) + x_zp, 0, 255)
     yq = np.clip(np.round(y / y_scale), -127, 127)
-    want = np.matmul(x.astype(np.float64), y.astype(np.float64)).reshape(-1)
-    got = (np.matmul(xq - x_zp, yq) * (x_scale * y_scale)).reshape(-1)
+    want = np.matmul(x.astype(np.float64), y.astype(np.float64))
+    return cosine(want, np.matmul(xq - x_zp, yq) * (x_scale * y_scale))
+
+
+def cosine(want, got) -> float:
+    """Cosine between two results (any shape, flattened, in float64): 1 where both are zero,
+    0 where one is (nothing of it is left)."""
+    want, got = (np.asarray(a, np.float64).reshape(-1) for a in (want, got))
     norms = np.linalg.norm(want), np.linalg.norm(got)
-    if min(norms) == 0:  # both zero: the same; one zero: nothing of the product is left
+    if min(norms) == 0:
         return 1.0 if max(norms) == 0 else 0.0
     return float(want @ got / (norms[0] * norms[1]))
 
