@@ -201,8 +201,9 @@ def test_instruction_race_never_picks_a_wrong_kernel(monkeypatch, small_conv, tm
 def test_instruction_race_builds_once_and_outlasts_a_burst(monkeypatch, small_conv):
     """The race builds each alternative's default kernel once, then times the kernels in turn,
     checking every output, search.RACE_ROUNDS times, and keeps each one's best: a burst of load
-    during one timing (here a 100x reading of the first alternative's first one) decides
-    nothing."""
+    during one timing (here a 10^6x reading of the first alternative's first one) decides
+    nothing. (Compared with a separate timing, a 10x bound failed once under two pytest
+    workers: a 4 us kernel whose threads wait for the other worker's read 1.2 ms.)"""
     from unit_tvm.runner import LocalRunner, Measurement
 
     alts = _alternatives(small_conv, ["x86.vpdpbusd", "x86.vpdpbusd.256"])
@@ -217,14 +218,15 @@ def test_instruction_race_builds_once_and_outlasts_a_burst(monkeypatch, small_co
     class Bursty(LocalRunner):
         def __init__(self):
             super().__init__()
-            self.timed = []
+            self.timed, self.readings = [], []
 
         def measure(self, libs, arrays, expected=None, **kw):
             assert expected is not None  # every timing checks the output again
             out = super().measure(libs, arrays, expected, **kw)
             self.timed += [built[id(lib)] for lib in libs]
             if self.timed == ["x86.vpdpbusd"]:
-                out = [Measurement(out[0].seconds * 100)]
+                out = [Measurement(out[0].seconds * 1e6)]
+            self.readings += [m.seconds for m in out]
             return out
 
     monkeypatch.setattr(search, "candidate_module", recorded)
@@ -232,9 +234,8 @@ def test_instruction_race_builds_once_and_outlasts_a_burst(monkeypatch, small_co
     raced = {i: t for t, i in search._race(alts, unit_tvm.target.host(), runner)}
     assert sorted(built.values()) == ["x86.vpdpbusd", "x86.vpdpbusd.256"]
     assert runner.timed == ["x86.vpdpbusd", "x86.vpdpbusd.256"] * search.RACE_ROUNDS
-    first = search._ops(alts[0][1]) / search.tune(alts[0][1], alts[0][0], trials=1,
-                                                   progress=False).gops / 1e9
-    assert raced[0] < 10 * first
+    first_alt = runner.readings[::2]  # the rounds alternate: the first alternative's readings
+    assert raced[0] == min(first_alt) < first_alt[0]
 
 
 @pytest.mark.parametrize("second_ms, chosen", [(1.0, 1), (1.96, 0), (2.0, 0), (2.5, 0)])
