@@ -29,7 +29,7 @@ from .compiler import build_relax
 from .peak import host_threads, peak
 from .relax import UnitTensorize, quantize, views
 from .relax.recipe import ATTR, Recipe
-from .relax.fused_attention import KERNEL_INFO_ATTR
+from .relax.fused_attention import kernel_infos
 from .relax.tensorize import KernelInfo, macs
 from .target import host
 from .tuner import Database, default_path
@@ -196,9 +196,7 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
     recipes = {gv.name_hint: Recipe.from_json(str(f.attrs[ATTR]))
                for gv, f in tmod.functions.items()
                if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and ATTR in f.attrs}
-    own = {gv.name_hint: f.attrs[KERNEL_INFO_ATTR] for gv, f in tmod.functions.items()
-           if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
-           and KERNEL_INFO_ATTR in f.attrs}  # kernels scheduled by unit-tvm's graph passes
+    own = kernel_infos(tmod)  # kernels scheduled by unit-tvm's graph passes
     vm = relax.VirtualMachine(build_relax(tmod, target), tvm.cpu())
     arg = tvm.runtime.tensor(np.asarray(x), tvm.cpu())
     e2e = interleaved({name: lambda: vm["main"](arg)}, rounds=5)[name].min_ms

@@ -92,13 +92,10 @@ def run_outputs(ex, inputs) -> list:
 def _instructions(qmod, tpass) -> list:
     """The instructions the tensorized module runs: UnitTensorize's, and the fused attention
     kernels' ("fused <name>")."""
-    from ..relax.fused_attention import KERNEL_INFO_ATTR
+    from ..relax.fused_attention import kernel_infos
 
     used = {instr for _, instr, _ in tpass.report if instr}
-    for func in qmod.functions.values():
-        attrs = getattr(func, "attrs", None)
-        if attrs is not None and KERNEL_INFO_ATTR in attrs:
-            used.add("fused " + str(attrs[KERNEL_INFO_ATTR]["instruction"]))
+    used |= {"fused " + str(info["instruction"]) for info in kernel_infos(qmod).values()}
     return sorted(used)
 
 

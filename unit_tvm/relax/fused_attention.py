@@ -226,6 +226,14 @@ def attention_plan(g, binding, mod) -> AttentionPlan | None:
     return AttentionPlan(*ops, scale * ops[0].scale * ops[1].scale, safe, shape, end, axes)
 
 
+def kernel_infos(mod: tvm.IRModule) -> dict:
+    """{function name: its KERNEL_INFO_ATTR} of the kernels in `mod` scheduled by unit-tvm's
+    graph passes (the fused attention's)."""
+    return {gv.name_hint: f.attrs[KERNEL_INFO_ATTR] for gv, f in mod.functions.items()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None
+            and KERNEL_INFO_ATTR in f.attrs}
+
+
 def _reader(src, view, factor):
     """A function of an operand's index to its float32 value in the flat `src`."""
     if factor == 1.0:
