@@ -12,7 +12,7 @@ import unit_tvm
 from unit_tvm import frontends
 from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
-from unit_tvm.relax.views import StridedView, _copy_schedule
+from unit_tvm.relax.views import StridedView, _copy_schedule, apply, split_part
 from unit_tvm.testing import zoo
 from unit_tvm.testing.attention import drawn_heads, drawn_spelling
 
@@ -103,6 +103,30 @@ def test_gathered_operand_equals_numpy(shape, chain, host_target):
     got = tvm.runtime.tensor(np.zeros(view.shape, "float32"))
     lib(tvm.runtime.tensor(source.reshape(-1)), got)
     np.testing.assert_array_equal(got.numpy(), a)
+
+
+@pytest.mark.parametrize("shape,sections,axis", [
+    ((3, 1, 4, 6, 8), 3, 0),  # ONNX's Split of a QKV projection's 5-D transpose
+    ((2, 5, 12), 3, -1),  # torch.chunk along the last axis
+    ((4, 9, 2), [2, 7], 1),  # indices: unequal parts
+    ((4, 9, 2), [3, 3, 20], 1),  # an empty part and one cut past the end
+])
+def test_split_parts_read_as_numpy_splits(shape, sections, axis):
+    """A TupleGetItem of Relax's split, as the strided_slice split_part makes of it, read
+    through the view algebra, is numpy's part; a TupleGetItem of anything else is not one."""
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    split = relax.op.split(x, sections, axis)
+    parts_var = relax.Var("parts", relax.BlockBuilder().normalize(split).ty)
+    a = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    want = np.split(a, sections, axis)
+    for i, part in enumerate(want):
+        call = split_part(relax.TupleGetItem(parts_var, i), {parts_var: split}.get)
+        view = apply(StridedView.contiguous(shape), call)
+        assert list(view.shape) == list(part.shape)
+        np.testing.assert_array_equal(_read(a, view), part)
+    other = relax.Var("t", relax.TupleType([relax.TensorType(shape, "float32")]))
+    assert split_part(relax.TupleGetItem(other, 0), {}.get) is None
+    assert split_part(relax.TupleGetItem(parts_var, 0), {parts_var: x}.get) is None
 
 
 def test_reshape_of_a_transpose_that_needs_a_copy_is_refused():

@@ -39,7 +39,7 @@ from ..target import is_cpu
 from .graph import (bound_call, dataflow_bindings, op_name, readers, rewrite_functions,
                     scalar_const, static_shape, uses)
 from .safe_softmax import SAFE_SOFTMAX_ATTR
-from .views import VIEW_OPS, StridedView, composed, result_layout
+from .views import StridedView, bound_view_op, composed, result_layout
 
 KERNEL_NAME = "unit_attention"
 # {"instruction", "macs", "label"} of the kernel, for `unit-tvm profile`
@@ -164,12 +164,12 @@ def _operand(g, var, logical) -> Operand:
     through view ops and scalar multiplies as far as the views compose, else `var` itself."""
     ops, scale, cur = [], 1.0, var
     best = Operand(var, StridedView.contiguous(logical), 1.0)
-    while (call := g.call(cur)) is not None:
-        factor = _scalar_factor(call)
+    while (value := g.lookup(cur)) is not None:
+        factor = _scalar_factor(value) if isinstance(value, relax.Call) else None
         if factor is not None:
             cur, c = factor
             scale *= c
-        elif op_name(call) in VIEW_OPS:
+        elif (call := bound_view_op(value, g.lookup)) is not None:
             ops.append(call)
             cur = call.args[0]
         else:

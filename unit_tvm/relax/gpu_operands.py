@@ -79,7 +79,8 @@ def find(x: relax.Expr, lookup, shape: list, dtype: str) -> Prologue | None:
     fold: no such op, or reshapes alone, which are views already)."""
     calls, cur, best = [], x, None
     while isinstance(cur, relax.Var):
-        call = lookup(cur)
+        call = views.bound_view_op(lookup(cur), lookup)
+        call = lookup(cur) if call is None else call  # not a view op: a cast, or the end
         if (not (op_name(call) in views.VIEW_OPS or _cast(call))
                 or not isinstance(call.args[0], relax.Var)):
             break

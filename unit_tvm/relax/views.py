@@ -9,9 +9,10 @@ cache in a real run). The bmm kernel packs its run-time operands anyway, so it c
 where they already are: a `StridedView` says where element [b, i, k] of an operand sits in a
 flat source (offset + sum of index x stride), and a permutation of the result's axes says in
 which order the kernel writes it. Both are composed from the Relax ops they replace, so the
-same walk covers any chain of reshape, permute_dims, strided_slice, squeeze, expand_dims and
-same-shape broadcast_to that stays a view (numpy's rule: a reshape that would need a copy ends
-the walk).
+same walk covers any chain of reshape, permute_dims, strided_slice, squeeze, expand_dims,
+same-shape broadcast_to, take of one constant index (torch's x[1]) and a part of a split
+(ONNX's Split, torch.chunk) that stays a view (numpy's rule: a reshape that would need a copy
+ends the walk).
 """
 
 import math
@@ -22,12 +23,12 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, te
 
-from .graph import op_name, readers, static_shape
+from .graph import const_value, op_name, readers, static_shape
 
 # the kernel that gathers an operand the bmm cannot read in place (profile: a layout change)
 COPY_KERNEL = "view_copy"
 VIEW_OPS = ("relax.reshape", "relax.permute_dims", "relax.strided_slice", "relax.squeeze",
-             "relax.expand_dims", "relax.broadcast_to")
+             "relax.expand_dims", "relax.broadcast_to", "relax.take")
 
 
 @dataclass(frozen=True)
@@ -168,7 +169,25 @@ def apply(view: StridedView, call) -> "StridedView | None":
         return view
     if name == "relax.broadcast_to":
         return view.broadcast(out_shape)
+    if name == "relax.take":
+        return _taken(view, call, out_shape)
     return _strided_slice(view, call, out_shape)
+
+
+def _taken(view, call, out_shape):
+    """take(x, i, axis) with one constant index i (torch's x[i], select): the slice [i] of
+    that axis without the axis; None for an index tensor or no axis."""
+    index = const_value(call.args[1]) if len(call.args) > 1 else None
+    axis = getattr(call.attrs, "axis", None)
+    if index is None or index.ndim != 0 or axis is None:
+        return None
+    axis = int(axis) % len(view.shape)
+    extent = view.shape[axis]
+    i = int(index) + (extent if int(index) < 0 else 0)
+    if not 0 <= i < extent:
+        return None
+    view = view.slice(axis, i, i + 1).squeeze([axis])
+    return view if list(view.shape) == out_shape else None
 
 
 def _strided_slice(view, call, out_shape):
@@ -200,6 +219,40 @@ def _inverse(view, call):
     return None
 
 
+def split_part(item, lookup) -> "relax.Call | None":
+    """`item`, a TupleGetItem of a split's result (`lookup`: a variable's bound value, or
+    None), as the strided_slice of the split's input it equals (its type inferred), so that
+    the walks through view ops go on past it (ONNX's Split and torch's chunk / unbind cut Q,
+    K and V out of one projection this way); None for anything else."""
+    if not isinstance(item, relax.TupleGetItem) or not isinstance(item.tuple_value, relax.Var):
+        return None
+    split = lookup(item.tuple_value)
+    if op_name(split) != "relax.split" or not split.args:
+        return None
+    shape = static_shape(split.args[0])
+    if shape is None:
+        return None
+    axis = int(split.attrs.axis) % len(shape)
+    sections = split.attrs.indices_or_sections
+    if hasattr(sections, "value"):  # an integer: that many equal parts
+        step = shape[axis] // int(sections)
+        cuts = [step * k for k in range(1, int(sections))]
+    else:
+        cuts = [min(int(c), shape[axis]) for c in sections]
+    bounds = [0, *cuts, shape[axis]]
+    index = int(item.index)
+    if not 0 <= index < len(bounds) - 1:
+        return None
+    return relax.BlockBuilder().normalize(relax.op.strided_slice(
+        split.args[0], [axis], [bounds[index]], [max(bounds[index], bounds[index + 1])]))
+
+
+def bound_view_op(value, lookup) -> "relax.Call | None":
+    """The call `value` is (a split's part as its strided_slice: split_part), if a view op."""
+    call = split_part(value, lookup) if isinstance(value, relax.TupleGetItem) else value
+    return call if isinstance(call, relax.Call) and op_name(call) in VIEW_OPS else None
+
+
 def composed(shape, ops) -> "StridedView | None":
     """The view of the last result of `ops` (view ops, last first, each reading the one after
     it; the last of them reads a tensor of `shape`), or None where one is not a view."""
@@ -223,8 +276,11 @@ def operand_view(var, by_var, readable) -> "OperandView | None":
     earliest readable source whose chain of ops to `var` composes into one strided view; None
     when there is none or the view is only a reshape (which costs nothing already)."""
     ops, cur, best = [], var, None
-    while cur in by_var and isinstance(by_var[cur].value, relax.Call):
-        call = by_var[cur].value
+
+    def lookup(v):
+        return by_var[v].value if v in by_var else None
+
+    while cur in by_var and (call := bound_view_op(by_var[cur].value, lookup)) is not None:
         src = call.args[0] if call.args else None
         if not isinstance(src, relax.Var) or not readable(src) or static_shape(src) is None:
             break
