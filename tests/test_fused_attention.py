@@ -19,6 +19,7 @@ from unit_tvm.relax.fused_attention import KERNEL_NAME, fuse_attention, instruct
 from unit_tvm.relax.quantize import inference_form
 from unit_tvm.schedules import cpu_attention
 from unit_tvm.testing import zoo
+from unit_tvm.testing.attention import drawn_spelling
 
 from .conftest import require_host
 from .test_relax import _cos, _run
@@ -168,6 +169,12 @@ def test_drawn_spellings_fused_equal_fp32_attention(seed, monkeypatch):
     host = unit_tvm.target.host()
     qmod = quantize(mod, calibration_data=cal, attention="bf16")
     assert len(_fused_kernels(qmod)) == 1 and not _softmaxes(qmod), _softmaxes(qmod)
+    layout = {"relax.permute_dims", "relax.take", "relax.split", "relax.strided_slice",
+              "relax.squeeze"} & set(_ops(qmod))
+    if seed % 2 == 0:  # batch 1: the operands read where the projections left them (through
+        # x[i], split and chunk too); only the interleaved merge is not a view of the result
+        interleaved = drawn_spelling(seed).merge == "interleave"
+        assert layout == ({"relax.permute_dims"} if interleaved else set()), layout
     fp32 = _run(tvm.compile(quantize(mod, calibration_data=cal, attention="fp32"), target=host),
                 xs)
     for got, other in zip(_run(unit_tvm.compiler.build_relax(qmod, host), xs), fp32):

@@ -95,7 +95,8 @@ def attention_params(rng: random.Random) -> dict:
             "kt": rng.choice(("transpose", "permute")), "scale": rng.choice(("after", "q", "none")),
             "merge": rng.choice(("transpose", "flatten", "interleave", "sum")),
             "stride": rng.choice((1, 1, 2)), "sharpness": rng.choice((1.0, 1.0, 3.0, 6.0)),
-            "fuse_any_size": rng.choice((0, 1, 1))}
+            "fuse_any_size": rng.choice((0, 1, 1)),
+            "cut": rng.choice(("unpack", "chunk", "split"))}
 
 
 def _activation(name, x):
@@ -401,6 +402,6 @@ def _attention(p: dict):
     from ..testing.attention import Spelling, drawn_heads
 
     spelling = Spelling(bool(p["fused"]), p["order"], p["kt"], p["scale"], p["merge"],
-                        p["stride"], p["sharpness"])
+                        p["stride"], p["sharpness"], p.get("cut", "unpack"))
     return (drawn_heads(spelling, p["heads"] * p["depth"], p["heads"]),
             (p["batch"], p["tokens"], p["heads"] * p["depth"]))

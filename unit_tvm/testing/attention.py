@@ -15,7 +15,9 @@ class Spelling(NamedTuple):
     "after" the matmul, on "q", or "none"; merge: heads merged by "transpose", "flatten",
     "interleave" (head index fastest: no view of the result) or "sum"; stride: every
     stride-th key; sharpness: a factor on Q (scores sharper than a trained model's: the int8
-    attention's accuracy guard has something to refuse)."""
+    attention's accuracy guard has something to refuse); cut: how a fused projection becomes
+    Q, K and V: "unpack" (iterating the permuted tensor: slices), "chunk" (torch.chunk before
+    the permute) or "split" (torch.split after it; both Relax's split, as ONNX's Split)."""
 
     fused: bool
     order: str
@@ -24,6 +26,7 @@ class Spelling(NamedTuple):
     merge: str
     stride: int
     sharpness: float = 1.0
+    cut: str = "unpack"
 
 
 def drawn_spelling(seed: int) -> Spelling:
@@ -34,7 +37,9 @@ def drawn_spelling(seed: int) -> Spelling:
         str(rng.choice(opts)) for opts in (["3hd", "h3d"], ["transpose", "permute"],
                                            ["after", "q", "none"],
                                            ["transpose", "flatten", "interleave", "sum"]))
-    return Spelling(fused, order, kt, scale, merge, int(rng.choice([1, 1, 2])))
+    stride = int(rng.choice([1, 1, 2]))
+    return Spelling(fused, order, kt, scale, merge, stride,
+                    cut=str(rng.choice(["unpack", "chunk", "split"])))
 
 
 def drawn_heads(spelling: Spelling, hidden: int = 48, heads: int = 3):
@@ -62,7 +67,13 @@ def drawn_heads(spelling: Spelling, hidden: int = 48, heads: int = 3):
             shape, axes = (((b, s, 3, h, d), (2, 0, 3, 1, 4)) if spelling.order == "3hd"
                            else ((b, s, h, 3, d), (3, 0, 2, 1, 4)))
             t = self.qkv(x).reshape(shape)
-            q, k, v = t.permute(axes)
+            if spelling.cut == "chunk":  # along the axis of 3, each part [b, s, h, d]
+                three = 2 if spelling.order == "3hd" else 3
+                q, k, v = (u.squeeze(three).transpose(1, 2) for u in t.chunk(3, dim=three))
+            elif spelling.cut == "split":
+                q, k, v = (u.squeeze(0) for u in t.permute(axes).split(1, dim=0))
+            else:
+                q, k, v = t.permute(axes)
             if spelling.kt == "permute":  # K^T in one 5-D permute of the projection
                 return q, t.permute(axes[:3] + (axes[4], axes[3]))[1], v
             return q, k.transpose(-1, -2), v
