@@ -128,12 +128,13 @@ class Operands(NamedTuple):
 
 
 def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, scale: float,
-                 safe: bool, lanes: int, width: int, dtype: str, out_axes=None):
+                 safe: bool, lanes: int, width: int, dtype: str, out_axes=None,
+                 result_dims=None):
     """The stages of the module note as te.computes over the operands `read` gives (of `shape`,
     the batch flattened), the products' operands of `dtype`: "bfloat16", or "uint8" for the
     int8 stages (cpu_attention_int8.py; `safe` does not matter there: no score is -inf);
-    returns the output, [batch, rows, v_depth] with its axes in `out_axes` order (None: as
-    they are)."""
+    returns the output, [batch, rows, v_depth] (or `result_dims`: the batch unflattened) with
+    its axes in `out_axes` order (None: as they are)."""
     if dtype == "uint8":
         front = int8_stages(read, shape, tiles, scale, lanes, width)
     else:
@@ -150,7 +151,7 @@ def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, s
         name="weighted")
     out = te.compute((b, tiles.rows_padded, shape.v_depth),
                      lambda h, i, c: front.normalised(weighted, total, h, i, c), name="attention")
-    return _laid_out(out, shape, tiles, out_axes)
+    return _laid_out(out, shape, tiles, out_axes, result_dims)
 
 
 def _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype) -> Softmaxed:
@@ -211,19 +212,22 @@ def _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype) -> Softma
     return Softmaxed(probs, vp, f32, normalised)
 
 
-def _laid_out(out, shape, tiles, out_axes):
-    """The normalised result `out` without its padded rows, its axes in `out_axes` order."""
-    b = shape.batch
-    axes = tuple(out_axes) if out_axes is not None else (0, 1, 2)
+def _laid_out(out, shape, tiles, out_axes, result_dims=None):
+    """The normalised result `out` without its padded rows, of `result_dims` ([batch, rows,
+    v_depth] or with the batch axes unflattened) with its axes in `out_axes` order."""
+    logical = tuple(result_dims or (shape.batch, shape.rows, shape.v_depth))
+    axes = tuple(out_axes) if out_axes is not None else tuple(range(len(logical)))
     if tiles.rows_padded == shape.rows and axes == (0, 1, 2):
         return out
-    logical = (b, shape.rows, shape.v_depth)
 
     def unpermuted(*idx):
-        at = [None] * 3
+        at = [None] * len(logical)
         for axis, i in zip(axes, idx):
             at[axis] = i
-        return out[tuple(at)]
+        head = at[0]
+        for n, i in zip(logical[1:-2], at[1:-2]):  # the batch axes raveled (row-major)
+            head = head * n + i
+        return out[head, at[-2], at[-1]]
 
     return te.compute([logical[a] for a in axes], unpermuted, name=OUT_STAGE)
 

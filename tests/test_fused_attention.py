@@ -171,10 +171,11 @@ def test_drawn_spellings_fused_equal_fp32_attention(seed, monkeypatch):
     assert len(_fused_kernels(qmod)) == 1 and not _softmaxes(qmod), _softmaxes(qmod)
     layout = {"relax.permute_dims", "relax.take", "relax.split", "relax.strided_slice",
               "relax.squeeze"} & set(_ops(qmod))
-    if seed % 2 == 0:  # batch 1: the operands read where the projections left them (through
-        # x[i], split and chunk too); only the interleaved merge is not a view of the result
-        interleaved = drawn_spelling(seed).merge == "interleave"
-        assert layout == ({"relax.permute_dims"} if interleaved else set()), layout
+    # the operands read where the projections left them (through x[i], split and chunk too;
+    # batch 2 too, whose batch and head axes do not merge), the result written merged; only
+    # the interleaved merge is not a view of the result
+    interleaved = drawn_spelling(seed).merge == "interleave"
+    assert layout == ({"relax.permute_dims"} if interleaved else set()), layout
     fp32 = _run(tvm.compile(quantize(mod, calibration_data=cal, attention="fp32"), target=host),
                 xs)
     for got, other in zip(_run(unit_tvm.compiler.build_relax(qmod, host), xs), fp32):

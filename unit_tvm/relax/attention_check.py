@@ -61,7 +61,8 @@ def operand_values(operand: Operand, flat: np.ndarray) -> np.ndarray:
     view, flat = operand.view, np.ascontiguousarray(flat)
     return np.lib.stride_tricks.as_strided(
         flat[view.offset:], shape=view.shape,
-        strides=[s * flat.itemsize for s in view.strides], writeable=False)
+        strides=[s * flat.itemsize for s in view.strides],
+        writeable=False).reshape(-1, *view.shape[-2:])  # batch axes kept apart: flattened
 
 
 def int8_cosine(plan: AttentionPlan, q_values, kt_values, v_values) -> float:

@@ -57,8 +57,9 @@ class Operand(NamedTuple):
 
 class AttentionPlan(NamedTuple):
     """One matched attention: its operands, the softmax's kind and scale, and where the
-    kernel's result goes (`end`, whose value it computes, with the [batch, rows, v_depth]
-    axes in `out_axes` order)."""
+    kernel's result goes (`end`, whose value it computes: the result of dims `result_dims`,
+    [batch, rows, v_depth] or with the batch unflattened, with its axes in `out_axes`
+    order)."""
 
     q: Operand
     kt: Operand
@@ -68,6 +69,7 @@ class AttentionPlan(NamedTuple):
     shape: cpu_attention.AttentionShape
     end: relax.Var
     out_axes: tuple
+    result_dims: tuple
 
 
 # the products' operand and accumulator types per precision of the fused kernel
@@ -161,7 +163,10 @@ def _softmax_input(g, expr, mod):
 
 def _operand(g, var, logical) -> Operand:
     """How the kernel reads the operand `var` (logical: its [batch, rows, cols] shape): back
-    through view ops and scalar multiplies as far as the views compose, else `var` itself."""
+    through view ops and scalar multiplies as far as the views compose, else `var` itself.
+    The view is [batch, rows, cols] where the batch axes merge into one stride, else in
+    var's own shape (batch 2 of heads cut from the hidden axis: the batch and head strides
+    differ), the kernel's batch index unravelled over its batch axes (_reader)."""
     ops, scale, cur = [], 1.0, var
     best = Operand(var, StridedView.contiguous(logical), 1.0)
     while (value := g.lookup(cur)) is not None:
@@ -177,9 +182,8 @@ def _operand(g, var, logical) -> Operand:
         if not isinstance(cur, relax.Var) or static_shape(cur) is None:
             break
         view = composed(static_shape(cur), ops)
-        view = view.reshape(logical) if view is not None else None
         if view is not None:
-            best = Operand(cur, view, scale)
+            best = Operand(cur, view.reshape(logical) or view, scale)
     return best
 
 
@@ -192,6 +196,19 @@ def _shape_of(q, kt, v):
     if not (bq == bk == bv and d == d2 and n == n2):
         return None
     return cpu_attention.AttentionShape(math.prod(bq), m, d, n, dv)
+
+
+def _over_batch_reshapes(g, var):
+    """`var` past the single-use reshapes after it that keep its last two axes."""
+    while g.uses.get(var, 0) == 1 and var in g.users:
+        after = g.users[var]
+        if op_name(after.value) != "relax.reshape" or not after.value.args[0].same_as(var):
+            break
+        inner, outer = static_shape(var), static_shape(after.var)
+        if inner is None or outer is None or len(outer) < 2 or inner[-2:] != outer[-2:]:
+            break
+        var = after.var
+    return var
 
 
 def attention_plan(g, binding, mod) -> AttentionPlan | None:
@@ -219,11 +236,21 @@ def attention_plan(g, binding, mod) -> AttentionPlan | None:
     if shape is None:
         return None
     b, m, d, n, dv = shape
-    ops = [_operand(g, x, logical) for x, logical in (
+    # each operand from before the reshapes that regroup its batch axes (torch's bmm form:
+    # [2, 3, ...] heads flattened to [6, ...]), which need not merge into one stride
+    ops = [_operand(g, _under_batch_reshapes(g, x), logical) for x, logical in (
         (q, (b, m, d)), (kt, (b, d, n)), (v, (b, n, dv)))]
-    layout = result_layout(binding.var, (b, m, dv), g.users, g.uses)
+    dims = (b, m, dv)
+    layout = result_layout(binding.var, dims, g.users, g.uses)
+    start = _over_batch_reshapes(g, binding.var)
+    if layout is None and len(static_shape(start)) > 3:  # heads merged across a batch of 2+
+        dims = (*static_shape(start)[:-2], m, dv)
+        layout = result_layout(start, dims, g.users, g.uses)
+    if layout is None:
+        dims = (b, m, dv)
     end, axes = (layout.end, layout.axes) if layout is not None else (binding.var, (0, 1, 2))
-    return AttentionPlan(*ops, scale * ops[0].scale * ops[1].scale, safe, shape, end, axes)
+    return AttentionPlan(*ops, scale * ops[0].scale * ops[1].scale, safe, shape, end, axes,
+                         dims)
 
 
 def kernel_infos(mod: tvm.IRModule) -> dict:
@@ -234,11 +261,25 @@ def kernel_infos(mod: tvm.IRModule) -> dict:
             and KERNEL_INFO_ATTR in f.attrs}
 
 
+def unravelled(index, dims) -> list:
+    """The index over `dims` (row-major) of the flat `index` (a TIR expression)."""
+    out = []
+    for n in reversed(dims[1:]):
+        out.append(tirx.floormod(index, n))
+        index = tirx.floordiv(index, n)
+    return [index, *reversed(out)]
+
+
 def _reader(src, view, factor):
-    """A function of an operand's index to its float32 value in the flat `src`."""
+    """A function of an operand's (batch, row, column) index to its float32 value in the flat
+    `src` (the batch index unravelled where the view keeps the batch axes apart)."""
+    def at(h, i, j):
+        batch = unravelled(h, view.shape[:-2]) if len(view.shape) > 3 else [h]
+        return src[view.flat_index((*batch, i, j))]
+
     if factor == 1.0:
-        return lambda *idx: src[view.flat_index(idx)]
-    return lambda *idx: src[view.flat_index(idx)] * tirx.const(factor, "float32")
+        return at
+    return lambda *idx: at(*idx) * tirx.const(factor, "float32")
 
 
 def kernel(plan: AttentionPlan, intrin) -> tvm.tirx.PrimFunc:
@@ -253,7 +294,7 @@ def kernel(plan: AttentionPlan, intrin) -> tvm.tirx.PrimFunc:
         _reader(sources[2], plan.v.view, plan.v.scale))  # q's and k's factors are in the scale
     out = cpu_attention.attention_te(read, shape, tiles, plan.scale, plan.safe, lanes,
                                      intrin.reduction_width, intrin.input_dtypes[0],
-                                     plan.out_axes)
+                                     plan.out_axes, plan.result_dims)
     func = cpu_attention.schedule(te.create_prim_func([*sources, out]), tiles, intrin, lanes)
     macs = shape.batch * shape.rows * shape.keys * (shape.depth + shape.v_depth)
     label = (f"fused attention {shape.batch} x [{shape.rows}, {shape.depth}] x "
@@ -277,7 +318,7 @@ class _FuseAttention(relax.PyExprMutator):
         if plan is None:
             super().visit_var_binding_(binding)
             return
-        sig = (plan.shape, plan.scale, plan.safe, plan.out_axes,
+        sig = (plan.shape, plan.scale, plan.safe, plan.out_axes, plan.result_dims,
                *[(tuple(static_shape(op.source)), op.view, op.scale)
                  for op in (plan.q, plan.kt, plan.v)])
         if sig not in self.added:
@@ -288,10 +329,9 @@ class _FuseAttention(relax.PyExprMutator):
         args = [self.builder_.emit(relax.op.reshape(self.visit_expr(op.source),
                                                     [math.prod(static_shape(op.source))]))
                 for op in (plan.q, plan.kt, plan.v)]
-        logical = (plan.shape.batch, plan.shape.rows, plan.shape.v_depth)
         out = self.builder_.emit(relax.call_tir(
             self.added[sig], args,
-            relax.TensorType([logical[a] for a in plan.out_axes], "float32")))
+            relax.TensorType([plan.result_dims[a] for a in plan.out_axes], "float32")))
         value = self.builder_.normalize(relax.op.reshape(out, static_shape(binding.var)))
         self.set_var_remap(binding.var, self.builder_.emit(value))
 
