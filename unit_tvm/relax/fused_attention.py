@@ -261,7 +261,7 @@ def kernel_infos(mod: tvm.IRModule) -> dict:
             and KERNEL_INFO_ATTR in f.attrs}
 
 
-def unravelled(index, dims) -> list:
+def _unravelled(index, dims) -> list:
     """The index over `dims` (row-major) of the flat `index` (a TIR expression)."""
     out = []
     for n in reversed(dims[1:]):
@@ -274,7 +274,7 @@ def _reader(src, view, factor):
     """A function of an operand's (batch, row, column) index to its float32 value in the flat
     `src` (the batch index unravelled where the view keeps the batch axes apart)."""
     def at(h, i, j):
-        batch = unravelled(h, view.shape[:-2]) if len(view.shape) > 3 else [h]
+        batch = _unravelled(h, view.shape[:-2]) if len(view.shape) > 3 else [h]
         return src[view.flat_index((*batch, i, j))]
 
     if factor == 1.0:

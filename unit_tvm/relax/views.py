@@ -222,7 +222,7 @@ def _inverse(view, call):
 def split_part(item, lookup) -> "relax.Call | None":
     """`item`, a TupleGetItem of a split's result (`lookup`: a variable's bound value, or
     None), as the strided_slice of the split's input it equals (its type inferred), so that
-    the walks through view ops go on past it (ONNX's Split and torch's chunk / unbind cut Q,
+    the walks through view ops go on past it (ONNX's Split and torch's chunk / split cut Q,
     K and V out of one projection this way); None for anything else."""
     if not isinstance(item, relax.TupleGetItem) or not isinstance(item.tuple_value, relax.Var):
         return None
