@@ -110,6 +110,7 @@ def test_gathered_operand_equals_numpy(shape, chain, host_target):
     ((2, 5, 12), 3, -1),  # torch.chunk along the last axis
     ((4, 9, 2), [2, 7], 1),  # indices: unequal parts
     ((4, 9, 2), [3, 3, 20], 1),  # an empty part and one cut past the end
+    ((10, 4), 3, 0),  # sections that do not divide: Relax's parts are 4, 4 and 2
 ])
 def test_split_parts_read_as_numpy_splits(shape, sections, axis):
     """A TupleGetItem of Relax's split, as the strided_slice split_part makes of it, read
@@ -118,7 +119,14 @@ def test_split_parts_read_as_numpy_splits(shape, sections, axis):
     split = relax.op.split(x, sections, axis)
     parts_var = relax.Var("parts", relax.BlockBuilder().normalize(split).ty)
     a = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
-    want = np.split(a, sections, axis)
+    parts = parts_var.ty.fields
+    extents = [int(f.shape[axis]) for f in parts]  # Relax's parts, checked against numpy's
+    want = np.split(a, np.cumsum(extents)[:-1], axis)
+    if isinstance(sections, list) or shape[axis] % sections == 0:
+        assert [w.shape for w in want] == [p.shape for p in np.split(a, sections, axis)]
+    else:  # as torch.chunk: ceiling division
+        step = -(-shape[axis] // sections)
+        assert extents == [min(step, shape[axis] - k) for k in range(0, shape[axis], step)]
     for i, part in enumerate(want):
         call = split_part(relax.TupleGetItem(parts_var, i), {parts_var: split}.get)
         view = apply(StridedView.contiguous(shape), call)

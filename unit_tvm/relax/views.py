@@ -230,21 +230,20 @@ def split_part(item, lookup) -> "relax.Call | None":
     if op_name(split) != "relax.split" or not split.args:
         return None
     shape = static_shape(split.args[0])
-    if shape is None:
+    fields = getattr(item.tuple_value.ty, "fields", None)
+    if shape is None or fields is None:
         return None
     axis = int(split.attrs.axis) % len(shape)
-    sections = split.attrs.indices_or_sections
-    if hasattr(sections, "value"):  # an integer: that many equal parts
-        step = shape[axis] // int(sections)
-        cuts = [step * k for k in range(1, int(sections))]
-    else:
-        cuts = [min(int(c), shape[axis]) for c in sections]
-    bounds = [0, *cuts, shape[axis]]
+    # the parts' extents as the split's own type gives them (an integer count of sections
+    # splits by ceiling division: 10 rows in 3 are 4, 4 and 2)
+    sizes = [static_shape(relax.Var("part", f)) for f in fields]
     index = int(item.index)
-    if not 0 <= index < len(bounds) - 1:
+    if any(size is None for size in sizes) or not 0 <= index < len(sizes):
         return None
-    return relax.BlockBuilder().normalize(relax.op.strided_slice(
-        split.args[0], [axis], [bounds[index]], [max(bounds[index], bounds[index + 1])]))
+    begin = sum(size[axis] for size in sizes[:index])
+    part = relax.BlockBuilder().normalize(relax.op.strided_slice(
+        split.args[0], [axis], [begin], [begin + sizes[index][axis]]))
+    return part if static_shape(part) == sizes[index] else None
 
 
 def bound_view_op(value, lookup) -> "relax.Call | None":
