@@ -137,6 +137,24 @@ def test_split_parts_read_as_numpy_splits(shape, sections, axis):
     assert split_part(relax.TupleGetItem(parts_var, 0), {parts_var: x}.get) is None
 
 
+def test_take_of_one_index_reads_as_numpy_take():
+    """take(x, i, axis) of one constant index in range, read through the view algebra, is
+    numpy's take; a negative index (take's modes disagree there) and an index tensor are not
+    read as views."""
+    shape = (3, 4, 5)
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    bb = relax.BlockBuilder()
+    a = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    for axis in (0, 1, -1):
+        for i in range(a.shape[axis]):
+            call = bb.normalize(relax.op.take(x, relax.const(i, "int64"), axis=axis))
+            np.testing.assert_array_equal(_read(a, apply(StridedView.contiguous(shape), call)),
+                                          np.take(a, i, axis=axis))
+    for index in (-1, [1, 2]):
+        call = bb.normalize(relax.op.take(x, relax.const(index, "int64"), axis=0))
+        assert apply(StridedView.contiguous(shape), call) is None
+
+
 def test_reshape_of_a_transpose_that_needs_a_copy_is_refused():
     """Merging a transposed pair of axes is not a view (numpy copies); splitting one is."""
     t = StridedView.contiguous((4, 6)).permute((1, 0))

@@ -182,9 +182,8 @@ def _taken(view, call, out_shape):
     if index is None or index.ndim != 0 or axis is None:
         return None
     axis = int(axis) % len(view.shape)
-    extent = view.shape[axis]
-    i = int(index) + (extent if int(index) < 0 else 0)
-    if not 0 <= i < extent:
+    i = int(index)
+    if not 0 <= i < view.shape[axis]:  # where take's modes (fast, clip, wrap) all agree
         return None
     view = view.slice(axis, i, i + 1).squeeze([axis])
     return view if list(view.shape) == out_shape else None
