@@ -30,6 +30,7 @@ from typing import Callable, NamedTuple
 from tvm import s_tir, te, tirx
 
 from .. import fastmath
+from ..indexing import ravel
 from .cpu_attention_int8 import Softmaxed, int8_stages
 from .cpu_stages import vectorize_partials
 
@@ -224,10 +225,7 @@ def _laid_out(out, shape, tiles, out_axes, result_dims=None):
         at = [None] * len(logical)
         for axis, i in zip(axes, idx):
             at[axis] = i
-        head = at[0]
-        for n, i in zip(logical[1:-2], at[1:-2]):  # the batch axes raveled (row-major)
-            head = head * n + i
-        return out[head, at[-2], at[-1]]
+        return out[ravel(at[:-2], logical[:-2]), at[-2], at[-1]]
 
     return te.compute([logical[a] for a in axes], unpermuted, name=OUT_STAGE)
 

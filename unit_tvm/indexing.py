@@ -1,5 +1,6 @@
 """Index expressions of te.compute bodies: which loops they use, their values, and exact facts
-about how they move inside one instruction tile.
+about how they move inside one instruction tile; and the row-major ravel / unravel of an index
+that reads a tensor of one shape as another (a view's batch axes, a flattened head index).
 
 The Inspector's claims that decide correctness (an operand is one value across a tile's lanes;
 a tile's reads are one dense block) are decided here over *every* tile of the loop, with numpy,
@@ -26,6 +27,25 @@ class TileMovement(NamedTuple):
 
 class NotAffine(ValueError):
     """An index expression uses something other than integer arithmetic on loop variables."""
+
+
+def ravel(index, dims):
+    """The row-major flat index of `index` (ints or TIR expressions) over `dims`."""
+    flat = None
+    for i, n in zip(index, dims):
+        flat = i if flat is None else flat * int(n) + i
+    return 0 if flat is None else flat
+
+
+def unravel(flat, dims) -> list:
+    """The row-major index over `dims` of the flat index `flat`, which lies within their
+    product (an int or a TIR expression: // and % are TVM's floor division and modulo; the
+    outermost index is the quotient left, no modulo needed)."""
+    out = []
+    for n in reversed(dims[1:]):
+        out.append(flat % int(n))
+        flat = flat // int(n)
+    return [flat, *reversed(out)] if len(dims) else []
 
 
 def vars_in(e) -> set:

@@ -34,6 +34,7 @@ import tvm
 from tvm import relax, te, tirx
 
 from .. import intrinsics
+from ..indexing import unravel
 from ..schedules import cpu_attention
 from ..target import is_cpu
 from .graph import (bound_call, dataflow_bindings, op_name, readers, rewrite_functions,
@@ -261,20 +262,11 @@ def kernel_infos(mod: tvm.IRModule) -> dict:
             and KERNEL_INFO_ATTR in f.attrs}
 
 
-def _unravelled(index, dims) -> list:
-    """The index over `dims` (row-major) of the flat `index` (a TIR expression)."""
-    out = []
-    for n in reversed(dims[1:]):
-        out.append(tirx.floormod(index, n))
-        index = tirx.floordiv(index, n)
-    return [index, *reversed(out)]
-
-
 def _reader(src, view, factor):
     """A function of an operand's (batch, row, column) index to its float32 value in the flat
     `src` (the batch index unravelled where the view keeps the batch axes apart)."""
     def at(h, i, j):
-        batch = _unravelled(h, view.shape[:-2]) if len(view.shape) > 3 else [h]
+        batch = unravel(h, view.shape[:-2]) if len(view.shape) > 3 else [h]
         return src[view.flat_index((*batch, i, j))]
 
     if factor == 1.0:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from tvm import relax, te
 
+from ..indexing import ravel, unravel
 from . import views
 from .graph import op_name, static_shape
 
@@ -110,26 +111,11 @@ def te_operand(prologue: Prologue | None, shape, dtype: str, name: str) -> tuple
 
     def read(*index):
         if tuple(view.shape) != tuple(int(n) for n in shape):  # row-major into the view's shape
-            index = _unravel(_flat(index, shape), view.shape)
+            index = unravel(ravel(index, shape), view.shape)
         value = src[view.flat_index(index)]
         return value if prologue.source_dtype == dtype else value.astype(dtype)
 
     return src, te.compute(tuple(int(n) for n in shape), read, name=name)
-
-
-def _flat(index, shape):
-    flat = 0
-    for i, n in zip(index, shape):
-        flat = flat * int(n) + i
-    return flat
-
-
-def _unravel(flat, shape):
-    out = []
-    for n in reversed(shape):
-        out.append(flat % n)
-        flat = flat // n
-    return out[::-1]
 
 
 def argument(bb, prologue: Prologue) -> relax.Expr:
