@@ -52,7 +52,11 @@ def scalar_near(expr, want: float, rtol: float = 1e-6) -> bool:
 def static_shape(expr):
     """The static shape of a tensor-typed expression as a list of ints, or None (not a tensor,
     an unknown shape, or a symbolic dimension)."""
-    ty = getattr(expr, "ty", None)
+    return type_shape(getattr(expr, "ty", None))
+
+
+def type_shape(ty):
+    """static_shape of a type: a TensorType's static shape as a list of ints, or None."""
     dims = getattr(ty, "shape", None) if isinstance(ty, relax.TensorType) else None
     if dims is None or not all(hasattr(d, "value") for d in dims):
         return None

@@ -23,7 +23,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, s_tir, te
 
-from .graph import const_value, op_name, readers, static_shape
+from .graph import const_value, op_name, readers, static_shape, type_shape
 
 # the kernel that gathers an operand the bmm cannot read in place (profile: a layout change)
 COPY_KERNEL = "view_copy"
@@ -235,7 +235,7 @@ def split_part(item, lookup) -> "relax.Call | None":
     axis = int(split.attrs.axis) % len(shape)
     # the parts' extents as the split's own type gives them (an integer count of sections
     # splits by ceiling division: 10 rows in 3 are 4, 4 and 2)
-    sizes = [static_shape(relax.Var("part", f)) for f in fields]
+    sizes = [type_shape(f) for f in fields]
     index = int(item.index)
     if any(size is None for size in sizes) or not 0 <= index < len(sizes):
         return None
