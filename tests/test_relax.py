@@ -1085,6 +1085,18 @@ def test_causal_decoder_with_bool_cumsum_compiles(int8):
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
 
 
+def test_non_finite_full_compiles():
+    """torch.full of -inf (the causal mask of many decoders) compiles: TVM 0.27's legalization
+    of such a full raised a TypeError (frontend_fixes)."""
+    class Causal(nn.Module):
+        def forward(self, x):
+            return torch.softmax(x + torch.full((8, 8), float("-inf")).triu(1), -1)
+
+    x = torch.tensor(zoo.inputs((1, 8, 8), 1, seed=1)[0])
+    got = _run(unit_tvm.compile(frontends.from_torch(Causal(), [x])), [x.numpy()])[0]
+    np.testing.assert_allclose(got, Causal()(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
 class Grouped(nn.Module):
     """RegNet/ResNeXt-style grouped convs: groups of 16 channels (blocks of the instruction tile
     them), of 32 with stride 2 on a blocked uint8 edge, groups of 8 output channels (a

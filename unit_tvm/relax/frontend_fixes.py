@@ -31,6 +31,10 @@
   softmax; one check of the row instead (safe_softmax.py).
 - conv1d as a conv2d of height 1 (conv1d_lift.py): the quantizer and the tensorize pass know
   2-D convs.
+- full / full_like of an infinite or NaN value (`torch.full((n, n), float("-inf")).triu(1)`,
+  the causal mask of many decoders): TVM 0.27's legalization of them stops with a TypeError in
+  topi.full (it tests `"float" in dtype` on a PrimType). They become a broadcast_to of the
+  scalar, the same tensor.
 """
 
 import math
@@ -180,6 +184,21 @@ class _NoOpBroadcasts(relax.PyExprMutator):
         return call
 
 
+@relax.expr_functor.mutator
+class _NonFiniteFulls(relax.PyExprMutator):
+    def visit_call_(self, call):  # noqa: D401 - mutator hook
+        call = self.visit_expr_post_order(call)
+        name = op_name(call)
+        if name not in ("relax.full", "relax.full_like"):
+            return call
+        fill = const_value(call.args[1])
+        dtype = str(call.ty.dtype)
+        shape = static_shape(call)
+        if fill is None or fill.size != 1 or np.isfinite(fill).all() or shape is None:
+            return call
+        return relax.op.broadcast_to(relax.const(fill.reshape(()).astype(dtype), dtype), shape)
+
+
 class ScalarClamp(NamedTuple):
     """A call_tir that computes max(x, bound) ("max") or min(x, bound) ("min") elementwise."""
 
@@ -241,6 +260,7 @@ class _ClampsAsClip(relax.PyExprMutator):
 def frontend_fixes(mod, ctx):
     """tvm.transform.Pass: the repairs above on every Relax function of the module."""
     mod = rewrite_functions(mod, _BoolCumsumAsInt64(mod))
+    mod = rewrite_functions(mod, _NonFiniteFulls(mod))
     mod = rewrite_functions(mod, _EinsumAsMatmul(mod))
     mod = rewrite_functions(mod, _ChannelGroupNorms(mod))
     mod = rewrite_functions(mod, _NoOpBroadcasts(mod))
