@@ -20,8 +20,12 @@ do (relax/qbmm.py); E is rounded before both its sum and the product, so the nor
 matches what was multiplied. Keys are padded to whole tiles with zero K and V rows and scores
 of -inf; query rows to whole register tiles (the padded rows are computed and dropped).
 
-Special values, as torch: a row whose scores are all -inf gives 0 (`safe`, torch's safe
-softmax) or NaN (a plain softmax); a NaN or an infinite score makes its row NaN.
+A mask (Operands.mask: causal, padding, ALiBi-like biases...) is added to the scaled scores
+as they are read, in both passes over a row; it is read where its producer left it, broadcast
+over heads, rows or keys by its reader, never materialised per head.
+
+Special values, as torch: a row whose scores are all -inf (every key masked) gives 0 (`safe`,
+torch's safe softmax) or NaN (a plain softmax); a NaN or an infinite score makes its row NaN.
 """
 
 import math
@@ -121,11 +125,20 @@ def tiles_for(shape: AttentionShape, lanes: int) -> AttentionTiles:
 
 class Operands(NamedTuple):
     """How the kernel reads its operands: functions of a (flattened) head and two indices to a
-    float32 te expression: q(h, i, d), kt(h, d, j) (K^T: j a key), v(h, j, c)."""
+    float32 te expression: q(h, i, d), kt(h, d, j) (K^T: j a key), v(h, j, c); and mask(h, i,
+    j), added to the scaled scores (None: no mask)."""
 
     q: Callable
     kt: Callable
     v: Callable
+    mask: Callable | None = None
+
+    def masked(self, score, shape: "AttentionShape", h, i, j):
+        """The scaled `score` of row i and key j of head h plus the mask there (a padded row
+        or key reads the last one: both products' operands do the same), or `score`."""
+        if self.mask is None:
+            return score
+        return score + self.mask(h, te.min(i, shape.rows - 1), te.min(j, shape.keys - 1))
 
 
 def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, scale: float,
@@ -133,11 +146,12 @@ def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, s
                  result_dims=None):
     """The stages of the module note as te.computes over the operands `read` gives (of `shape`,
     the batch flattened), the products' operands of `dtype`: "bfloat16", or "uint8" for the
-    int8 stages (cpu_attention_int8.py; `safe` does not matter there: no score is -inf);
+    int8 stages (cpu_attention_int8.py; there `safe` matters only where a mask makes every
+    score of a row -inf);
     returns the output, [batch, rows, v_depth] (or `result_dims`: the batch unflattened) with
     its axes in `out_axes` order (None: as they are)."""
     if dtype == "uint8":
-        front = int8_stages(read, shape, tiles, scale, lanes, width)
+        front = int8_stages(read, shape, tiles, scale, safe, lanes, width)
     else:
         front = _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype)
     b, np_, acc = shape.batch, tiles.keys_padded, front.accumulator
@@ -181,10 +195,11 @@ def _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype) -> Softma
         axis=d), name="scores")
     k = te.reduce_axis((0, np_), name="k")
     row_max = te.compute((b, tiles.rows_padded), lambda h, i: te.max(
-        tirx.Select(k < n, scores[h, i, k] * scale, neg_inf), axis=k), name="row_max")
+        tirx.Select(k < n, read.masked(scores[h, i, k] * scale, shape, h, i, k), neg_inf),
+        axis=k), name="row_max")
 
     def exp_of(h, i, j):
-        s = scores[h, i, j] * scale
+        s = read.masked(scores[h, i, j] * scale, shape, h, i, j)
         x = s - row_max[h, i]
         # x is NaN for a NaN score, an infinite one (inf - inf), which make the row NaN as in
         # torch, and throughout a row of -inf scores, whose exps are 0 (the maximum alone cannot

@@ -13,9 +13,11 @@ the second sum (shift.py's correction) once per key (`k_sums`). E = exp(S - max)
 sum of what was multiplied.
 P's step of 1/255 drops exps below 1/510: on Whisper-sized attention with peaked rows (random
 Q and K, scores of standard deviation 2.25) the result's cosine to float64 attention is 0.9988
-against 0.99999 in bf16 (docs/RESULTS.md 2026-11-28). Scores are finite whatever the input:
+against 0.99999 in bf16 (docs/RESULTS.md 2026-11-28). Scores are finite whatever the operands:
 values are quantized as the int8 ops quantize them (NaN to code 0, infinities clipped; their
-head's scale counts only finite values), so no row is NaN.
+head's scale counts only finite values), so no row is NaN. A mask is added to the scaled
+scores in float32: its -inf keys get exps of 0, a row it leaves no finite score gives 0 (safe
+softmax) or NaN (a plain one) as torch, and a NaN in it drops its key (torch: a NaN row).
 """
 
 import math
@@ -77,10 +79,12 @@ class Softmaxed(NamedTuple):
     normalised: Callable
 
 
-def int8_stages(read, shape, tiles, scale: float, lanes: int, width: int) -> Softmaxed:
+def int8_stages(read, shape, tiles, scale: float, safe: bool, lanes: int,
+                width: int) -> Softmaxed:
     """The stages of the module note up to P over the operands `read` gives
-    (cpu_attention.Operands), blocked as `tiles` (cpu_attention.AttentionTiles) for an
-    instruction of `lanes` x `width`."""
+    (cpu_attention.Operands, its mask added to the scaled scores), blocked as `tiles`
+    (cpu_attention.AttentionTiles) for an instruction of `lanes` x `width`; a row that the
+    mask leaves no finite score gives 0 where `safe` (torch's safe softmax), else NaN."""
     b, n, np_, last = shape.batch, shape.keys, tiles.keys_padded, shape.rows - 1
     f32, i32 = "float32", "int32"
     q_range = _abs_max(read.q, (b, shape.rows, shape.depth), "q")
@@ -121,7 +125,16 @@ def int8_stages(read, shape, tiles, scale: float, lanes: int, width: int) -> Sof
 
     def score(h, i, j):
         centred = scores[h, i, j] - tirx.const(SHIFT, i32) * k_sums[h, j]
-        return centred.astype(f32) * s_factor[h]
+        return read.masked(centred.astype(f32) * s_factor[h], shape, h, i, j)
+
+    def exp_of(h, i, j):
+        x = score(h, i, j) - row_max[h, i]
+        value = fastmath.exp_nonpositive_bf16(x)
+        if read.mask is None:  # no -inf score, no NaN x
+            return value
+        # a row the mask leaves without a finite score has a maximum of -inf (x NaN: its
+        # exps 0, its sum 0); a NaN in the mask drops its key
+        return tirx.Select(tirx.isnan(x), tirx.const(0.0, f32), value)
 
     k = te.reduce_axis((0, np_), name="k")
     row_max = te.compute((b, tiles.rows_padded), lambda h, i: te.max(
@@ -130,13 +143,16 @@ def int8_stages(read, shape, tiles, scale: float, lanes: int, width: int) -> Sof
     # the lane made every load in the exp masked, the head's factor a gather (ViT's 197 tokens:
     # the int8 kernel then lost to the bf16 one)
     exps = te.compute((b, tiles.rows_padded, np_), lambda h, i, j: tirx.Select(
-        j < n, fastmath.exp_nonpositive_bf16(score(h, i, j) - row_max[h, i]),
-        tirx.const(0.0, f32)), name="exps")
+        j < n, exp_of(h, i, j), tirx.const(0.0, f32)), name="exps")
     probs = te.compute((b, tiles.rows_padded, np_), lambda h, i, j: fastmath.rounded_to_uint8(
         exps[h, i, j] * tirx.const(P_LEVELS, f32)), name="probs")
 
     def normalised(weighted, total, h, i, c):
-        # the row's largest exp is 1, 255 codes: the sum is never 0
-        return weighted[h, i, c].astype(f32) * (o_factor[h] / total[h, i].astype(f32))
+        # a row's largest exp is 1, 255 codes: the sum is 0 only where a mask left no finite
+        # score, and there the value is 0 * inf, NaN as a plain softmax's
+        value = weighted[h, i, c].astype(f32) * (o_factor[h] / total[h, i].astype(f32))
+        if safe and read.mask is not None:
+            return tirx.Select(total[h, i] > tirx.const(0, i32), value, tirx.const(0.0, f32))
+        return value
 
     return Softmaxed(probs, vp, i32, normalised)

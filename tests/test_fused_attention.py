@@ -174,7 +174,10 @@ def test_drawn_spellings_fused_equal_fp32_attention(seed, monkeypatch):
     # the operands read where the projections left them (through x[i], split and chunk too;
     # batch 2 too, whose batch and head axes do not merge), the result written merged; only
     # the interleaved merge is not a view of the result
-    interleaved = drawn_spelling(seed).merge == "interleave"
+    spelling = drawn_spelling(seed)
+    if spelling.mask == "padding":  # the mask's own reading of the input's first feature
+        layout -= {"relax.take", "relax.strided_slice"}
+    interleaved = spelling.merge == "interleave"
     assert layout == ({"relax.permute_dims"} if interleaved else set()), layout
     fp32 = _run(tvm.compile(quantize(mod, calibration_data=cal, attention="fp32"), target=host),
                 xs)
@@ -216,25 +219,62 @@ def test_fusion_where_scores_outgrow_the_caches(tokens, fused):
 
 
 class MaskedAttention(SplitHeads):
-    """SplitHeads with an additive mask on the scores: not the fused pattern."""
+    """SplitHeads with a mask added to its scores, as `kind` says: "triu" (a constant, -1e4
+    above the diagonal, added after the scale, as older Hugging Face decoders do),
+    "sdpa_causal" (torch's SDPA with is_causal: -inf above the diagonal, a safe softmax),
+    "sdpa_mask" (SDPA with an additive mask computed from the input: float32's lowest on the
+    keys whose first feature is below -0.5, [batch, 1, 1, keys]), "before_scale" (the mask
+    added before the scale: the scale would apply to it too, not the pattern)."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
 
     def forward(self, x):
         b, s, h = x.shape
         q, k, v = (m(x).view(b, s, self.heads, self.d).transpose(1, 2)
                    for m in (self.q, self.k, self.v))
-        mask = torch.triu(torch.full((s, s), -1e4), 1)
-        att = torch.softmax(torch.matmul(q, k.transpose(-1, -2)) / self.d ** 0.5 + mask, -1)
-        return self.out(torch.matmul(att, v).transpose(1, 2).reshape(b, s, h))
+        if self.kind.startswith("sdpa"):
+            padded = (x[:, :, 0] < -0.5) & (torch.arange(s) > 0)
+            mask = torch.where(padded, torch.finfo(torch.float32).min, 0.0)[:, None, None, :]
+            att = nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=self.kind == "sdpa_causal",
+                attn_mask=mask if self.kind == "sdpa_mask" else None)
+        else:
+            mask = torch.triu(torch.full((s, s), -1e4), 1)
+            scores = torch.matmul(q, k.transpose(-1, -2))
+            scores = (scores / self.d ** 0.5 + mask if self.kind == "triu"
+                      else (scores + mask) / self.d ** 0.5)
+            att = torch.matmul(torch.softmax(scores, -1), v)
+        return self.out(att.transpose(1, 2).reshape(b, s, h))
 
 
-def test_masked_attention_is_left_as_it_is(monkeypatch):
-    """A mask added to the scores ends the match: no fused kernel, the softmax stays."""
+@pytest.mark.parametrize("kind", ["triu", "sdpa_causal", "sdpa_mask", "before_scale"])
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_masked_attention_fused_equals_torch(kind, precision, monkeypatch):
+    """A mask added to the scaled scores (a constant, or computed from the input at run time
+    and broadcast over heads and rows) is read by the fused kernel: one kernel, no softmax
+    left, in bf16 and int8 alike, and the model stays as close to torch as the unmasked one (a
+    mask read at the wrong head, row or key would move the padded and future keys' weights).
+    Added before the scale it is not the pattern: separate kernels, still right."""
+    require_host("x86.vdpbf16ps" if precision == "bf16" else "x86.vpdpbusd")
     monkeypatch.setattr(cpu_attention, "MIN_SCORES_BYTES", 0)
-    model = MaskedAttention().eval()
-    x = torch.zeros(1, 16, 64)
-    mod = inference_form(frontends.from_torch(model, [x]))
-    out = fuse_attention(mod, unit_tvm.target.host())
-    assert not _fused_kernels(out) and "relax.nn.softmax" in _softmaxes(out)
+    model = zoo._randomize(MaskedAttention(kind), 5).eval()
+    x = torch.tensor(zoo.inputs((2, 24, 64), 1, seed=6)[0])
+    assert (x[:, 1:, 0] < -0.5).any(axis=1).all()  # both inputs have padded keys
+    mod = frontends.from_torch(model, [x])
+    host = unit_tvm.target.host()
+    if precision == "bf16":
+        out = fuse_attention(inference_form(mod), host)
+    else:
+        out = quantize(mod, calibration_data=[x.numpy()])
+    fused = kind != "before_scale"
+    assert bool(_fused_kernels(out)) == fused
+    assert ("relax.nn.softmax" in _softmaxes(out)) != fused
+    with torch.no_grad():
+        want = model(x).numpy()
+    got = _run(unit_tvm.compiler.build_relax(out, host), [x.numpy()])[0]
+    assert _cos(got, want) > (0.9999 if precision == "bf16" else 0.999)
 
 
 def test_instruction_is_a_vector_bf16_dot_product():

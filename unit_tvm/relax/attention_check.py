@@ -11,10 +11,12 @@ attention in bf16, or leaves it to separate kernels where the target has no bf16
 """
 
 import numpy as np
+from tvm import relax
 
 from ..schedules.cpu_attention_int8 import LEVELS, P_LEVELS, TINY
 from ..shift import SHIFT
-from .fused_attention import AttentionPlan, Operand
+from .fused_attention import AttentionPlan, Mask, Operand
+from .graph import const_value
 from .qbmm import MIN_COSINE, cosine
 
 
@@ -34,25 +36,49 @@ def _signed_codes(x):
     return (_codes(x, inverse) - SHIFT).astype(np.float32), head_range.astype(np.float32)
 
 
-def int8_attention(q, kt, v, scale: float) -> np.ndarray:
+def int8_attention(q, kt, v, scale: float, mask=None) -> np.ndarray:
     """The fused int8 kernel's arithmetic (q [batch, rows, depth], kt [batch, depth, keys],
-    v [batch, keys, v_depth]): per-head ranges of the finite values, s8 codes, integer
-    products, exps rounded to codes of 1/255, the sum of those codes as the normaliser.
-    float32 numpy (Q x K's integer sums are exact in it; Whisper's attention takes half the
-    time of float64), the kernel's own accumulator types aside."""
+    v [batch, keys, v_depth], mask None or [batch, rows, keys], added to the scaled scores):
+    per-head ranges of the finite values, s8 codes, integer products, exps rounded to codes
+    of 1/255 (0 where the shifted score is NaN: a row without a finite score), the sum of
+    those codes as the normaliser (a plain softmax's NaN where it is 0). float32 numpy (Q x
+    K's integer sums are exact in it; Whisper's attention takes half the time of float64),
+    the kernel's own accumulator types aside."""
     q, kt, v = (np.asarray(a, np.float32) for a in (q, kt, v))
     (qc, rq), (kc, rk), (vc, rv) = (_signed_codes(a) for a in (q, kt, v))
     s = (qc @ kc) * (rq * rk * np.float32(scale / LEVELS / LEVELS))
-    p = np.rint(np.exp(s - s.max(-1, keepdims=True)) * np.float32(P_LEVELS))
-    return (p @ vc) * (rv / np.float32(LEVELS)) / p.sum(-1, keepdims=True)
+    if mask is not None:
+        s = s + np.asarray(mask, np.float32)
+    with np.errstate(invalid="ignore"):
+        x = s - s.max(-1, keepdims=True)
+        p = np.where(np.isnan(x), 0, np.rint(np.exp(x) * np.float32(P_LEVELS)))
+        return (p @ vc) * (rv / np.float32(LEVELS)) / p.sum(-1, keepdims=True)
 
 
-def float_attention(q, kt, v, scale: float) -> np.ndarray:
-    """softmax(q x kt * scale) x v in float32 numpy."""
+def float_attention(q, kt, v, scale: float, mask=None) -> np.ndarray:
+    """softmax(q x kt * scale + mask) x v in float32 numpy (mask: None or [batch, rows,
+    keys])."""
     q, kt, v = (np.asarray(a, np.float32) for a in (q, kt, v))
     s = (q @ kt) * np.float32(scale)
+    if mask is not None:
+        s = s + np.asarray(mask, np.float32)
     e = np.exp(s - s.max(-1, keepdims=True))
     return (e / e.sum(-1, keepdims=True)) @ v
+
+
+def mask_values(mask: Mask, flat: np.ndarray) -> np.ndarray:
+    """The [batch, rows, keys] mask the kernel adds, from its source's flat values."""
+    full = np.broadcast_to(np.asarray(flat, np.float32).reshape(mask.shape), mask.scores_shape)
+    return full.reshape(-1, *mask.scores_shape[-2:])
+
+
+def observed(plan: AttentionPlan) -> list:
+    """The variables whose calibration values int8_cosine takes: q's, kt's and v's sources,
+    and the mask's where it is a variable (a constant mask is read from the plan)."""
+    found = [op.source for op in (plan.q, plan.kt, plan.v)]
+    mask = plan.mask
+    return found + ([mask.source] if mask is not None and isinstance(mask.source, relax.Var)
+                    else [])
 
 
 def operand_values(operand: Operand, flat: np.ndarray) -> np.ndarray:
@@ -65,28 +91,34 @@ def operand_values(operand: Operand, flat: np.ndarray) -> np.ndarray:
         writeable=False).reshape(-1, *view.shape[-2:])  # batch axes kept apart: flattened
 
 
-def int8_cosine(plan: AttentionPlan, q_values, kt_values, v_values) -> float:
+def int8_cosine(plan: AttentionPlan, *values) -> float:
     """Cosine between the kernel's int8 result and float attention over the calibration
-    inputs (each argument: an operand's source values, flattened over all inputs, as
+    inputs (`values`: the values of `observed(plan)`, each flattened over all inputs, as
     quantize.observe gives them); 0 where either is not finite (NaN or infinite operands:
-    the int8 kernel quantizes them, float attention propagates them)."""
-    sizes = [int(np.prod(op.source.ty.shape)) for op in (plan.q, plan.kt, plan.v)]
-    per_input = [values.reshape(-1, size)
-                 for values, size in zip((q_values, kt_values, v_values), sizes)]
+    the int8 kernel quantizes them, float attention propagates them; a row a mask leaves
+    without a finite score)."""
+    sources = observed(plan)
+    mask = plan.mask
+    if mask is not None and len(sources) == 3:  # a constant: the same for every input
+        values = (*values, np.tile(const_value(mask.source).reshape(-1), len(values[0])
+                                   // int(np.prod(plan.q.source.ty.shape))))
+        sources = [*sources, mask.source]
+    per_input = [v.reshape(-1, int(np.prod(src.ty.shape))) for v, src in zip(values, sources)]
     want, got = [], []
-    for q_flat, kt_flat, v_flat in zip(*per_input):
+    for q_flat, kt_flat, v_flat, *mask_flat in zip(*per_input):
         q, kt = operand_values(plan.q, q_flat), operand_values(plan.kt, kt_flat)
         v = operand_values(plan.v, v_flat) * np.float32(plan.v.scale)
+        m = mask_values(mask, mask_flat[0]) if mask_flat else None
         with np.errstate(all="ignore"):
-            want.append(float_attention(q, kt, v, plan.scale).reshape(-1))
-            got.append(int8_attention(q, kt, v, plan.scale).reshape(-1))
+            want.append(float_attention(q, kt, v, plan.scale, m).reshape(-1))
+            got.append(int8_attention(q, kt, v, plan.scale, m).reshape(-1))
     want, got = np.concatenate(want), np.concatenate(got)
     if not (np.isfinite(want).all() and np.isfinite(got).all()):
         return 0.0
     return cosine(want, got)
 
 
-def fits_int8(plan: AttentionPlan, q_values, kt_values, v_values) -> bool:
+def fits_int8(plan: AttentionPlan, *values) -> bool:
     """Whether the int8 kernel stays within MIN_COSINE of float attention on the calibration
     inputs (int8_cosine's arguments)."""
-    return int8_cosine(plan, q_values, kt_values, v_values) >= MIN_COSINE
+    return int8_cosine(plan, *values) >= MIN_COSINE

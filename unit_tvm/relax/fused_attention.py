@@ -5,12 +5,15 @@ The match, on the graph `quantize` sees (frontend_fixes applied, bindings canoni
 
     scores = matmul(q, kt)                 q [..., M, D], kt [..., D, N]
     [scores = scores * c  or  scores / c]  a scalar constant
+    [scores = scores + mask]               float32, broadcast to the scores (numpy's rules)
     probs  = softmax(scores, axis=-1)      or torch's safe softmax (relax/safe_softmax.py)
     out    = matmul(probs, v)              v [..., N, Dv]
 
 with reshapes that only regroup the batch axes between them (torch.export's bmm form), the
 three operands' batch axes equal, float32, static shapes, and the scores and probabilities
-read by nothing else. A mask added to the scores is not matched (those ops stay as they are).
+read by nothing else. The mask (a causal mask, a padding mask [B, 1, 1, N], a bias per head:
+what torch's SDPA and Hugging Face's attention add) is an input of the kernel, read in its
+own shape (through a broadcast_to before the add), whatever computes it.
 
 Like the bf16 attention matmuls (relax/views.py), the kernel reads each operand where its
 producer left it: back through the view ops (reshape, permute_dims, strided_slice, squeeze,
@@ -34,7 +37,7 @@ import tvm
 from tvm import relax, te, tirx
 
 from .. import intrinsics
-from ..indexing import unravel
+from ..indexing import ravel, unravel
 from ..schedules import cpu_attention
 from ..target import is_cpu
 from .graph import (bound_call, dataflow_bindings, op_name, readers, rewrite_functions,
@@ -56,11 +59,21 @@ class Operand(NamedTuple):
     scale: float
 
 
+class Mask(NamedTuple):
+    """A mask added to the scores: `source` (a Var or a Constant, float32) of static shape
+    `shape`, broadcast by numpy's rules to `scores_shape`, the scores' shape where it is added
+    (batch axes, rows, keys: the batch axes flatten row-major to the kernel's head index)."""
+
+    source: relax.Expr
+    shape: tuple
+    scores_shape: tuple
+
+
 class AttentionPlan(NamedTuple):
-    """One matched attention: its operands, the softmax's kind and scale, and where the
-    kernel's result goes (`end`, whose value it computes: the result of dims `result_dims`,
-    [batch, rows, v_depth] or with the batch unflattened, with its axes in `out_axes`
-    order)."""
+    """One matched attention: its operands, the softmax's kind and scale, where the kernel's
+    result goes (`end`, whose value it computes: the result of dims `result_dims`, [batch,
+    rows, v_depth] or with the batch unflattened, with its axes in `out_axes` order) and the
+    mask added to its scaled scores (None: none)."""
 
     q: Operand
     kt: Operand
@@ -71,6 +84,7 @@ class AttentionPlan(NamedTuple):
     end: relax.Var
     out_axes: tuple
     result_dims: tuple
+    mask: Mask | None = None
 
 
 # the products' operand and accumulator types per precision of the fused kernel
@@ -162,6 +176,62 @@ def _softmax_input(g, expr, mod):
     return None
 
 
+def _broadcasts(shape, to) -> bool:
+    """Whether numpy broadcasts `shape` to `to` (and not the other way)."""
+    return len(shape) <= len(to) and all(
+        s in (1, t) for s, t in zip(reversed(shape), reversed(to)))
+
+
+def _mask_source(g, expr):
+    """`expr` before the broadcast_to ops that widen it: the mask the kernel reads, broadcast
+    by its reader instead of materialised (the broadcast stays for any other reader)."""
+    while (call := g.call(expr, "relax.broadcast_to")) is not None:
+        inner = static_shape(call.args[0])
+        if inner is None or not _broadcasts(inner, static_shape(expr)):
+            break
+        expr = call.args[0]
+    return expr
+
+
+def _score_terms(g, scores):
+    """[(product side, Mask or None)]: the ways `scores` reads as the product's scaled scores
+    plus a mask (an add read once, one operand of the add's own shape, the other a float32
+    tensor of static shape that broadcasts to it), or as those scores alone."""
+    call = g.call(scores, "relax.add")
+    full = static_shape(scores)
+    if call is None or g.uses.get(scores, 0) != 1 or full is None:
+        return [(scores, None)]
+    terms = []
+    for side, other in (call.args, reversed(call.args)):
+        shape = static_shape(other)
+        if (static_shape(side) == full and shape is not None and _broadcasts(shape, full)
+                and str(other.ty.dtype) == "float32"):
+            source = _mask_source(g, other)
+            terms.append((side, Mask(source, tuple(static_shape(source)), tuple(full))))
+    return terms
+
+
+def _scaled_product(g, scores):
+    """(the matmul, scale) where `scores` is matmul(q, kt), times a scalar or not, each read
+    once (reshapes that regroup the batch axes between them), else None."""
+    scores = _under_batch_reshapes(g, scores)
+    scale = 1.0
+    factor = _scalar_factor(g.call(scores)) if g.call(scores) is not None else None
+    if factor is not None and g.uses.get(scores, 0) == 1:
+        scores, scale = _under_batch_reshapes(g, factor[0]), factor[1]
+    product = g.call(scores, "relax.matmul")
+    if product is None or g.uses.get(scores, 0) != 1:
+        return None
+    return product, scale
+
+
+def _mask_fits(mask, shape) -> bool:
+    """Whether the mask's scores are the kernel's: [..., rows, keys] over `shape.batch` heads."""
+    dims = mask.scores_shape
+    return (len(dims) >= 2 and tuple(dims[-2:]) == (shape.rows, shape.keys)
+            and math.prod(dims[:-2]) == shape.batch)
+
+
 def _operand(g, var, logical) -> Operand:
     """How the kernel reads the operand `var` (logical: its [batch, rows, cols] shape): back
     through view ops and scalar multiplies as far as the views compose, else `var` itself.
@@ -224,17 +294,14 @@ def attention_plan(g, binding, mod) -> AttentionPlan | None:
     if found is None:
         return None
     scores, safe = found
-    scores = _under_batch_reshapes(g, scores)
-    scale = 1.0
-    factor = _scalar_factor(g.call(scores)) if g.call(scores) is not None else None
-    if factor is not None and g.uses.get(scores, 0) == 1:
-        scores, scale = _under_batch_reshapes(g, factor[0]), factor[1]
-    product = g.call(scores, "relax.matmul")
-    if product is None or g.uses.get(scores, 0) != 1:
+    terms = [(p, mask) for side, mask in _score_terms(g, _under_batch_reshapes(g, scores))
+             if (p := _scaled_product(g, side)) is not None]
+    if not terms:
         return None
+    (product, scale), mask = terms[0]
     q, kt = product.args
     shape = _shape_of(q, kt, v)
-    if shape is None:
+    if shape is None or (mask is not None and not _mask_fits(mask, shape)):
         return None
     b, m, d, n, dv = shape
     # each operand from before the reshapes that regroup its batch axes (torch's bmm form:
@@ -251,7 +318,7 @@ def attention_plan(g, binding, mod) -> AttentionPlan | None:
         dims = (b, m, dv)
     end, axes = (layout.end, layout.axes) if layout is not None else (binding.var, (0, 1, 2))
     return AttentionPlan(*ops, scale * ops[0].scale * ops[1].scale, safe, shape, end, axes,
-                         dims)
+                         dims, mask)
 
 
 def kernel_infos(mod: tvm.IRModule) -> dict:
@@ -274,23 +341,44 @@ def _reader(src, view, factor):
     return lambda *idx: at(*idx) * tirx.const(factor, "float32")
 
 
+def _mask_reader(src, mask: Mask):
+    """A function of the kernel's (head, row, key) to the mask's value there in the flat
+    `src`: the head unravelled over the scores' batch axes, numpy's broadcast on the rest."""
+    dims = mask.scores_shape
+
+    def at(h, i, j):
+        full = [*unravel(h, dims[:-2]), i, j][len(dims) - len(mask.shape):]
+        return src[ravel([0 if n == 1 else x for n, x in zip(mask.shape, full)], mask.shape)]
+
+    return at
+
+
+def sources(plan: AttentionPlan) -> list:
+    """The kernel's inputs, flattened: q's, kt's and v's sources, and the mask's if any."""
+    found = [op.source for op in (plan.q, plan.kt, plan.v)]
+    return found + ([plan.mask.source] if plan.mask is not None else [])
+
+
 def kernel(plan: AttentionPlan, intrin) -> tvm.tirx.PrimFunc:
-    """The scheduled PrimFunc of a plan: (flat q, kt and v sources, the result)."""
+    """The scheduled PrimFunc of a plan: (flat q, kt and v sources, the mask's if any, the
+    result)."""
     shape, lanes = plan.shape, intrin.lanes
     tiles = cpu_attention.tiles_for(shape, lanes)
-    sources = [te.placeholder((math.prod(static_shape(op.source)),), "float32", name)
-               for op, name in zip((plan.q, plan.kt, plan.v), ("q", "kt", "v"))]
-
+    inputs = [te.placeholder((math.prod(static_shape(src)),), "float32", name)
+              for src, name in zip(sources(plan), ("q", "kt", "v", "mask"))]
+    mask = _mask_reader(inputs[3], plan.mask) if plan.mask is not None else None
     read = cpu_attention.Operands(
-        _reader(sources[0], plan.q.view, 1.0), _reader(sources[1], plan.kt.view, 1.0),
-        _reader(sources[2], plan.v.view, plan.v.scale))  # q's and k's factors are in the scale
+        _reader(inputs[0], plan.q.view, 1.0), _reader(inputs[1], plan.kt.view, 1.0),
+        _reader(inputs[2], plan.v.view, plan.v.scale),  # q's and k's factors are in the scale
+        mask)
     out = cpu_attention.attention_te(read, shape, tiles, plan.scale, plan.safe, lanes,
                                      intrin.reduction_width, intrin.input_dtypes[0],
                                      plan.out_axes, plan.result_dims)
-    func = cpu_attention.schedule(te.create_prim_func([*sources, out]), tiles, intrin, lanes)
+    func = cpu_attention.schedule(te.create_prim_func([*inputs, out]), tiles, intrin, lanes)
     macs = shape.batch * shape.rows * shape.keys * (shape.depth + shape.v_depth)
     label = (f"fused attention {shape.batch} x [{shape.rows}, {shape.depth}] x "
-             f"[{shape.depth}, {shape.keys}] x [{shape.keys}, {shape.v_depth}]; rows "
+             f"[{shape.depth}, {shape.keys}] x [{shape.keys}, {shape.v_depth}]"
+             f"{'' if plan.mask is None else ', masked'}; rows "
              f"{tiles.task_rows} per task, tiles {tiles.row_tile}x{tiles.key_blocks} and "
              f"{tiles.row_tile}x{tiles.out_blocks}")
     return func.with_attr(KERNEL_INFO_ATTR, {"instruction": intrin.name, "macs": macs,
@@ -310,17 +398,19 @@ class _FuseAttention(relax.PyExprMutator):
         if plan is None:
             super().visit_var_binding_(binding)
             return
+        mask = plan.mask
         sig = (plan.shape, plan.scale, plan.safe, plan.out_axes, plan.result_dims,
                *[(tuple(static_shape(op.source)), op.view, op.scale)
-                 for op in (plan.q, plan.kt, plan.v)])
+                 for op in (plan.q, plan.kt, plan.v)],
+               None if mask is None else (mask.shape, mask.scores_shape))
         if sig not in self.added:
             name = f"{KERNEL_NAME}_{len(self.added)}"
             # opaque: operator fusion must not merge the scheduled loop nest with neighbours
             func = kernel(plan, self.intrin).with_attrs({"global_symbol": name, "op_pattern": 8})
             self.added[sig] = self.builder_.add_func(func, name)
-        args = [self.builder_.emit(relax.op.reshape(self.visit_expr(op.source),
-                                                    [math.prod(static_shape(op.source))]))
-                for op in (plan.q, plan.kt, plan.v)]
+        args = [self.builder_.emit(relax.op.reshape(self.visit_expr(src),
+                                                    [math.prod(static_shape(src))]))
+                for src in sources(plan)]
         out = self.builder_.emit(relax.call_tir(
             self.added[sig], args,
             relax.TensorType([plan.result_dims[a] for a in plan.out_axes], "float32")))

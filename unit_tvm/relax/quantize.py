@@ -232,10 +232,10 @@ def _int8_attention_fused(mod, target, samples):
     every one is fused: the kernel takes its scales at run time."""
     plans = attention_plans(mod, target, "int8")
     if plans and samples:
-        operands = [op.source for plan in plans for op in (plan.q, plan.kt, plan.v)]
-        values = observe(mod, operands, samples, target)
-        plans = [plan for n, plan in enumerate(plans)
-                 if attention_check.fits_int8(plan, *values[3 * n:3 * n + 3])]
+        per_plan = [attention_check.observed(plan) for plan in plans]
+        values = iter(observe(mod, [v for vs in per_plan for v in vs], samples, target))
+        plans = [plan for plan, vs in zip(plans, per_plan)
+                 if attention_check.fits_int8(plan, *[next(values) for _ in vs])]
     return fuse_attention(mod, target, "int8", plans)
 
 
