@@ -96,7 +96,8 @@ def attention_params(rng: random.Random) -> dict:
             "merge": rng.choice(("transpose", "flatten", "interleave", "sum")),
             "stride": rng.choice((1, 1, 2)), "sharpness": rng.choice((1.0, 1.0, 3.0, 6.0)),
             "fuse_any_size": rng.choice((0, 1, 1)),
-            "cut": rng.choice(("unpack", "chunk", "split"))}
+            "cut": rng.choice(("unpack", "chunk", "split")),
+            "mask": rng.choice(("none", "causal", "padding"))}
 
 
 def _activation(name, x):
@@ -402,6 +403,7 @@ def _attention(p: dict):
     from ..testing.attention import Spelling, drawn_heads
 
     spelling = Spelling(bool(p["fused"]), p["order"], p["kt"], p["scale"], p["merge"],
-                        p["stride"], p["sharpness"], p.get("cut", "unpack"))
+                        p["stride"], p["sharpness"], p.get("cut", "unpack"),
+                        p.get("mask", "none"))
     return (drawn_heads(spelling, p["heads"] * p["depth"], p["heads"]),
             (p["batch"], p["tokens"], p["heads"] * p["depth"]))

@@ -17,7 +17,11 @@ class Spelling(NamedTuple):
     stride-th key; sharpness: a factor on Q (scores sharper than a trained model's: the int8
     attention's accuracy guard has something to refuse); cut: how a fused projection becomes
     Q, K and V: "unpack" (iterating the permuted tensor: slices), "chunk" (torch.chunk before
-    the permute) or "split" (torch.split after it; both Relax's split, as ONNX's Split)."""
+    the permute) or "split" (torch.split after it; both Relax's split, as ONNX's Split);
+    mask: what is added to the scaled scores: "none", "causal" (a constant, -inf above the
+    diagonal) or "padding" (Hugging Face's [batch, 1, 1, keys] of float32's lowest where a
+    key is padding, computed from the input at run time: a key whose first feature is below
+    -0.5, the first key never)."""
 
     fused: bool
     order: str
@@ -27,6 +31,7 @@ class Spelling(NamedTuple):
     stride: int
     sharpness: float = 1.0
     cut: str = "unpack"
+    mask: str = "none"
 
 
 def drawn_spelling(seed: int) -> Spelling:
@@ -38,8 +43,9 @@ def drawn_spelling(seed: int) -> Spelling:
                                            ["after", "q", "none"],
                                            ["transpose", "flatten", "interleave", "sum"]))
     stride = int(rng.choice([1, 1, 2]))
-    return Spelling(fused, order, kt, scale, merge, stride,
-                    cut=str(rng.choice(["unpack", "chunk", "split"])))
+    cut = str(rng.choice(["unpack", "chunk", "split"]))
+    return Spelling(fused, order, kt, scale, merge, stride, cut=cut,
+                    mask=str(rng.choice(["none", "causal", "padding"])))
 
 
 def drawn_heads(spelling: Spelling, hidden: int = 48, heads: int = 3):
@@ -89,6 +95,8 @@ def drawn_heads(spelling: Spelling, hidden: int = 48, heads: int = 3):
             att = torch.matmul(q, kt)
             if spelling.scale == "after":
                 att = att / self.d ** 0.5
+            if spelling.mask != "none":
+                att = att + _mask(spelling.mask, x[:, ::spelling.stride, 0], att.shape)
             ctx = torch.matmul(torch.softmax(att, dim=-1), v)  # [b, heads, s, d]
             if spelling.merge == "transpose":
                 ctx = ctx.transpose(1, 2).reshape(b, s, -1)
@@ -101,3 +109,18 @@ def drawn_heads(spelling: Spelling, hidden: int = 48, heads: int = 3):
             return self.out(ctx)
 
     return DrawnHeads()
+
+
+def _mask(kind: str, first_feature, scores_shape):
+    """The mask a Spelling adds to scores of `scores_shape` ([batch, heads, rows, keys]);
+    first_feature: each key's first input feature, [batch, keys]."""
+    import torch
+
+    rows, keys = scores_shape[-2:]
+    if kind == "causal":
+        return torch.triu(torch.full((rows, keys), float("-inf")), 1)
+    if kind != "padding":
+        raise ValueError(f"no mask of kind {kind!r}")
+    padding = (first_feature < -0.5) & (torch.arange(keys) > 0)
+    low = torch.finfo(torch.float32).min
+    return torch.where(padding, low, 0.0)[:, None, None, :]
