@@ -223,9 +223,13 @@ class InceptionV3(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, hidden=768, heads=12, ffn=3072):
+    """A post-norm transformer layer; causal: each token attends to itself and those before
+    it (a decoder's prefill: the mask of many decoders, -inf above the diagonal, added to the
+    scaled scores)."""
+
+    def __init__(self, hidden=768, heads=12, ffn=3072, causal=False):
         super().__init__()
-        self.heads = heads
+        self.heads, self.causal = heads, causal
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.out = nn.Linear(hidden, hidden)
         self.ln1 = nn.LayerNorm(hidden)
@@ -236,16 +240,20 @@ class EncoderLayer(nn.Module):
     def forward(self, x):
         b, s, h = x.shape
         q, k, v = self.qkv(x).reshape(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        att = torch.softmax(q @ k.transpose(-1, -2) / (h // self.heads) ** 0.5, dim=-1)
+        scores = q @ k.transpose(-1, -2) / (h // self.heads) ** 0.5
+        if self.causal:
+            scores = scores + torch.full((s, s), float("-inf")).triu(1)
+        att = torch.softmax(scores, dim=-1)
         ctx = (att @ v).transpose(1, 2).reshape(b, s, h)
         x = self.ln1(x + self.out(ctx))
         return self.ln2(x + self.ff2(nn.functional.gelu(self.ff1(x))))
 
 
 class BertEncoder(nn.Module):
-    def __init__(self, layers=12, hidden=768, heads=12, ffn=3072):
+    def __init__(self, layers=12, hidden=768, heads=12, ffn=3072, causal=False):
         super().__init__()
-        self.layers = nn.Sequential(*[EncoderLayer(hidden, heads, ffn) for _ in range(layers)])
+        self.layers = nn.Sequential(*[EncoderLayer(hidden, heads, ffn, causal)
+                                      for _ in range(layers)])
 
     def forward(self, x):
         return self.layers(x)
@@ -341,6 +349,8 @@ MODELS = {
     "vit_b_16": (VisionTransformer, (1, 3, 224, 224)),
     "whisper_encoder": (WhisperEncoder, (1, 80, 3000)),
     "wav2vec2_base": (Wav2Vec2, (1, 16000)),
+    # bert_base's 12 layers with a causal mask over 384 tokens: a GPT-2-sized decoder's prefill
+    "causal_s384": (lambda: BertEncoder(causal=True), (1, 384, 768)),
     # one encoder layer of bert_base: a transformer where a whole model is too slow to run
     # (under qemu, in tests)
     "bert_layer": (lambda: BertEncoder(layers=1), (1, 128, 768)),
