@@ -20,9 +20,10 @@ do (relax/qbmm.py); E is rounded before both its sum and the product, so the nor
 matches what was multiplied. Keys are padded to whole tiles with zero K and V rows and scores
 of -inf; query rows to whole register tiles (the padded rows are computed and dropped).
 
-A mask (Operands.mask: causal, padding, ALiBi-like biases...) is added to the scaled scores
-as they are read, in both passes over a row; it is read where its producer left it, broadcast
-over heads, rows or keys by its reader, never materialised per head.
+A mask (Operands.mask: causal, padding, ALiBi-like biases added, or a fill value put in place
+of the masked scores) is applied to the scaled scores as they are read, in both passes over a
+row; it is read where its producer left it, broadcast over heads, rows or keys by its reader,
+never materialised per head.
 
 Special values, as torch: a row whose scores are all -inf (every key masked) gives 0 (`safe`,
 torch's safe softmax) or NaN (a plain softmax); a NaN or an infinite score makes its row NaN.
@@ -125,8 +126,9 @@ def tiles_for(shape: AttentionShape, lanes: int) -> AttentionTiles:
 
 class Operands(NamedTuple):
     """How the kernel reads its operands: functions of a (flattened) head and two indices to a
-    float32 te expression: q(h, i, d), kt(h, d, j) (K^T: j a key), v(h, j, c); and mask(h, i,
-    j), added to the scaled scores (None: no mask)."""
+    float32 te expression: q(h, i, d), kt(h, d, j) (K^T: j a key), v(h, j, c); and mask(score,
+    h, i, j), the scaled score of row i and key j of head h as the mask leaves it (plus a bias,
+    or a fill value in its place; None: no mask)."""
 
     q: Callable
     kt: Callable
@@ -134,11 +136,11 @@ class Operands(NamedTuple):
     mask: Callable | None = None
 
     def masked(self, score, shape: "AttentionShape", h, i, j):
-        """The scaled `score` of row i and key j of head h plus the mask there (a padded row
+        """The scaled `score` of row i and key j of head h as the mask leaves it (a padded row
         or key reads the last one: both products' operands do the same), or `score`."""
         if self.mask is None:
             return score
-        return score + self.mask(h, te.min(i, shape.rows - 1), te.min(j, shape.keys - 1))
+        return self.mask(score, h, te.min(i, shape.rows - 1), te.min(j, shape.keys - 1))
 
 
 def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, scale: float,

@@ -15,8 +15,8 @@ P's step of 1/255 drops exps below 1/510: on Whisper-sized attention with peaked
 Q and K, scores of standard deviation 2.25) the result's cosine to float64 attention is 0.9988
 against 0.99999 in bf16 (docs/RESULTS.md 2026-11-28). Scores are finite whatever the operands:
 values are quantized as the int8 ops quantize them (NaN to code 0, infinities clipped; their
-head's scale counts only finite values), so no row is NaN. A mask is added to the scaled
-scores in float32: its -inf keys get exps of 0, a row it leaves no finite score gives 0 (safe
+head's scale counts only finite values), so no row is NaN. A mask is applied to the scaled
+scores in float32: keys it makes -inf get exps of 0, a row it leaves no finite score gives 0 (safe
 softmax) or NaN (a plain one) as torch, and a NaN in it drops its key (torch: a NaN row).
 """
 
@@ -82,7 +82,7 @@ class Softmaxed(NamedTuple):
 def int8_stages(read, shape, tiles, scale: float, safe: bool, lanes: int,
                 width: int) -> Softmaxed:
     """The stages of the module note up to P over the operands `read` gives
-    (cpu_attention.Operands, its mask added to the scaled scores), blocked as `tiles`
+    (cpu_attention.Operands, its mask applied to the scaled scores), blocked as `tiles`
     (cpu_attention.AttentionTiles) for an instruction of `lanes` x `width`; a row that the
     mask leaves no finite score gives 0 where `safe` (torch's safe softmax), else NaN."""
     b, n, np_, last = shape.batch, shape.keys, tiles.keys_padded, shape.rows - 1

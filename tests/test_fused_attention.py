@@ -223,12 +223,16 @@ class MaskedAttention(SplitHeads):
     above the diagonal, added after the scale, as older Hugging Face decoders do),
     "sdpa_causal" (torch's SDPA with is_causal: -inf above the diagonal, a safe softmax),
     "sdpa_mask" (SDPA with an additive mask computed from the input: float32's lowest on the
-    keys whose first feature is below -0.5, [batch, 1, 1, keys]), "before_scale" (the mask
-    added before the scale: the scale would apply to it too, not the pattern)."""
+    keys whose first feature is below -0.5, [batch, 1, 1, keys]), "masked_fill" (nanoGPT's
+    causal mask: a buffer of ones below the diagonal, the rest of the scores filled with -inf),
+    "where_keep" (older Hugging Face GPT-2: torch.where(causal, scores, float32's lowest)),
+    "before_scale" (the mask added before the scale: the scale would apply to it too, not the
+    pattern)."""
 
     def __init__(self, kind):
         super().__init__()
         self.kind = kind
+        self.register_buffer("tril", torch.tril(torch.ones(24, 24)).view(1, 1, 24, 24))
 
     def forward(self, x):
         b, s, h = x.shape
@@ -240,6 +244,12 @@ class MaskedAttention(SplitHeads):
             att = nn.functional.scaled_dot_product_attention(
                 q, k, v, is_causal=self.kind == "sdpa_causal",
                 attn_mask=mask if self.kind == "sdpa_mask" else None)
+        elif self.kind in ("masked_fill", "where_keep"):
+            scores = torch.matmul(q, k.transpose(-1, -2)) / self.d ** 0.5
+            causal = self.tril[:, :, :s, :s]
+            scores = (scores.masked_fill(causal == 0, float("-inf")) if self.kind == "masked_fill"
+                      else torch.where(causal.bool(), scores, torch.finfo(torch.float32).min))
+            att = torch.matmul(torch.softmax(scores, -1), v)
         else:
             mask = torch.triu(torch.full((s, s), -1e4), 1)
             scores = torch.matmul(q, k.transpose(-1, -2))
@@ -249,11 +259,13 @@ class MaskedAttention(SplitHeads):
         return self.out(att.transpose(1, 2).reshape(b, s, h))
 
 
-@pytest.mark.parametrize("kind", ["triu", "sdpa_causal", "sdpa_mask", "before_scale"])
+@pytest.mark.parametrize("kind", ["triu", "sdpa_causal", "sdpa_mask", "masked_fill",
+                                  "where_keep", "before_scale"])
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_masked_attention_fused_equals_torch(kind, precision, monkeypatch):
-    """A mask added to the scaled scores (a constant, or computed from the input at run time
-    and broadcast over heads and rows) is read by the fused kernel: one kernel, no softmax
+    """A mask on the scaled scores (added: a constant, or computed from the input at run time
+    and broadcast over heads and rows; or a condition whose scores a scalar replaces, either
+    way round) is read by the fused kernel: one kernel, no softmax
     left, in bf16 and int8 alike, and the model stays as close to torch as the unmasked one (a
     mask read at the wrong head, row or key would move the padded and future keys' weights).
     Added before the scale it is not the pattern: separate kernels, still right."""

@@ -38,7 +38,8 @@ def _signed_codes(x):
 
 def int8_attention(q, kt, v, scale: float, mask=None) -> np.ndarray:
     """The fused int8 kernel's arithmetic (q [batch, rows, depth], kt [batch, depth, keys],
-    v [batch, keys, v_depth], mask None or [batch, rows, keys], added to the scaled scores):
+    v [batch, keys, v_depth], mask None, [batch, rows, keys] added to the scaled scores, or a
+    function of them to the masked scores: masked(), as mask_values gives it):
     per-head ranges of the finite values, s8 codes, integer products, exps rounded to codes
     of 1/255 (0 where the shifted score is NaN: a row without a finite score), the sum of
     those codes as the normaliser (a plain softmax's NaN where it is 0). float32 numpy (Q x
@@ -46,30 +47,36 @@ def int8_attention(q, kt, v, scale: float, mask=None) -> np.ndarray:
     the kernel's own accumulator types aside."""
     q, kt, v = (np.asarray(a, np.float32) for a in (q, kt, v))
     (qc, rq), (kc, rk), (vc, rv) = (_signed_codes(a) for a in (q, kt, v))
-    s = (qc @ kc) * (rq * rk * np.float32(scale / LEVELS / LEVELS))
-    if mask is not None:
-        s = s + np.asarray(mask, np.float32)
+    s = _masked((qc @ kc) * (rq * rk * np.float32(scale / LEVELS / LEVELS)), mask)
     with np.errstate(invalid="ignore"):
         x = s - s.max(-1, keepdims=True)
         p = np.where(np.isnan(x), 0, np.rint(np.exp(x) * np.float32(P_LEVELS)))
         return (p @ vc) * (rv / np.float32(LEVELS)) / p.sum(-1, keepdims=True)
 
 
+def _masked(scores, mask):
+    if mask is None:
+        return scores
+    return mask(scores) if callable(mask) else scores + np.asarray(mask, np.float32)
+
+
 def float_attention(q, kt, v, scale: float, mask=None) -> np.ndarray:
-    """softmax(q x kt * scale + mask) x v in float32 numpy (mask: None or [batch, rows,
-    keys])."""
+    """softmax(masked(q x kt * scale)) x v in float32 numpy (mask as int8_attention's)."""
     q, kt, v = (np.asarray(a, np.float32) for a in (q, kt, v))
-    s = (q @ kt) * np.float32(scale)
-    if mask is not None:
-        s = s + np.asarray(mask, np.float32)
+    s = _masked((q @ kt) * np.float32(scale), mask)
     e = np.exp(s - s.max(-1, keepdims=True))
     return (e / e.sum(-1, keepdims=True)) @ v
 
 
-def mask_values(mask: Mask, flat: np.ndarray) -> np.ndarray:
-    """The [batch, rows, keys] mask the kernel adds, from its source's flat values."""
-    full = np.broadcast_to(np.asarray(flat, np.float32).reshape(mask.shape), mask.scores_shape)
-    return full.reshape(-1, *mask.scores_shape[-2:])
+def mask_values(mask: Mask, flat: np.ndarray):
+    """The mask the kernel applies, from its source's flat values: [batch, rows, keys] added
+    to the scores, or a function of them putting mask.fill in place of the masked ones."""
+    full = np.broadcast_to(np.asarray(flat).reshape(mask.shape), mask.scores_shape)
+    full = full.reshape(-1, *mask.scores_shape[-2:])
+    if mask.fill is None:
+        return full.astype(np.float32)
+    hit = full.astype(bool) == mask.when
+    return lambda scores: np.where(hit, np.float32(mask.fill), scores)
 
 
 def observed(plan: AttentionPlan) -> list:

@@ -6,6 +6,8 @@ The match, on the graph `quantize` sees (frontend_fixes applied, bindings canoni
     scores = matmul(q, kt)                 q [..., M, D], kt [..., D, N]
     [scores = scores * c  or  scores / c]  a scalar constant
     [scores = scores + mask]               float32, broadcast to the scores (numpy's rules)
+    [or where(cond, c, scores)]            bool cond broadcast so, c a scalar constant (torch's
+                                           masked_fill; or where(cond, scores, c))
     probs  = softmax(scores, axis=-1)      or torch's safe softmax (relax/safe_softmax.py)
     out    = matmul(probs, v)              v [..., N, Dv]
 
@@ -40,8 +42,8 @@ from .. import intrinsics
 from ..indexing import ravel, unravel
 from ..schedules import cpu_attention
 from ..target import is_cpu
-from .graph import (bound_call, dataflow_bindings, op_name, readers, rewrite_functions,
-                    scalar_const, static_shape, uses)
+from .graph import (bound_call, const_value, dataflow_bindings, op_name, readers,
+                    rewrite_functions, scalar_const, static_shape, uses)
 from .safe_softmax import SAFE_SOFTMAX_ATTR
 from .views import StridedView, bound_view_op, composed, result_layout
 
@@ -60,13 +62,17 @@ class Operand(NamedTuple):
 
 
 class Mask(NamedTuple):
-    """A mask added to the scores: `source` (a Var or a Constant, float32) of static shape
-    `shape`, broadcast by numpy's rules to `scores_shape`, the scores' shape where it is added
-    (batch axes, rows, keys: the batch axes flatten row-major to the kernel's head index)."""
+    """A mask on the scores: `source` (a Var or a Constant) of static shape `shape`, broadcast
+    by numpy's rules to `scores_shape`, the scores' shape where it applies (batch axes, rows,
+    keys: the batch axes flatten row-major to the kernel's head index). Added to the scores
+    (float32, `fill` None), or a condition (bool) where the score is replaced by `fill`: where
+    it is true (`when`, torch's masked_fill) or false (torch.where(keep, scores, fill))."""
 
     source: relax.Expr
     shape: tuple
     scores_shape: tuple
+    fill: float | None = None
+    when: bool = True
 
 
 class AttentionPlan(NamedTuple):
@@ -193,22 +199,34 @@ def _mask_source(g, expr):
     return expr
 
 
+def _mask_of(g, side, source, full, dtype, **fill) -> Mask | None:
+    """The Mask of `source` on scores `side` of shape `full`, where `source` is a `dtype`
+    tensor of static shape that broadcasts to them and `side` has their shape, else None."""
+    shape = static_shape(source)
+    if (static_shape(side) != full or shape is None or not _broadcasts(shape, full)
+            or str(source.ty.dtype) != dtype):
+        return None
+    source = _mask_source(g, source)
+    return Mask(source, tuple(static_shape(source)), tuple(full), **fill)
+
+
 def _score_terms(g, scores):
     """[(product side, Mask or None)]: the ways `scores` reads as the product's scaled scores
-    plus a mask (an add read once, one operand of the add's own shape, the other a float32
-    tensor of static shape that broadcasts to it), or as those scores alone."""
-    call = g.call(scores, "relax.add")
+    with a mask (read once: an add of a float32 tensor that broadcasts to them, or a where of
+    a bool one and a scalar constant), or as those scores alone."""
     full = static_shape(scores)
-    if call is None or g.uses.get(scores, 0) != 1 or full is None:
+    call = g.call(scores)
+    if op_name(call) not in ("relax.add", "relax.where") or g.uses.get(scores, 0) != 1:
         return [(scores, None)]
-    terms = []
-    for side, other in (call.args, reversed(call.args)):
-        shape = static_shape(other)
-        if (static_shape(side) == full and shape is not None and _broadcasts(shape, full)
-                and str(other.ty.dtype) == "float32"):
-            source = _mask_source(g, other)
-            terms.append((side, Mask(source, tuple(static_shape(source)), tuple(full))))
-    return terms
+    if op_name(call) == "relax.add":
+        found = [(side, _mask_of(g, side, other, full, "float32"))
+                 for side, other in (call.args, reversed(call.args))]
+    else:
+        cond, a, b = call.args
+        found = [(side, _mask_of(g, side, cond, full, "bool", fill=f, when=when))
+                 for side, fill, when in ((b, a, True), (a, b, False))
+                 if (f := scalar_const(fill)) is not None]
+    return [(side, mask) for side, mask in found if mask is not None]
 
 
 def _scaled_product(g, scores):
@@ -342,15 +360,19 @@ def _reader(src, view, factor):
 
 
 def _mask_reader(src, mask: Mask):
-    """A function of the kernel's (head, row, key) to the mask's value there in the flat
-    `src`: the head unravelled over the scores' batch axes, numpy's broadcast on the rest."""
+    """cpu_attention.Operands.mask of `mask` read from the flat float32 `src` (a condition as
+    0 or 1): the head unravelled over the scores' batch axes, numpy's broadcast on the rest."""
     dims = mask.scores_shape
 
     def at(h, i, j):
         full = [*unravel(h, dims[:-2]), i, j][len(dims) - len(mask.shape):]
         return src[ravel([0 if n == 1 else x for n, x in zip(mask.shape, full)], mask.shape)]
 
-    return at
+    if mask.fill is None:
+        return lambda score, h, i, j: score + at(h, i, j)
+    zero, fill = tirx.const(0.0, "float32"), tirx.const(mask.fill, "float32")
+    return lambda score, h, i, j: tirx.Select(
+        at(h, i, j) != zero if mask.when else at(h, i, j) == zero, fill, score)
 
 
 def sources(plan: AttentionPlan) -> list:
@@ -402,13 +424,13 @@ class _FuseAttention(relax.PyExprMutator):
         sig = (plan.shape, plan.scale, plan.safe, plan.out_axes, plan.result_dims,
                *[(tuple(static_shape(op.source)), op.view, op.scale)
                  for op in (plan.q, plan.kt, plan.v)],
-               None if mask is None else (mask.shape, mask.scores_shape))
+               None if mask is None else mask._replace(source=None))
         if sig not in self.added:
             name = f"{KERNEL_NAME}_{len(self.added)}"
             # opaque: operator fusion must not merge the scheduled loop nest with neighbours
             func = kernel(plan, self.intrin).with_attrs({"global_symbol": name, "op_pattern": 8})
             self.added[sig] = self.builder_.add_func(func, name)
-        args = [self.builder_.emit(relax.op.reshape(self.visit_expr(src),
+        args = [self.builder_.emit(relax.op.reshape(self._float32(src),
                                                     [math.prod(static_shape(src))]))
                 for src in sources(plan)]
         out = self.builder_.emit(relax.call_tir(
@@ -416,6 +438,17 @@ class _FuseAttention(relax.PyExprMutator):
             relax.TensorType([plan.result_dims[a] for a in plan.out_axes], "float32")))
         value = self.builder_.normalize(relax.op.reshape(out, static_shape(binding.var)))
         self.set_var_remap(binding.var, self.builder_.emit(value))
+
+
+    def _float32(self, src):
+        """`src` as the kernel reads it: float32 (a bool mask as 0 and 1; a constant one
+        converted here)."""
+        value = const_value(src)
+        if str(src.ty.dtype) == "float32":
+            return self.visit_expr(src)
+        if value is not None:
+            return relax.const(value.astype("float32"))
+        return self.builder_.emit(relax.op.astype(self.visit_expr(src), "float32"))
 
 
 def attention_plans(mod: tvm.IRModule, target, precision="bf16") -> list[AttentionPlan]:
