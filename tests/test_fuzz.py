@@ -99,7 +99,7 @@ def test_attention_cases_reach_both_fused_kernels_and_the_separate_ones():
     assert {p["merge"] for p in drawn} == {"transpose", "flatten", "interleave", "sum"}
     assert {p["sharpness"] for p in drawn} == {1.0, 3.0, 6.0}
     assert {p["cut"] for p in drawn if p["fused"]} == {"unpack", "chunk", "split"}
-    assert {p["mask"] for p in drawn} == {"none", "causal", "padding"}
+    assert {p["mask"] for p in drawn} == {"none", "causal", "padding", "fill"}
     report = fuzz.fuzz(4, 0, (fuzz.ATTENTION_KIND,), first=5, workers=2, timeout=600)
     assert not report.failures, "\n".join(fuzz.result_line(r) for r in report.failures)
     results = {r.index: r.intrinsic for r in report.results}

@@ -97,7 +97,7 @@ def attention_params(rng: random.Random) -> dict:
             "stride": rng.choice((1, 1, 2)), "sharpness": rng.choice((1.0, 1.0, 3.0, 6.0)),
             "fuse_any_size": rng.choice((0, 1, 1)),
             "cut": rng.choice(("unpack", "chunk", "split")),
-            "mask": rng.choice(("none", "causal", "padding"))}
+            "mask": rng.choice(("none", "causal", "padding", "fill"))}
 
 
 def _activation(name, x):

@@ -18,10 +18,11 @@ class Spelling(NamedTuple):
     attention's accuracy guard has something to refuse); cut: how a fused projection becomes
     Q, K and V: "unpack" (iterating the permuted tensor: slices), "chunk" (torch.chunk before
     the permute) or "split" (torch.split after it; both Relax's split, as ONNX's Split);
-    mask: what is added to the scaled scores: "none", "causal" (a constant, -inf above the
-    diagonal) or "padding" (Hugging Face's [batch, 1, 1, keys] of float32's lowest where a
-    key is padding, computed from the input at run time: a key whose first feature is below
-    -0.5, the first key never)."""
+    mask: what is applied to the scaled scores: "none", "causal" (a constant added, -inf
+    above the diagonal), "padding" (Hugging Face's [batch, 1, 1, keys] of float32's lowest
+    added where a key is padding, computed from the input at run time: a key whose first
+    feature is below -0.5, the first key never) or "fill" (nanoGPT's masked_fill of -inf
+    where a buffer of ones below the diagonal is 0)."""
 
     fused: bool
     order: str
@@ -95,7 +96,10 @@ def drawn_heads(spelling: Spelling, hidden: int = 48, heads: int = 3):
             att = torch.matmul(q, kt)
             if spelling.scale == "after":
                 att = att / self.d ** 0.5
-            if spelling.mask != "none":
+            if spelling.mask == "fill":
+                keep = torch.ones(att.shape[-2:]).tril().view(1, 1, *att.shape[-2:])
+                att = att.masked_fill(keep == 0, float("-inf"))
+            elif spelling.mask != "none":
                 att = att + _mask(spelling.mask, x[:, ::spelling.stride, 0], att.shape)
             ctx = torch.matmul(torch.softmax(att, dim=-1), v)  # [b, heads, s, d]
             if spelling.merge == "transpose":
