@@ -38,8 +38,8 @@ def _signed_codes(x):
 
 def int8_attention(q, kt, v, scale: float, mask=None) -> np.ndarray:
     """The fused int8 kernel's arithmetic (q [batch, rows, depth], kt [batch, depth, keys],
-    v [batch, keys, v_depth], mask None, [batch, rows, keys] added to the scaled scores, or a
-    function of them to the masked scores: masked(), as mask_values gives it):
+    v [batch, keys, v_depth], mask None or a function of the scaled scores [batch, rows,
+    keys] to the masked ones, as mask_values gives it):
     per-head ranges of the finite values, s8 codes, integer products, exps rounded to codes
     of 1/255 (0 where the shifted score is NaN: a row without a finite score), the sum of
     those codes as the normaliser (a plain softmax's NaN where it is 0). float32 numpy (Q x
@@ -55,9 +55,7 @@ def int8_attention(q, kt, v, scale: float, mask=None) -> np.ndarray:
 
 
 def _masked(scores, mask):
-    if mask is None:
-        return scores
-    return mask(scores) if callable(mask) else scores + np.asarray(mask, np.float32)
+    return scores if mask is None else mask(scores)
 
 
 def float_attention(q, kt, v, scale: float, mask=None) -> np.ndarray:
@@ -69,12 +67,14 @@ def float_attention(q, kt, v, scale: float, mask=None) -> np.ndarray:
 
 
 def mask_values(mask: Mask, flat: np.ndarray):
-    """The mask the kernel applies, from its source's flat values: [batch, rows, keys] added
-    to the scores, or a function of them putting mask.fill in place of the masked ones."""
+    """The mask the kernel applies, from its source's flat values: a function of the scores
+    ([batch, rows, keys]) to the masked ones (the mask added, or mask.fill in place of the
+    masked scores)."""
     full = np.broadcast_to(np.asarray(flat).reshape(mask.shape), mask.scores_shape)
     full = full.reshape(-1, *mask.scores_shape[-2:])
     if mask.fill is None:
-        return full.astype(np.float32)
+        added = full.astype(np.float32)
+        return lambda scores: scores + added
     hit = full.astype(bool) == mask.when
     return lambda scores: np.where(hit, np.float32(mask.fill), scores)
 
@@ -106,7 +106,7 @@ def int8_cosine(plan: AttentionPlan, *values) -> float:
     without a finite score)."""
     sources = observed(plan)
     mask = plan.mask
-    if mask is not None and len(sources) == 3:  # a constant: the same for every input
+    if mask is not None and not isinstance(mask.source, relax.Var):  # the same every input
         values = (*values, np.tile(const_value(mask.source).reshape(-1), len(values[0])
                                    // int(np.prod(plan.q.source.ty.shape))))
         sources = [*sources, mask.source]

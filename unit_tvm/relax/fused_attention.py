@@ -39,7 +39,7 @@ import tvm
 from tvm import relax, te, tirx
 
 from .. import intrinsics
-from ..indexing import ravel, unravel
+from ..indexing import unravel
 from ..schedules import cpu_attention
 from ..target import is_cpu
 from .graph import (bound_call, const_value, dataflow_bindings, op_name, readers,
@@ -182,10 +182,9 @@ def _softmax_input(g, expr, mod):
     return None
 
 
-def _broadcasts(shape, to) -> bool:
-    """Whether numpy broadcasts `shape` to `to` (and not the other way)."""
-    return len(shape) <= len(to) and all(
-        s in (1, t) for s, t in zip(reversed(shape), reversed(to)))
+def _broadcast(shape, to) -> StridedView | None:
+    """A row-major tensor of `shape` broadcast to `to` by numpy's rules, or None."""
+    return StridedView.contiguous(shape).broadcast(to)
 
 
 def _mask_source(g, expr):
@@ -193,7 +192,7 @@ def _mask_source(g, expr):
     by its reader instead of materialised (the broadcast stays for any other reader)."""
     while (call := g.call(expr, "relax.broadcast_to")) is not None:
         inner = static_shape(call.args[0])
-        if inner is None or not _broadcasts(inner, static_shape(expr)):
+        if inner is None or _broadcast(inner, static_shape(expr)) is None:
             break
         expr = call.args[0]
     return expr
@@ -203,7 +202,7 @@ def _mask_of(g, side, source, full, dtype, **fill) -> Mask | None:
     """The Mask of `source` on scores `side` of shape `full`, where `source` is a `dtype`
     tensor of static shape that broadcasts to them and `side` has their shape, else None."""
     shape = static_shape(source)
-    if (static_shape(side) != full or shape is None or not _broadcasts(shape, full)
+    if (static_shape(side) != full or shape is None or _broadcast(shape, full) is None
             or str(source.ty.dtype) != dtype):
         return None
     source = _mask_source(g, source)
@@ -362,11 +361,10 @@ def _reader(src, view, factor):
 def _mask_reader(src, mask: Mask):
     """cpu_attention.Operands.mask of `mask` read from the flat float32 `src` (a condition as
     0 or 1): the head unravelled over the scores' batch axes, numpy's broadcast on the rest."""
-    dims = mask.scores_shape
+    dims, view = mask.scores_shape, _broadcast(mask.shape, mask.scores_shape)
 
     def at(h, i, j):
-        full = [*unravel(h, dims[:-2]), i, j][len(dims) - len(mask.shape):]
-        return src[ravel([0 if n == 1 else x for n, x in zip(mask.shape, full)], mask.shape)]
+        return src[view.flat_index((*unravel(h, dims[:-2]), i, j))]
 
     if mask.fill is None:
         return lambda score, h, i, j: score + at(h, i, j)
@@ -439,13 +437,12 @@ class _FuseAttention(relax.PyExprMutator):
         value = self.builder_.normalize(relax.op.reshape(out, static_shape(binding.var)))
         self.set_var_remap(binding.var, self.builder_.emit(value))
 
-
     def _float32(self, src):
         """`src` as the kernel reads it: float32 (a bool mask as 0 and 1; a constant one
         converted here)."""
-        value = const_value(src)
         if str(src.ty.dtype) == "float32":
             return self.visit_expr(src)
+        value = const_value(src)
         if value is not None:
             return relax.const(value.astype("float32"))
         return self.builder_.emit(relax.op.astype(self.visit_expr(src), "float32"))
