@@ -86,7 +86,8 @@ def test_resnet18_3d_layer_is_tensorized_and_exact(stride):
     data[:, :, [0, -1]] = 0  # the padding frames (rows and columns keep random values)
     weight = rng.integers(-128, 128, (32, 32, 3, 3, 3), dtype=np.int8)
     packed_data = data.reshape(1, 32 // x, x, 6, 11, 11).transpose(0, 1, 3, 4, 5, 2)
-    packed_w = weight.reshape(32 // y, y, 32 // x, x // 4, 4, 3, 3, 3).transpose(
+    word = intrin.weight_word  # 4 for vpdpbusd, 2 for the int16 vpmaddwd forms
+    packed_w = weight.reshape(32 // y, y, 32 // x, x // word, word, 3, 3, 3).transpose(
         0, 2, 5, 6, 7, 3, 1, 4)
     out_shape = [int(s) for s in op.shape]
     want = _conv3d_reference(data, weight, stride)
@@ -204,8 +205,12 @@ def test_bench_model_takes_an_onnx_file(tmp_path):
     assert res["model"] == "small.onnx" and res["accuracy_inputs"] == 2
     assert set(res["engines"]) == {"unit-tvm int8", "ORT int8"}
     assert any("PyTorch int8" in line and "skipped" in line for line in logged)
-    for engine in res["engines"].values():
-        assert engine["cosine"] > 0.99 and engine["min_ms"] > 0, res["engines"]
+    # ONNX Runtime's U8S8 kernels on a CPU without VNNI (vpmaddubsw) saturate their int16 pair
+    # sums: 0.974 on an AVX2-only Zen 3; unit-tvm stays exact there (its vpmaddwd form)
+    vnni = intrinsics.get("x86.vpdpbusd.256").supported(unit_tvm.target.restricted("native"))
+    for name, engine in res["engines"].items():
+        floor = 0.99 if vnni or name == "unit-tvm int8" else 0.95
+        assert engine["cosine"] > floor and engine["min_ms"] > 0, res["engines"]
 
 
 def test_an_onnx_file_tvm_cannot_import_still_gets_the_other_engines(tmp_path):
@@ -238,8 +243,12 @@ def test_bench_model_runs_a_zoo_model_at_a_batch_size():
                           rounds=1, log=lambda *a: None, batch=2, tune=False)
     assert res["model"] == "bert_layer_b2"
     assert set(res["engines"]) == {"unit-tvm int8", "PyTorch int8"}
-    for engine in res["engines"].values():
-        assert engine["cosine"] > 0.99 and engine["min_ms"] > 0, res["engines"]
+    # ONNX Runtime's U8S8 kernels on a CPU without VNNI (vpmaddubsw) saturate their int16 pair
+    # sums: 0.974 on an AVX2-only Zen 3; unit-tvm stays exact there (its vpmaddwd form)
+    vnni = intrinsics.get("x86.vpdpbusd.256").supported(unit_tvm.target.restricted("native"))
+    for name, engine in res["engines"].items():
+        floor = 0.99 if vnni or name == "unit-tvm int8" else 0.95
+        assert engine["cosine"] > floor and engine["min_ms"] > 0, res["engines"]
     case = model.make_case("bert_layer", 1, batch=3)
     assert case.shape[0] == 3 and case.inputs[0].shape == tuple(case.shape)
 

@@ -36,6 +36,12 @@ def rewrite(op, intrinsic, mapping: Mapping | None = None, config=None, target=N
         raise TypeError(f"unit_tvm.rewrite: config must be a schedules.cpu.CpuConfig or "
                         f"schedules.gpu.GpuConfig, got {type(config).__name__}")
     target = as_target(target)
+    missing = intrin.missing_features(target)
+    if missing:
+        # LLVM would abort the process when selecting the instruction for this target
+        raise ValueError(f"unit_tvm.rewrite: {intrin.name} cannot be compiled for {target}: "
+                         f"it lacks {', '.join(missing)} (unit_tvm.target.instruction_target"
+                         "(intrin) is this host with them added, to compile only)")
     return schedule(prepare_for(op, intrin, target, mapping, params), intrin, config, target)
 
 

@@ -73,6 +73,15 @@ def host(num_cores=None):
     return _host(num_cores, isa_level())
 
 
+def restricted(level, num_cores=None):
+    """This host less the features ISA level `level` turns off (ISA_LEVELS): a target that is
+    at most that level and whose code runs here, whatever this CPU is (on an AVX2-only host
+    'avx512_core' is the host itself)."""
+    if level not in ISA_LEVELS:
+        raise ValueError(f"ISA level {level!r} is not one of {', '.join(ISA_LEVELS)}")
+    return _host(num_cores, level)
+
+
 @functools.lru_cache(maxsize=None)
 def _host(num_cores, level):
     cpu = codegen.llvm_get_system_cpu()
@@ -148,6 +157,15 @@ def features(target):
     if target.kind.name != "llvm":
         return set()
     return set(codegen.llvm_get_cpu_features(target))
+
+
+def vector_registers(target) -> int:
+    """Vector registers a CPU target's code may use: 32 with AVX-512 (zmm0-31) and on aarch64
+    (v0-31), 16 on x86 without it (ymm0-15 on AVX2). Register tiles are sized from it."""
+    target = as_target(target)
+    if arch(target) == "x86_64" and "avx512f" not in features(target):
+        return 16
+    return 32
 
 
 def is_host(target):
