@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tvm
 
+import unit_tvm
 from unit_tvm import intrinsics, measure, microkernel
 from unit_tvm.target import host
 
@@ -92,7 +93,9 @@ def test_adding_an_instruction_needs_only_semantics_and_emit():
     mine = intrinsics.Intrinsic("test.my_vnni", arch="x86_64", requires=[("avx512vnni",)],
                                 semantics=semantics, emit=emit, doc="test")
     func, _, _ = microkernel.instruction_kernel(mine, 4)
-    assert "vpdpbusd" in tvm.tirx.build(func, target=host()).inspect_source("asm")
+    # compiled and read, not run: the host may lack VNNI
+    target = unit_tvm.target.instruction_target(mine)
+    assert "vpdpbusd" in tvm.tirx.build(func, target=target).inspect_source("asm")
 
 
 @pytest.mark.parametrize("name,steps,cols", [("x86.tdpbusd", 1, 1), ("x86.tdpbusd.x2", 2, 1),
@@ -159,7 +162,8 @@ def _run_instruction(name, rng, n=256):
     return intrin, arrays, args[-1].numpy(), lib.inspect_source("asm")
 
 
-@pytest.mark.parametrize("name", ["x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddubsw"])
+@pytest.mark.parametrize("name", ["x86.vpdpbusd", "x86.vpdpbusd.256", "x86.vpmaddwd",
+                                  "x86.vpmaddwd.256", "x86.vpmaddubsw", "x86.vpmaddubsw.256"])
 def test_integer_instruction_bit_exact(name, rng):
     require_host(name)
     intrin, (a, b), got, asm = _run_instruction(name, rng)
@@ -171,13 +175,21 @@ def test_integer_instruction_bit_exact(name, rng):
     np.testing.assert_array_equal(got.astype(np.int64), expected)
 
 
-def test_lanewise_instruction_bit_exact(rng):
-    """vpermb + vpdpbusd: each lane sums its own channel's 4 activations (4 rows of 16 channels,
-    as 4 neighbouring pixels of NCHW16c) times its own 4 weights."""
-    require_host("x86.vpermb.vpdpbusd")
-    _, (a, b), got, asm = _run_instruction("x86.vpermb.vpdpbusd", rng)
-    assert "vpermb" in asm and "vpdpbusd" in asm
-    assert a.shape[1:] == (4, 16) and b.shape[1:] == (16, 4)
+@pytest.mark.parametrize("name,mnemonics", [
+    ("x86.vpermb.vpdpbusd", ("vpermb", "vpdpbusd")),
+    ("x86.vpunpck.vpmaddwd", ("vpmaddwd",)),
+    ("x86.vpunpck.vpmaddwd.256", ("vpmaddwd",)),
+])
+def test_lanewise_instruction_bit_exact(name, mnemonics, rng):
+    """Each lane sums its own channel's activations (rows of `lanes` channels, as neighbouring
+    pixels of NCHW[lanes]c) times its own weights: vpermb + vpdpbusd 4 rows of 16, the int16
+    forms 2 rows of 16 or 8; u8 255 x s8 -128 included."""
+    require_host(name)
+    intrin, (a, b), got, asm = _run_instruction(name, rng)
+    assert all(m in asm for m in mnemonics)
+    width, lanes = intrin.reduction_width, intrin.lanes
+    assert a.shape[1:] == (width, lanes) and b.shape[1:] == (lanes, width)
+    assert a.max() == 255 and b.min() == -128
     expected = np.einsum("ntc,nct->nc", a.astype(np.int64), b.astype(np.int64))
     np.testing.assert_array_equal(got.astype(np.int64), expected)
 
@@ -211,15 +223,16 @@ def test_vdpbf16ps_within_f32_accumulation_rounding(rng):
     assert np.all(np.abs(got - expected) <= 2 * np.finfo(np.float32).eps * scale + 1e-30)
 
 
-def test_vpmaddubsw_restriction_is_needed(rng):
+@pytest.mark.parametrize("name", ["x86.vpmaddubsw", "x86.vpmaddubsw.256"])
+def test_vpmaddubsw_restriction_is_needed(name):
     """Outside a in [0,127] the s16 step saturates, which is why the instruction is restricted."""
-    require_host("x86.vpmaddubsw")
-    intrin = intrinsics.get("x86.vpmaddubsw")
+    require_host(name)
+    intrin = intrinsics.get(name)
     func, ins, out = microkernel.instruction_kernel(intrin, 1)
     lib = tvm.tirx.build(func, target=host())
     a = np.full((1, 4), 255, "uint8")
-    b = np.full((1, 16, 4), -128, "int8")
-    args = measure.to_device([a, b, np.zeros((1, 16), "int32")], tvm.cpu())
+    b = np.full((1, intrin.lanes, 4), -128, "int8")
+    args = measure.to_device([a, b, np.zeros((1, intrin.lanes), "int32")], tvm.cpu())
     lib(*args)
     assert args[-1].numpy()[0, 0] == 2 * -32768  # saturated pairs, not the exact 4*255*-128
     assert intrin.operand_ranges["a"] == (0, 127)
@@ -245,3 +258,21 @@ def test_peak_kernel_computes_correct_sums(name, rng):
     else:  # a: [t, step, rows, w], b: [t, step, cols, l, w]
         expected = 3 * np.einsum("tsrk,tscik->trci", a, b)
     np.testing.assert_allclose(args[-1].numpy().astype(np.float64), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["x86.vpmaddwd", "x86.vpmaddwd.256", "x86.vpunpck.vpmaddwd",
+                                  "x86.vpunpck.vpmaddwd.256"])
+@pytest.mark.parametrize("a_value,b_value", [(255, -128), (255, 127)])
+def test_int16_forms_exact_where_the_pair_form_saturates(name, a_value, b_value):
+    """Every product at the end of its range (the case where vpmaddubsw's int16 pair sum
+    saturates): the int16 forms, which are chosen without any range precondition, stay exact."""
+    require_host(name)
+    intrin = intrinsics.get(name)
+    assert not intrin.operand_ranges
+    func, (a_t, b_t), out = microkernel.instruction_kernel(intrin, 2)
+    lib = tvm.tirx.build(func, target=host())
+    a = np.full([int(x) for x in a_t.shape], a_value, "uint8")
+    b = np.full([int(x) for x in b_t.shape], b_value, "int8")
+    args = measure.to_device([a, b, np.zeros([int(x) for x in out.shape], "int32")], tvm.cpu())
+    lib(*args)
+    assert np.all(args[-1].numpy() == intrin.reduction_width * a_value * b_value)
