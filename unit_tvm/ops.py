@@ -7,20 +7,22 @@ a quantized model uses (activations u8, weights s8, NCHW[x]c / KCRS[y]k[x]c pack
 from tvm import te, tirx
 
 
-def dense_packed(m, n, k, lanes=16, width=4, a_dtype="uint8", b_dtype="int8", acc="int32"):
-    """C[i, j] = sum_k A[i, k] * B[j, k], B packed as [n/lanes, k/width, width/4, lanes, 4].
+def dense_packed(m, n, k, lanes=16, width=4, a_dtype="uint8", b_dtype="int8", acc="int32",
+                 word=4):
+    """C[i, j] = sum_k A[i, k] * B[j, k], B packed as [n/lanes, k/width, width/word, lanes,
+    word].
 
-    Each group of 4 reduction elements of one output column is adjacent: what vpdpbusd
-    (width 4) and AMX tdpbusd (width 64, 16 rows of 16 x 4) read directly.
+    Each group of `word` reduction elements of one output column is adjacent: what vpdpbusd
+    (width 4, word 4), vpmaddwd (2, 2) and AMX tdpbusd (width 64, 16 rows of 16 x 4) read.
     """
     a = te.placeholder((m, k), a_dtype, name="A")
-    b = te.placeholder((n // lanes, k // width, width // 4, lanes, 4), b_dtype, name="B")
+    b = te.placeholder((n // lanes, k // width, width // word, lanes, word), b_dtype, name="B")
     r = te.reduce_axis((0, k), name="k")
     return te.compute(
         (m, n),
         lambda i, j: te.sum(
             a[i, r].astype(acc)
-            * b[j // lanes, r // width, r % width // 4, j % lanes, r % 4].astype(acc),
+            * b[j // lanes, r // width, r % width // word, j % lanes, r % word].astype(acc),
             axis=r),
         name="dense",
     )
@@ -36,17 +38,17 @@ def dense(m, n, k, a_dtype="uint8", b_dtype="int8", acc="int32"):
 
 
 def conv2d_nchwc(n, c, h, w, k, r, s, stride=1, dilation=1, x=4, y=16,
-                 a_dtype="uint8", b_dtype="int8", acc="int32"):
-    """conv2d, data NCHW[x]c, kernel KCRS[x/4]c[y]k[4]c, output NCHW[y]c, no padding.
+                 a_dtype="uint8", b_dtype="int8", acc="int32", word=4):
+    """conv2d, data NCHW[x]c, kernel KCRS[x/word]c[y]k[word]c, output NCHW[y]c, no padding.
 
-    data: [n, c/x, h, w, x]; kernel: [k/y, c/x, r, s, x/4, y, 4] (each group of 4 input channels
-    of one output channel adjacent: what vpdpbusd (x=4) and AMX tdpbusd (x=64) read);
-    out: [n, k/y, oh, ow, y].
+    data: [n, c/x, h, w, x]; kernel: [k/y, c/x, r, s, x/word, y, word] (each group of `word`
+    input channels of one output channel adjacent: what vpdpbusd (x=4, word 4), vpmaddwd (2, 2)
+    and AMX tdpbusd (x=64, word 4) read); out: [n, k/y, oh, ow, y].
     """
     oh = (h - (r - 1) * dilation - 1) // stride + 1
     ow = (w - (s - 1) * dilation - 1) // stride + 1
     data = te.placeholder((n, c // x, h, w, x), a_dtype, name="data")
-    kern = te.placeholder((k // y, c // x, r, s, x // 4, y, 4), b_dtype, name="kernel")
+    kern = te.placeholder((k // y, c // x, r, s, x // word, y, word), b_dtype, name="kernel")
     rc = te.reduce_axis((0, c), name="rc")
     rr = te.reduce_axis((0, r), name="rr")
     rs = te.reduce_axis((0, s), name="rs")
@@ -55,23 +57,23 @@ def conv2d_nchwc(n, c, h, w, k, r, s, stride=1, dilation=1, x=4, y=16,
         lambda b, ko, i, j, ki: te.sum(
             data[b, rc // x, i * stride + rr * dilation, j * stride + rs * dilation, rc % x]
             .astype(acc)
-            * kern[ko, rc // x, rr, rs, rc % x // 4, ki, rc % 4].astype(acc),
+            * kern[ko, rc // x, rr, rs, rc % x // word, ki, rc % word].astype(acc),
             axis=[rc, rr, rs]),
         name="conv2d_nchwc",
     )
 
 
 def conv3d_ncdhwc(c, d, h, k, r, stride=1, x=4, y=16, a_dtype="uint8", b_dtype="int8",
-                  acc="int32"):
+                  acc="int32", word=4):
     """conv3d, batch 1, cubic window r and extents d x h x h, data NCDHW[x]c, kernel
-    KCTRS[x/4]c[y]k[4]c, output NCDHW[y]c, no padding (pad the input to pad the conv).
+    KCTRS[x/word]c[y]k[word]c, output NCDHW[y]c, no padding (pad the input to pad the conv).
 
-    data: [1, c/x, d, h, h, x]; kernel: [k/y, c/x, r, r, r, x/4, y, 4]; out: [1, k/y, od, oh, oh,
-    y]: the blocked layouts of conv2d_nchwc with a depth axis.
+    data: [1, c/x, d, h, h, x]; kernel: [k/y, c/x, r, r, r, x/word, y, word]; out: [1, k/y, od,
+    oh, oh, y]: the blocked layouts of conv2d_nchwc with a depth axis.
     """
     od, oh = (d - r) // stride + 1, (h - r) // stride + 1
     data = te.placeholder((1, c // x, d, h, h, x), a_dtype, name="data")
-    kern = te.placeholder((k // y, c // x, r, r, r, x // 4, y, 4), b_dtype, name="kernel")
+    kern = te.placeholder((k // y, c // x, r, r, r, x // word, y, word), b_dtype, name="kernel")
     rc = te.reduce_axis((0, c), name="rc")
     rt, rr, rs = (te.reduce_axis((0, r), name=n) for n in ("rt", "rr", "rs"))
     return te.compute(
@@ -79,7 +81,7 @@ def conv3d_ncdhwc(c, d, h, k, r, stride=1, x=4, y=16, a_dtype="uint8", b_dtype="
         lambda b, ko, z, i, j, ki: te.sum(
             data[b, rc // x, z * stride + rt, i * stride + rr, j * stride + rs, rc % x]
             .astype(acc)
-            * kern[ko, rc // x, rt, rr, rs, rc % x // 4, ki, rc % 4].astype(acc),
+            * kern[ko, rc // x, rt, rr, rs, rc % x // word, ki, rc % word].astype(acc),
             axis=[rc, rt, rr, rs]),
         name="conv3d_ncdhwc",
     )

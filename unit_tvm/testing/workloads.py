@@ -86,22 +86,24 @@ def workload_op(kind, p, intrin):
     """The workload in the layout the instruction reads (see `form`), channels zero-padded to a
     multiple of its reduction block x, output channels blocked by its columns y."""
     x, y = intrin.channel_blocks
+    word = intrin.weight_word
     layout = form(kind, p, intrin)
     if kind == "conv3d":
         c, d, h, k, r, stride = p
         pad = 2 * (r // 2)
-        return ops.conv3d_ncdhwc(-(-c // x) * x, d + pad, h + pad, k, r, stride, x=x, y=y)
+        return ops.conv3d_ncdhwc(-(-c // x) * x, d + pad, h + pad, k, r, stride, x=x, y=y,
+                                 word=word)
     if layout == "folded":
         c, h, k, r, s = p
         return ops.conv2d_window_folded(c, h, k, r, s, "s", x=x, y=y)
     if layout == "flat":
         c, h, k, _, _ = p
-        return ops.conv2d_nchwc(1, -(-c // x) * x, 1, h * h, k, 1, 1, x=x, y=y)
+        return ops.conv2d_nchwc(1, -(-c // x) * x, 1, h * h, k, 1, 1, x=x, y=y, word=word)
     if kind == "conv":
         c, h, k, r, s = p
-        return ops.conv2d_nchwc(1, -(-c // x) * x, h, h, k, r, r, s, x=x, y=y)
+        return ops.conv2d_nchwc(1, -(-c // x) * x, h, h, k, r, r, s, x=x, y=y, word=word)
     m, n, k = p
-    return ops.dense_packed(m, n, -(-k // x) * x, y, x)
+    return ops.dense_packed(m, n, -(-k // x) * x, y, x, word=word)
 
 
 def ops_count(kind, p):
