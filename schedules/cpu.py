@@ -19,12 +19,14 @@ from tvm import s_tir, te
 
 from .. import intrinsics
 from ..prefetch import PREFETCH_ATTR
+from ..target import vector_registers
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)
 from .padding_taps import skip_padding
 
-# x86-64 AVX-512 has 32 vector registers; the instruction needs one for the shared operand and
-# one or two for broadcasts, so at most ~28 accumulators stay in registers.
+# x86-64 AVX-512 (and aarch64) has 32 vector registers, AVX2 16 (`target.vector_registers`);
+# the instruction needs one for the shared operand and one or two for broadcasts, so at most
+# ~28 (12) accumulators stay in registers.
 VECTOR_REGISTERS = 32
 OPERAND_REGISTERS = 4
 # Accumulators of a default register tile. Measured (Zen 5, 2 x 512-bit vpdpbusd per cycle,
@@ -38,6 +40,10 @@ ACCUMULATORS = 14
 # (powers of two). Zen 5, BERT-base's bf16 attention matmuls alone: 42.5 -> 35.8 and 46.6 ->
 # 39.4 us; tuning chose 16 for Inception's 8x8 layers too.
 WIDE_TILE = 16
+# The default tile with 16 registers (AVX2): 8 accumulators leave 8 for the widened or
+# broadcast operands of the pre-VNNI forms (a 4 x 2 or 8 x 1 block, as MLAS's and oneDNN's
+# AVX2 int8 kernels hold).
+ACCUMULATORS_16 = 8
 MAX_PARALLEL_EXTENT = 3000  # the paper's first-breakpoint bound
 MAX_UNROLL = 8  # the paper's second-breakpoint bound per loop
 TILE_WIDTHS = range(4, MAX_UNROLL + 1)  # output columns a register tile holds
@@ -348,15 +354,24 @@ def _threads(target):
     return int(target.attrs.get("num-cores", 1))
 
 
+def _register_bound(target):
+    """The most accumulators a register tile may hold on `target`: its vector registers less
+    the operands'."""
+    return vector_registers(target) - OPERAND_REGISTERS
+
+
 def default(prepared, target):
     """The default breakpoint pair for a Prepared op on `target`."""
     # a tile instruction's accumulators are tiles in memory, not vector registers: the
     # register-tile measurement above does not apply, the register file bounds it as before
     tile = intrinsics.get(prepared.mapping.intrinsic).tile
-    budget = VECTOR_REGISTERS - OPERAND_REGISTERS if tile else ACCUMULATORS
+    wide = vector_registers(target) >= VECTOR_REGISTERS
+    budget = (VECTOR_REGISTERS - OPERAND_REGISTERS if tile
+              else ACCUMULATORS if wide else ACCUMULATORS_16)
     return default_config(outer_extents(prepared), _threads(target), budget,
-                          row=None if tile else _row_loop(prepared),
-                          front=_panels_first(prepared), wide_budget=None if tile else WIDE_TILE)
+                          row=None if tile or not wide else _row_loop(prepared),
+                          front=_panels_first(prepared),
+                          wide_budget=WIDE_TILE if wide and not tile else None)
 
 
 def _panels_first(prepared):
@@ -374,7 +389,8 @@ def _panels_first(prepared):
 def space(prepared, target):
     """Every config the tuner may try for a Prepared op, the default first."""
     first = default(prepared, target)
-    return [first] + [c for c in config_space(outer_extents(prepared), _threads(target))
+    return [first] + [c for c in config_space(outer_extents(prepared), _threads(target),
+                                              _register_bound(target))
                       if c != first]
 
 

@@ -484,7 +484,8 @@ def test_bf16_without_bf16_instructions_keeps_tvm_schedule():
     _, xs, _ = _prepare(model, (3, 72))
     mod = frontends.from_torch(model, [torch.tensor(xs[0])])
     qmod = quantize(mod, dtype="bfloat16")
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    # this host without AVX512-BF16 and AMX (Skylake-SP's level, or less): its code runs here
+    target = unit_tvm.target.restricted("avx512_core")
     tpass = UnitTensorize(target)
     with pytest.warns(UserWarning, match="no instruction for its dtypes"):
         tmod = tpass(qmod)
@@ -1357,3 +1358,45 @@ def test_cat_with_an_empty_cache_translates():
     one, two = vm["main"](tvm.runtime.tensor(k))
     np.testing.assert_allclose(one.numpy(), k * 2.0)
     np.testing.assert_allclose(two.numpy(), np.concatenate([k, k], axis=-2))
+
+
+class SmallMobileBlock(nn.Module):
+    """A stem conv, a strided conv, a depthwise conv and a dense: every int8 kind a pre-VNNI
+    host now tensorizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 48, 3, padding=1, stride=2), nn.ReLU(),
+            nn.Conv2d(48, 48, 3, padding=1, groups=48), nn.ReLU(),
+            nn.Flatten(), nn.Linear(48 * 6 * 6, 10))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("level,dense,depthwise", [
+    ("avx512_core", "x86.vpmaddwd", "x86.vpunpck.vpmaddwd"),
+    ("avx2", "x86.vpmaddwd.256", "x86.vpunpck.vpmaddwd.256"),
+])
+def test_pre_vnni_hosts_tensorize_every_int8_op_exactly(level, dense, depthwise):
+    """Held to Skylake-SP's level (AVX512BW, no VNNI) or to AVX2, an int8 model's convs, its
+    depthwise conv and its dense run on the exact int16 forms (not on TVM's loops, not on the
+    saturating pair form), and compute what the same quantized model computes on this host."""
+    target = unit_tvm.target.restricted(level)
+    if not intrinsics.get(dense).supported(target):
+        pytest.skip(f"this CPU has no {dense} ({level} is above it)")
+    model = SmallMobileBlock()
+    cal, xs, refs = _prepare(model, (1, 3, 12, 12))
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    report = []
+    got = _run(unit_tvm.compile(mod, target, quantize={"calibration_data": cal}, report=report),
+               xs)
+    used = [instr for _, instr, _ in report]
+    assert used == [dense, dense, depthwise, dense], report
+    want = _run(unit_tvm.compile(mod, quantize={"calibration_data": cal}), xs)
+    for g, w, r in zip(got, want, refs):
+        # integer sums are exact on both; only the float epilogues may round differently
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+        assert _cos(g, r) > 0.999

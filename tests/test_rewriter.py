@@ -103,7 +103,7 @@ def test_s8s8_conv_shift(rng):
 def test_weights_packed_once_per_call_not_per_tile():
     """The pack of B is a root-level stage (its loop nest is not under the core's tile loops)."""
     op = ops.dense(64, 64, 64)
-    sch = unit_tvm.rewrite(op, "x86.vpdpbusd")
+    sch = unit_tvm.rewrite(op, "x86.vpdpbusd", target=_vnni_target())
     script = sch.mod.script()
     pack_at = script.index('T.sblock("B_packed")')
     core_at = script.index('T.sblock("dense_core_update_o")')
@@ -142,7 +142,8 @@ def test_fallback_maxpool_warns_and_is_correct(rng):
     pool = te.compute((1, 8, 7, 7), lambda n, c, y, x: te.max(data[n, c, y + ry, x + rx],
                                                                  axis=[ry, rx]), name="maxpool")
     d = rng.standard_normal((1, 8, 9, 9)).astype("float32")
-    with pytest.warns(unit_tvm.FallbackWarning, match="sum is not max"):
+    # the reason names why each instruction does not fit (a sum is not a max, or their dtypes)
+    with pytest.warns(unit_tvm.FallbackWarning, match="does not fit maxpool"):
         got = _run([data, pool], [d])
     ref = np.max(np.stack([d[:, :, i:i + 7, j:j + 7] for i in range(3) for j in range(3)]), axis=0)
     np.testing.assert_array_equal(got, ref)
@@ -302,15 +303,22 @@ def test_a_config_whose_tile_does_not_divide_is_refused():
 
     op = ops.conv2d_nchwc(1, 32, 19, 19, 32, 3, 3, 1)  # 17 output columns
     with pytest.raises(ValueError, match="factors must divide"):
-        unit_tvm.rewrite(op, "x86.vpdpbusd", config=CpuConfig(unroll=((3, 6),), parallel=1))
+        unit_tvm.rewrite(op, "x86.vpdpbusd", config=CpuConfig(unroll=((3, 6),), parallel=1),
+                         target=_vnni_target())
 
 
-def _default_config(op):
-    """The CPU strategy's default config for `op` prepared for vpdpbusd on this host."""
+def _vnni_target():
+    """This host with VNNI (and so AVX-512's 32 registers) added where it lacks it: for the
+    schedules that are read, not run."""
+    return unit_tvm.target.instruction_target(unit_tvm.intrinsics.get("x86.vpdpbusd"))
+
+
+def _default_config(op, target=None):
+    """The CPU strategy's default config for `op` prepared for vpdpbusd on a VNNI target."""
     from unit_tvm.schedules import cpu
 
     return cpu.default(prepare(op, unit_tvm.intrinsics.get("x86.vpdpbusd")),
-                       unit_tvm.target.host())
+                       target or _vnni_target())
 
 def test_default_reads_a_dense_layers_weight_panels_once(rng):
     """A dense layer's default config puts its blocks of columns first, so each weight panel is
@@ -347,3 +355,19 @@ def test_default_tile_of_power_of_two_loops_has_16_accumulators(rng):
     b = rng.integers(-128, 128, (3, 64, 32)).astype("int8")
     np.testing.assert_array_equal(_run([*op.op.input_tensors, op], [a, b]),
                                   np.einsum("bik,bjk->bij", a.astype(np.int32), b.astype(np.int32)))
+
+
+def test_default_tile_fits_sixteen_registers_on_avx2():
+    """With AVX2's 16 ymm registers the default register tile holds at most 8 accumulators
+    (32 zmm: 14-16), and the tuning space at most 12: a tile of 14 would spill."""
+    from unit_tvm.schedules import cpu
+
+    avx2 = unit_tvm.target.restricted("avx2")
+    assert unit_tvm.target.vector_registers(avx2) == 16
+    assert unit_tvm.target.vector_registers(_vnni_target()) == 32
+    for op in (ops.batch_matmul(3, 32, 64, 32), ops.conv2d_nchw(32, 16, 64, 3),
+               ops.dense(64, 256, 64)):
+        prepared = prepare(op, unit_tvm.intrinsics.get("x86.vpdpbusd"))
+        assert 4 <= cpu.default(prepared, avx2).accumulators() <= 8
+        assert max(c.accumulators() for c in cpu.space(prepared, avx2)) <= 12
+        assert cpu.default(prepared, _vnni_target()).accumulators() >= 14

@@ -107,13 +107,20 @@ def test_build_races_every_instruction_exact_on_the_data(tmp_path):
     np.testing.assert_array_equal(args[-1].numpy(), reference.dense(a, b))
 
 
-def test_u8_without_vnni_falls_back_rather_than_saturate():
-    """On AVX512BW without VNNI only vpmaddubsw would fit, and it saturates for activations
-    >= 128: build warns and uses TVM's schedule (an exact result) instead."""
+@pytest.mark.parametrize("level", ["avx512_core", "avx2"])
+def test_u8_without_vnni_takes_the_exact_form_not_the_saturating_one(level):
+    """Without VNNI (Skylake-SP's AVX512BW, or AVX2) the u8 x s8 dense runs on the int16
+    vpmaddwd form, never on the vpmaddubsw pair form that saturates for activations >= 128:
+    255 x -128 everywhere is exact. The target is this host held to that level (or less), so
+    the kernel runs on every x86 class."""
+    if "avx2" not in unit_tvm.target.features(unit_tvm.target.host()):
+        pytest.skip("this CPU has no AVX2: no pre-VNNI int8 form to check")
+    target = unit_tvm.target.restricted(level)
     op = ops.dense(16, 32, 64)
-    target = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
-    with pytest.warns(unit_tvm.FallbackWarning, match="restricted operand range"):
-        mod = unit_tvm.build([*op.op.input_tensors, op], target=target)
+    report = unit_tvm.build_report([*op.op.input_tensors, op], target=target)
+    assert report.intrinsic.startswith("x86.vpmaddwd")
+    assert not intrinsics.get(report.intrinsic).operand_ranges
+    mod = report.module
     a = np.full((16, 64), 255, "uint8")
     b = np.full((32, 64), -128, "int8")
     args = measure.to_device([a, b, np.zeros((16, 32), "int32")], tvm.cpu())
