@@ -15,7 +15,7 @@ from importlib import metadata
 from unit_tvm.target import as_target
 
 from . import arm, cuda, x86, x86_amx
-from .base import Intrinsic, derive_desc, derive_impl, placeholders
+from .base import Intrinsic, PairSumBound, derive_desc, derive_impl, placeholders
 
 _MODULES = (x86_amx, x86, arm, cuda)
 ENTRY_POINTS = "unit_tvm.intrinsics"  # each names a module with an INTRINSICS list
@@ -74,5 +74,5 @@ def require(name, target=None):
     return intrin
 
 
-__all__ = ["Intrinsic", "all", "names", "get", "for_target", "require", "register",
+__all__ = ["Intrinsic", "PairSumBound", "all", "names", "get", "for_target", "require", "register",
            "derive_desc", "derive_impl", "placeholders"]

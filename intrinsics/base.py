@@ -9,7 +9,9 @@ writes the statement that loads/broadcasts the operands and calls the LLVM/CUDA 
 """
 
 import functools
+from dataclasses import dataclass
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import te, tirx
@@ -147,6 +149,26 @@ def derive_impl(output, emit, *, scopes=None, offset_factor=1, strided=()):
     return ib.get()
 
 
+@dataclass(frozen=True)
+class PairSumBound:
+    """A precondition on the weight operand that makes a saturating instruction exact on every
+    activation: each pair of adjacent reduction elements of one output lane obeys
+    |w0| + |w1| <= bound. vpmaddubsw sums u8 x s8 pairs in int16: with the bound 128 a pair sum
+    is at most 255 * 128 = 32640 <= 32767, so it never saturates."""
+
+    bound: int = 128
+
+    def __post_init__(self):
+        if not 0 < self.bound <= 128:
+            raise ValueError(f"a pair-sum bound is in (0, 128] for int8 weights, not {self.bound}")
+
+    def holds(self, pairs: np.ndarray) -> bool:
+        """Whether every adjacent pair along the last axis of `pairs` (an even extent) obeys
+        the bound."""
+        v = np.abs(np.asarray(pairs, np.int32))
+        return bool((v[..., 0::2] + v[..., 1::2] <= self.bound).all())
+
+
 class Intrinsic:
     """One tensorized instruction: semantics (te.compute) + how to emit it + where it runs.
 
@@ -162,6 +184,8 @@ class Intrinsic:
     strided: operands whose first (row) dimension may have any stride (the instruction takes a
         row stride: AMX tiles, wmma fragments); their other dimensions must be dense.
     operand_ranges: operand name -> (lo, hi) where the instruction is exact only on that range.
+    weight_bound: a PairSumBound under which it is exact on every value of the other operand
+        instead (a graph pass may choose it for weights quantized and checked under it).
     family: instructions that are forms of one hardware instruction (e.g. AMX tdpbusd alone and
         chained): among a family the form that pads an op least is used (default: its own name).
     doc: one paragraph describing the instruction.
@@ -169,7 +193,7 @@ class Intrinsic:
 
     def __init__(self, name, *, arch, requires, semantics, emit, doc, scopes=None,
                  offset_factor=1, strided=(), operand_ranges=None, helpers=None,
-                 host_check=None, family=None):
+                 host_check=None, family=None, weight_bound: PairSumBound | None = None):
         self.name = name
         self.family = family or name
         self.arch = arch
@@ -181,6 +205,7 @@ class Intrinsic:
         self.offset_factor = offset_factor
         self.strided = tuple(strided)
         self.operand_ranges = dict(operand_ranges or {})
+        self.weight_bound = weight_bound
         # Extra TensorIntrins an instruction needs around its core (e.g. wmma fragment load/store),
         # name -> (desc, impl) factories; registered together with the main one.
         self._helpers = dict(helpers or {})

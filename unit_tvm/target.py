@@ -44,7 +44,7 @@ def isa_level():
     """The ISA level this process is restricted to ($UNIT_TVM_ISA, default 'native');
     ValueError naming the levels for an unknown one."""
 
-    level = os.environ.get("UNIT_TVM_ISA", "native").lower()
+    level = (os.environ.get("UNIT_TVM_ISA") or "native").lower()
     if level not in ISA_LEVELS:
         raise ValueError(f"UNIT_TVM_ISA={level!r} is not one of {', '.join(ISA_LEVELS)}")
     return level

@@ -43,7 +43,7 @@ from tvm import relax
 
 from ..runner import prepare_host
 from ..target import as_target, host, is_host
-from . import attention_check, qbmm, u8_values, views
+from . import attention_check, pair_weights, qbmm, u8_values, views
 from .chains import epilogue_fields, find_chains
 from .frontend_fixes import clamps_as_clips, frontend_fixes
 from .fused_attention import attention_plans, fuse_attention
@@ -52,7 +52,8 @@ from .graph import dataflow_bindings
 from .graph import uses as count_uses
 from .qdq import fake_quantization
 from .qemit import TMP, as_main, rewrite
-from .recipe import ATTR, CONV_KINDS, QuantizedOp, Recipe, candidates, implied_clamps_dropped
+from .recipe import (ATTR, CONV_KINDS, QuantizedOp, Recipe, candidates, implied_clamps_dropped,
+                     weight_pair_bound)
 from .requantize import (
     requantize_edges,
     requantize_shared_edges,
@@ -197,6 +198,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     if not chains:
         return _to_bfloat16(mod, [], bf16_bmms)
     shortcuts = residual_only_ends(func, chains)
+    pair_bound = weight_pair_bound(target)  # a host without VNNI: weights for the pair form
     seen = _calibrate(mod, chains, shortcuts, samples, target, model_scales,
                       lambda v: _activation_qparams(v, method, percentile))
     by_end = {}
@@ -207,7 +209,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
         if chain.kind == "bmm":
             op = qbmm.quantized_bmm(chain, vals, seen.y[chain], float(x_scale), int(x_zp))
         else:
-            op = _quantized_op(chain, float(x_scale), int(x_zp), _channel_means(chain, vals))
+            op = _quantized_op(chain, float(x_scale), int(x_zp), _channel_moments(chain, vals),
+                               pair_bound)
         if op is not None:  # a bmm that fails its accuracy guard stays fp32
             by_end[chain.end] = op
     chains = [c for c in chains if c.end in by_end]
@@ -290,34 +293,50 @@ def default_fused_attention(target, dtype="int8") -> str:
     return default_attention(target)
 
 
-def _channel_means(chain, values):
-    """Mean of each input channel (convs: axis 1; dense: the last axis) of the activation's
-    calibration `values` (flattened over every input); zeros without values."""
+def _channel_moments(chain, values):
+    """(mean, second moment) of each input channel (convs: axis 1; dense: the last axis) of
+    the activation's calibration `values` (flattened over every input); zeros and ones
+    without values."""
     shape = [int(s) for s in chain.x.ty.shape]
     if values is None:
-        return np.zeros(shape[-1] if chain.kind == "dense" else shape[1])
+        n = shape[-1] if chain.kind == "dense" else shape[1]
+        return np.zeros(n), np.ones(n)
     if chain.kind == "dense":
-        return values.reshape(-1, shape[-1]).mean(axis=0)
+        per = values.reshape(-1, shape[-1])
+        return per.mean(axis=0), (per.astype(np.float64) ** 2).mean(axis=0)
     per = values.reshape(-1, *shape[1:])
-    return per.mean(axis=tuple(a for a in range(per.ndim) if a != 1))
+    axes = tuple(a for a in range(per.ndim) if a != 1)
+    return per.mean(axis=axes), (per.astype(np.float64) ** 2).mean(axis=axes)
 
 
-def _quantized_op(chain, x_scale, x_zp, x_mean):
+def _per_output_channel(values, k, groups):
+    """Per-input-channel `values` [C] as [K, C per group]: the input channel each output
+    channel's weights meet."""
+    per_group = np.asarray(values, np.float64).reshape(groups, -1)
+    return per_group[np.arange(k) // (k // groups)]
+
+
+def _quantized_op(chain, x_scale, x_zp, x_moments, pair_bound=None):
     """The QuantizedOp of a chain with a constant weight: per-channel int8 weights (the chain's
-    scale folded in; weight_scales.py), the zero-point term, the dequantization multiplier and
+    scale folded in; weight_scales.py; bounded in pairs for a pre-VNNI pair form where that
+    costs little: pair_weights.py), the zero-point term, the dequantization multiplier and
     the bias. The bias also takes the mean of what rounding the weights loses (bias correction,
-    as NNCF's and oneDNN's calibrations do): x_mean (per input channel) times the rounding error
-    summed over each output channel's window, where one activation channel meets one weight."""
+    as NNCF's and oneDNN's calibrations do): the input mean (per input channel) times the
+    rounding error summed over each output channel's window, where one activation channel
+    meets one weight."""
     per_channel = (-1,) + (1,) * (chain.weight.ndim - 1)  # broadcast over output channels
     w = chain.weight * chain.scale.reshape(per_channel)
-    w_scale = int8_weight_scales(w)
-    chain.wq = np.clip(np.round(w / w_scale.reshape(per_channel)), -127, 127).astype(np.int8)
-    recipe = _recipe(chain, x_scale=x_scale, x_zp=x_zp)
+    groups = int(chain.attrs.groups) if chain.kind in CONV_KINDS else 1
+    means, m2 = (_per_output_channel(v, w.shape[0], groups) for v in x_moments)
+    if groups > 1 and w.shape[1] == 1:
+        pair_bound = None  # a depthwise conv runs on a lanewise form, exact on any weights
+    choice = pair_weights.choose(w, int8_weight_scales(w), pair_bound, m2)
+    w_scale, chain.wq = choice.scales, choice.wq
+    recipe = _recipe(chain, x_scale=x_scale, x_zp=x_zp, w_pair_bound=choice.pair_bound,
+                     w_pair_loss=choice.pair_loss)
     wsum = chain.wq.reshape(chain.wq.shape[0], -1).astype(np.int64).sum(axis=1)
     # [K, C per group]: each output channel's rounding error per input channel of its group
     lost = (w - chain.wq * w_scale.reshape(per_channel)).reshape(w.shape[0], w.shape[1], -1)
-    group_means = np.asarray(x_mean, np.float64).reshape(recipe.groups, w.shape[1])
-    means = group_means[np.arange(w.shape[0]) // (w.shape[0] // recipe.groups)]
     shift = chain.shift + (lost.sum(axis=2) * means).sum(axis=1)
     consts = [chain.wq, (x_zp * wsum).astype(np.int32),
               (x_scale * w_scale).astype(np.float32), shift.astype(np.float32)]

@@ -67,6 +67,11 @@ class Recipe:
     x_view: tuple | None = None
     w_view: tuple | None = None
     out_axes: tuple | None = None
+    # int8 weights checked to obey |w0| + |w1| <= this in every adjacent pair a packed word
+    # holds (pair_weights.py): a pre-VNNI pair form (vpmaddubsw) is exact on them
+    w_pair_bound: int | None = None
+    # the output cosine the pair-bounded weights lose against 8-bit ones, estimated (reported)
+    w_pair_loss: float | None = None
 
     # always written to JSON, even when unset (the keys recipes have always had)
     _ALWAYS = ("kind", "in_shape", "w_shape", "out_shape", "out_channels", "relu", "clip_max",
@@ -246,7 +251,8 @@ def tuning_form(recipe):
     if is_bf16(recipe):
         return recipe  # no quantization constants
     pair_clamp = recipe.clip_min is not None
-    return recipe.replace(x_scale=0.5, x_zp=1, y_scale=0.75 if recipe.y_scale else None,
+    return recipe.replace(w_pair_loss=None, x_scale=0.5, x_zp=1,
+                          y_scale=0.75 if recipe.y_scale else None,
                           out_q=(0.25, 2) if recipe.out_q else None,
                           residual_q=(0.125, 3) if recipe.residual_q else None,
                           clip_max=6.0 if recipe.clip_max is not None and not pair_clamp
@@ -270,6 +276,26 @@ def implied_clamps_dropped(recipe: "Recipe") -> "Recipe":
     return recipe.replace(**changes) if changes else recipe
 
 
+def pair_form_exact(recipe, intrin) -> bool:
+    """Whether `intrin`, exact only under a weight pair bound, is exact on the recipe's
+    weights: the quantizer checked them under a bound at least as tight, and the activation
+    is the uint8 the instruction takes (not re-based)."""
+    bound = intrin.weight_bound
+    return (bound is not None and recipe.w_pair_bound is not None
+            and recipe.w_pair_bound <= bound.bound and not recipe.x_signed)
+
+
+def weight_pair_bound(target):
+    """The PairSumBound the quantizer gives int8 weights on `target`: that of the first u8 x s8
+    vector instruction it can run, when that is a pair form (a host without VNNI), else None
+    (vpdpbusd, AMX and the rest are exact on any weights)."""
+    for intrin in intrinsics.for_target(target):
+        if (intrin.input_dtypes == ("uint8", "int8") and intrin.broadcast_operand
+                and not intrin.lanewise):
+            return intrin.weight_bound
+    return None
+
+
 def candidates(recipe, target):
     """Instructions that can run the recipe on target, best first (unit_tvm.selection's rule
     on the padding of the packed channels)."""
@@ -287,8 +313,9 @@ def candidates(recipe, target):
             continue
         if intrin.lanewise != depthwise:
             continue  # a depthwise window has no channel reduction; a dense conv no lanewise one
-        if intrin.operand_ranges:
-            continue  # vpmaddubsw needs u7 activations; the quantizer produces u8
+        if intrin.operand_ranges and not pair_form_exact(recipe, intrin):
+            continue  # vpmaddubsw needs u7 activations (the quantizer gives u8) or weights
+            # the quantizer bounded in pairs
         if not depthwise and not fits_groups(recipe, intrin):
             continue
         # a conv folding its window's columns into the reduction pads the window, not c

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import tvm
 from tvm import relax
 
-from .. import schedules
+from .. import intrinsics, schedules
 from ..runner import prepare_host
 from ..target import as_target
 from ..tuner import Database, tune, tune_instruction
@@ -166,8 +166,10 @@ class UnitTensorize:
             func_t, blocks, final, config = entry
             self.kernels[name] = KernelInfo(name, label, self.report[-1][1], macs(recipe),
                                             config)
+            bound = intrinsics.get(self.report[-1][1]).weight_bound
             return (bb.add_func(func_t.with_attr("global_symbol", name), name),
-                    functools.partial(_kernel_arguments, recipe=final, blocks=blocks), final)
+                    functools.partial(_kernel_arguments, recipe=final, blocks=blocks,
+                                      weight_bound=bound), final)
         if packed_out:
             found = candidates(recipe, self.target)
             recipe = recipe.replace(out_block=block or (found[0].channel_blocks[1] if found
@@ -265,7 +267,7 @@ class UnitTensorize:
             except (ValueError, RuntimeError, tvm.s_tir.ScheduleError) as e:
                 reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
                 continue
-            self.report.append((label, intrin.name, ""))
+            self.report.append((label, intrin.name, _weight_form(final, intrin)))
             return func, blocks, final, self._described(
                 config if intrin is chosen else None, prepared)
         reason = "; ".join(reasons) or "no instruction for its dtypes on this target"
@@ -282,6 +284,19 @@ class UnitTensorize:
         return strategy.describe(used, prepared) + (" (default)" if used == default else "")
 
 
+def _weight_form(recipe, intrin) -> str:
+    """A note on the weights' form where the quantizer weighed the pair form ("" elsewhere):
+    what bounding them in pairs cost, or why the layer kept 8-bit weights."""
+    loss = recipe.w_pair_loss
+    if loss is None:
+        return ""
+    if intrin.weight_bound is not None:
+        return f"weights bounded in pairs for {intrin.name}: est. cosine loss {loss:.1e}"
+    if recipe.w_pair_bound is not None:
+        return f"weights bounded in pairs (est. cosine loss {loss:.1e}), not needed here"
+    return f"8-bit weights: bounding them in pairs would lose est. cosine {loss:.1e}"
+
+
 def _blocked_avg_pool(bb, mod, pool, block):
     """(call, GlobalVar, arguments, result type): the uint8 average pool `pool` replaced by its
     NCHW[block]c form, for a blocked input (u8_pools.blocked_pool_func)."""
@@ -292,14 +307,21 @@ def _blocked_avg_pool(bb, mod, pool, block):
             relax.TensorType(pool_out_shape(mod[pool.args[0]], block), "uint8"))
 
 
-def _kernel_arguments(args, recipe, blocks):
+def _kernel_arguments(args, recipe, blocks, weight_bound=None):
     """A quantized call's arguments as its tensorized kernel reads them: the weight packed for
     the instruction, and with an activation the kernel re-bases to int8 (x_signed) the
-    zero-point term re-based too. A bmm's operands are activations: its kernel packs them."""
+    zero-point term re-based too. A bmm's operands are activations: its kernel packs them.
+    weight_bound: the instruction's PairSumBound, checked on the packed words (the pair form
+    would saturate on weights that break it: never a wrong answer)."""
     if recipe.kind == "bmm":
         return args
     weight = args[1].value.numpy()
-    args[1] = relax.const(pack_weight(recipe, weight, blocks))
+    packed = pack_weight(recipe, weight, blocks)
+    if weight_bound is not None and not weight_bound.holds(packed):
+        raise RuntimeError(f"UnitTensorize: the weights of {recipe.kind} {list(recipe.w_shape)} "
+                           f"break the pair bound {weight_bound.bound} of the instruction "
+                           "chosen for them; it would saturate")
+    args[1] = relax.const(packed)
     if recipe.x_signed:
         args[2] = relax.const(rebased_comp(args[2].value.numpy(), weight))
     return args
