@@ -290,3 +290,16 @@ def test_bench_model_runs_a_quantized_file_as_it_is(tmp_path):
     assert res["engines"]["ORT int8"]["variant"] == "the file's quantization"
     assert res["engines"]["ORT int8"]["cosine"] > 0.99999  # its own reference
     assert res["engines"]["unit-tvm int8"]["cosine"] > 0.9999
+
+
+def test_each_engine_says_whether_it_keeps_to_the_isa_level():
+    """Held to a level (--isa), every engine's report says whether it obeyed; ONNX Runtime
+    cannot be held, and says so; at the native level there is nothing to say."""
+    from unit_tvm.bench.engines import isa_obedience
+
+    assert isa_obedience("ORT int8", "native") == ""
+    assert isa_obedience("ORT int8", "avx2").startswith("NOT held")
+    assert isa_obedience("unit-tvm int8", "avx2").startswith("held")
+    assert isa_obedience("OpenVINO int8", "avx512_core").startswith("held")
+    assert isa_obedience("PyTorch int8", "avx2").startswith("partly")
+    assert isa_obedience("PyTorch PT2E int8", "avx2").startswith("held")

@@ -205,6 +205,8 @@ def _restrict_isa(level):
     os.environ["UNIT_TVM_ISA"] = level.lower()
     if level.lower() != "native":
         os.environ["ONEDNN_MAX_CPU_ISA"] = level.upper()
+    if level.lower().startswith("avx2"):  # PyTorch's own vectorised kernels (and inductor's)
+        os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
 
 
 def _add_op_commands(sub):
@@ -362,8 +364,10 @@ def main(argv=None):
     """Entry point of the `unit-tvm` console script."""
     parser = argparse.ArgumentParser(prog="unit-tvm", description=__doc__)
     parser.add_argument("--isa", help="restrict this CPU to an ISA level, e.g. avx512_core_vnni "
-                        "(an AMX server measured as a VNNI-only one); also sets "
-                        "ONEDNN_MAX_CPU_ISA for the oneDNN-based baselines. Same as UNIT_TVM_ISA")
+                        "(an AMX server measured as a VNNI-only one) or avx2; also sets "
+                        "ONEDNN_MAX_CPU_ISA (and for avx2 ATEN_CPU_CAPABILITY) for the "
+                        "baselines; ONNX Runtime cannot be held (bench-model says which engine "
+                        "was). Same as UNIT_TVM_ISA")
     sub = parser.add_subparsers(dest="cmd", required=True)
     _add_op_commands(sub)
     _add_model_commands(sub)

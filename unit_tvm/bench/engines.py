@@ -54,6 +54,28 @@ class Engine:
     extra: dict = field(default_factory=dict)  # engine-specific facts for the JSON
 
 
+# How each engine keeps to an ISA level the run is held to (`unit-tvm --isa`, UNIT_TVM_ISA),
+# by the start of its name. Checked on Zen 4 held to AVX2: OpenVINO's convs ran as
+# brgconv_avx2 primitives, PyTorch FX's quantized convs as oneDNN jit_uni_int8:avx2.
+_ISA_OBEDIENCE = (
+    ("unit-tvm", "held (its LLVM target)"),
+    ("TVM", "held (its LLVM target)"),
+    ("OpenVINO", "held (ONEDNN_MAX_CPU_ISA)"),
+    ("PyTorch PT2E", "held (oneDNN: ONEDNN_MAX_CPU_ISA; ATen: ATEN_CPU_CAPABILITY)"),
+    ("PyTorch int8", "partly: convs held (oneDNN), linear layers run FBGEMM on this CPU's ISA"),
+    ("PyTorch", "held (oneDNN: ONEDNN_MAX_CPU_ISA; ATen: ATEN_CPU_CAPABILITY)"),
+    ("ORT", "NOT held: ONNX Runtime picks its kernels from this CPU's own ISA"),
+)
+
+
+def isa_obedience(engine: str, level: str) -> str:
+    """Whether `engine` runs at the ISA level this run is held to ("" at the native level)."""
+    if level == "native":
+        return ""
+    return next((note for prefix, note in _ISA_OBEDIENCE if engine.startswith(prefix)),
+                "unknown")
+
+
 def first_output(out):
     """The first output of an engine's call as a numpy array."""
     while isinstance(out, (list, tuple)) or (hasattr(out, "__getitem__") and

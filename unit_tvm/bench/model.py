@@ -19,9 +19,10 @@ from dataclasses import asdict
 import numpy as np
 
 from ..peak import host_threads
+from ..target import isa_level
 from ..testing import zoo
 from . import engine_openvino, engine_ort, engine_torch, engine_tvm
-from .engines import Engine, ModelCase, accuracy
+from .engines import Engine, ModelCase, accuracy, isa_obedience
 from .timing import interleaved
 
 # name -> (builder, takes the fp32 references)
@@ -135,9 +136,11 @@ def run_model(name, *, engines=ENGINES, n_inputs=ACCURACY_INPUTS, rounds=10, log
         result["engines"][n] = {**asdict(times[n]), "cosine": cos, "top1_agreement": top1,
                                 "precision": e.precision, "threads": e.threads,
                                 "compile_s": e.compile_s, "variant": e.variant,
-                                "extra": e.extra}
+                                "extra": e.extra, "isa": isa_obedience(n, isa_level())}
+        held = result["engines"][n]["isa"] and f"  [isa {isa_level()}: " \
+            f"{result['engines'][n]['isa']}]"
         log(f"  {case.name:<13} {n:<18} {times[n]}  cos {cos:.5f} top1 {top1:.2f}  "
-            f"threads {e.threads}  compile {e.compile_s:.0f}s  {e.variant}")
+            f"threads {e.threads}  compile {e.compile_s:.0f}s  {e.variant}{held}")
     _speedups(result, log)
     return result
 
