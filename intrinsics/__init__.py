@@ -14,10 +14,10 @@ from importlib import metadata
 
 from unit_tvm.target import as_target
 
-from . import arm, cuda, x86, x86_amx
+from . import arm, cuda, x86, x86_amx, x86_pre_vnni
 from .base import Intrinsic, PairSumBound, derive_desc, derive_impl, placeholders
 
-_MODULES = (x86_amx, x86, arm, cuda)
+_MODULES = (x86_amx, x86, x86_pre_vnni, arm, cuda)
 ENTRY_POINTS = "unit_tvm.intrinsics"  # each names a module with an INTRINSICS list
 _REGISTRY = {}
 
@@ -59,8 +59,11 @@ def get(name):
 
 
 def for_target(target=None):
-    """The Intrinsics `target` (default: this host) can execute, in registration order."""
-    return [i for i in _REGISTRY.values() if i.supported(target)]
+    """The Intrinsics `target` (default: this host) can execute, in registration order, less
+    those superseded there (`Intrinsic.superseded_by`: the pre-VNNI forms where VNNI runs)."""
+    usable = [i for i in _REGISTRY.values() if i.supported(target)]
+    names = {i.name for i in usable}
+    return [i for i in usable if not names & set(i.superseded_by)]
 
 
 def require(name, target=None):

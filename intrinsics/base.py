@@ -186,6 +186,9 @@ class Intrinsic:
     operand_ranges: operand name -> (lo, hi) where the instruction is exact only on that range.
     weight_bound: a PairSumBound under which it is exact on every value of the other operand
         instead (a graph pass may choose it for weights quantized and checked under it).
+    superseded_by: names of instructions that do its work better: where a target runs one of
+        them, `intrinsics.for_target` (what selection chooses from) leaves this one out; it can
+        still be named (the pre-VNNI forms on a VNNI host).
     family: instructions that are forms of one hardware instruction (e.g. AMX tdpbusd alone and
         chained): among a family the form that pads an op least is used (default: its own name).
     doc: one paragraph describing the instruction.
@@ -193,7 +196,8 @@ class Intrinsic:
 
     def __init__(self, name, *, arch, requires, semantics, emit, doc, scopes=None,
                  offset_factor=1, strided=(), operand_ranges=None, helpers=None,
-                 host_check=None, family=None, weight_bound: PairSumBound | None = None):
+                 host_check=None, family=None, weight_bound: PairSumBound | None = None,
+                 superseded_by: tuple = ()):
         self.name = name
         self.family = family or name
         self.arch = arch
@@ -206,6 +210,7 @@ class Intrinsic:
         self.strided = tuple(strided)
         self.operand_ranges = dict(operand_ranges or {})
         self.weight_bound = weight_bound
+        self.superseded_by = tuple(superseded_by)
         # Extra TensorIntrins an instruction needs around its core (e.g. wmma fragment load/store),
         # name -> (desc, impl) factories; registered together with the main one.
         self._helpers = dict(helpers or {})

@@ -15,8 +15,9 @@ from .conftest import HOST_X86, require_host
 PROMISED = ["x86.tdpbusd.x4", "x86.tdpbusd.x2", "x86.tdpbusd", "x86.tdpbusd.x4.n2",
          "x86.tdpbusd.x2.n2", "x86.tdpbf16ps.x4", "x86.tdpbf16ps.x2", "x86.tdpbf16ps",
          "x86.tdpbf16ps.x4.n2", "x86.tdpbf16ps.x2.n2", "x86.vpdpbusd", "x86.vpdpbusd.256",
-         "x86.vpmaddubsw", "x86.vdpbf16ps", "x86.vpermb.vpdpbusd", "arm.smmla",
-         "arm.sdot", "arm.udot", "cuda.wmma.f16f32", "cuda.wmma.s8s32"]
+         "x86.vdpbf16ps", "x86.vpermb.vpdpbusd", "x86.vpmaddubsw", "x86.vpmaddubsw.256",
+         "x86.vpmaddwd", "x86.vpmaddwd.256", "x86.vpunpck.vpmaddwd", "x86.vpunpck.vpmaddwd.256",
+         "arm.smmla", "arm.sdot", "arm.udot", "cuda.wmma.f16f32", "cuda.wmma.s8s32"]
 
 
 def test_all_nine_required_plus_amx_registered():
@@ -276,3 +277,16 @@ def test_int16_forms_exact_where_the_pair_form_saturates(name, a_value, b_value)
     args = measure.to_device([a, b, np.zeros([int(x) for x in out.shape], "int32")], tvm.cpu())
     lib(*args)
     assert np.all(args[-1].numpy() == intrin.reduction_width * a_value * b_value)
+
+
+def test_pre_vnni_forms_are_superseded_where_vnni_runs():
+    """Where the target runs vpdpbusd, selection never sees the pre-VNNI forms (a VNNI host's
+    choices are what they were), though a caller may still name them; held to AVX2 they are
+    what it chooses from, the pair form first."""
+    vnni = unit_tvm.target.instruction_target(intrinsics.get("x86.vpdpbusd"))
+    chosen_from = {i.name for i in intrinsics.for_target(vnni)}
+    assert "x86.vpdpbusd" in chosen_from
+    assert not {"x86.vpmaddubsw.256", "x86.vpmaddwd.256"} & chosen_from
+    assert intrinsics.get("x86.vpmaddwd.256").supported(vnni)
+    avx2 = [i.name for i in intrinsics.for_target(unit_tvm.target.restricted("avx2"))]
+    assert avx2 == ["x86.vpmaddubsw.256", "x86.vpmaddwd.256", "x86.vpunpck.vpmaddwd.256"]

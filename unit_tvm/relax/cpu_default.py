@@ -13,7 +13,7 @@ import tvm
 from tvm import s_tir
 
 from .. import fastmath
-from ..target import arch
+from ..target import arch, vector_registers
 from .cpu_rows import row_fused
 
 MIN_PARALLEL = 64  # below this many iterations threads cost more than they save
@@ -21,21 +21,28 @@ MIN_PARALLEL = 64  # below this many iterations threads cost more than they save
 
 class Widths(NamedTuple):
     """The vector shapes the schedule uses on one ISA: float32 lanes of a vectorised loop (and
-    the narrower width for extents it does not divide), and how many float32 lanes one vector
-    register holds (a register tile holds at most ACCUMULATORS registers)."""
+    the narrower width for extents it does not divide), how many float32 lanes one vector
+    register holds, and how many registers a register tile's accumulators may take."""
 
     lanes: int
     narrow: int
     register: int
+    accumulators: int = 24  # of 32 zmm, 32 NEON q
 
 
-X86 = Widths(16, 8, 16)  # one zmm of float32 (ymm pairs on AVX2, which legalizes them)
+X86 = Widths(16, 8, 16)  # one zmm of float32
+AVX2 = Widths(8, 4, 8, 12)  # one ymm of float32; 16 ymm registers
 NEON = Widths(8, 4, 4)  # two q registers: loads and FMAs in pairs, 128-bit NEON
 
 
 def widths_for(target) -> Widths:
-    """NEON widths for an aarch64 target, else (x86, or no target) the AVX-512 ones."""
-    return NEON if target is not None and arch(target) == "aarch64" else X86
+    """NEON widths for an aarch64 target, AVX2's for an x86 one without AVX-512 (16 ymm
+    registers), else (AVX-512, or no target) the AVX-512 ones."""
+    if target is None:
+        return X86
+    if arch(target) == "aarch64":
+        return NEON
+    return AVX2 if vector_registers(target) == 16 else X86
 
 
 def _region_axes(region):
@@ -202,7 +209,6 @@ def _register_block(extent, outer_work, most=8):
         d == 1 or outer_work // d >= MIN_PARALLEL or outer_work < MIN_PARALLEL))
 
 
-ACCUMULATORS = 24  # vector registers a register tile may hold (of 32 zmm, 32 NEON q)
 
 
 def _register_tile(sch, block, loops, extents, lead, vec, widths=X86):
@@ -216,7 +222,7 @@ def _register_tile(sch, block, loops, extents, lead, vec, widths=X86):
     v = next(d for d in (4, 3, 2, 1) if (ext // lanes) % d == 0)
     registers = v * max(1, lanes // widths.register)  # a tile row's accumulator registers
     f = _register_block(extents[vec - 1], math.prod(extents[:vec]),
-                        most=min(8, ACCUMULATORS // registers))
+                        most=min(8, widths.accumulators // registers))
     row_loop = loops[vec - 1]
     rows = []
     if f > 1:

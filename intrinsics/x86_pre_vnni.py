@@ -1,0 +1,136 @@
+"""x86 int8 without VNNI: the forms of AVX2 (AMD Zen 2/3, Intel Haswell/Broadwell) and AVX512BW
+(Intel Skylake-SP), one table row per vector width.
+
+- the *pair form* (x86.vpmaddubsw): vpmaddubsw sums each pair of u8 x s8 products in int16,
+  *saturating*, vpmaddwd by ones adds the pairs into int32, vpaddd accumulates: 3 uops per 4
+  products a lane. Exact for u7 activations, or for weights whose adjacent pairs obey
+  |b0| + |b1| <= 128 (255 * 128 = 32640 <= 32767), which the quantizer gives them and checks
+  (relax/pair_weights.py). 450 GOPS on Zen 4 held to AVX2 (2 threads), 1.8x the int16 form.
+- the *int16 form* (x86.vpmaddwd): both operands widened to int16 (the weights by vpmovsxbw),
+  one vpmaddwd per 2 products a lane. Exact on every u8 x s8 value: runs everything else.
+- its lanewise form (x86.vpunpck.vpmaddwd): 2 rows of channels widened and interleaved so each
+  32-bit word holds one channel's 2 taps: a depthwise conv's window, exact.
+
+Registry order puts the pair forms first: wherever their precondition holds they are chosen.
+Where VNNI runs (vpdpbusd; vpermb + vpdpbusd for the lanewise form) these forms are superseded:
+selection leaves them out, a caller may still name them.
+"""
+
+from typing import NamedTuple
+
+from tvm import tirx
+from tvm.script.ir_builder import tirx as T
+
+from .base import Intrinsic, PairSumBound
+from .x86 import broadcast_word, dot_semantics, lanewise_semantics
+
+
+class _Width(NamedTuple):
+    """One vector width of the pre-VNNI forms: its name suffix and ISA, int32 lanes, the
+    feature it needs and the LLVM intrinsics of its vpmaddwd and vpmaddubsw."""
+
+    suffix: str
+    isa: str
+    register: str
+    lanes: int
+    requires: tuple
+    pmaddwd: str
+    pmaddubsw: str
+
+
+WIDTHS = (
+    _Width("", "AVX512BW", "zmm", 16, ("avx512bw",), "llvm.x86.avx512.pmaddw.d.512",
+           "llvm.x86.avx512.pmaddubs.w.512"),
+    _Width(".256", "AVX2", "ymm", 8, ("avx2",), "llvm.x86.avx2.pmadd.wd",
+           "llvm.x86.avx2.pmadd.ub.sw"),
+)
+
+
+def _accumulate(d, lanes, value):
+    T.buffer_store(d, d.vload([0], f"int32x{lanes}") + value, [tirx.Ramp(0, 1, lanes)])
+
+
+def _pair_emit(w: _Width):
+    def emit(bufs):
+        a, b, d = bufs["a"], bufs["b"], bufs["d"]
+        a_vec = broadcast_word(a, w.lanes, 4, f"uint8x{w.lanes * 4}")
+        pairs = tirx.call_llvm_pure_intrin(f"int16x{w.lanes * 2}", w.pmaddubsw, a_vec,
+                                           b.vload([0, 0], f"int8x{w.lanes * 4}"))
+        ones = tirx.Broadcast(tirx.const(1, "int16"), w.lanes * 2)
+        _accumulate(d, w.lanes,
+                    tirx.call_llvm_pure_intrin(f"int32x{w.lanes}", w.pmaddwd, pairs, ones))
+
+    return emit
+
+
+def _int16_emit(w: _Width):
+    def emit(bufs):
+        a, b, d = bufs["a"], bufs["b"], bufs["d"]
+        # a's two bytes as two int16 (one 32-bit word), broadcast to every lane
+        a_word = tirx.reinterpret("int32", tirx.Cast("int16x2", a.vload([0], "uint8x2")))
+        a_vec = tirx.reinterpret(f"int16x{w.lanes * 2}", tirx.Broadcast(a_word, w.lanes))
+        b_vec = tirx.Cast(f"int16x{w.lanes * 2}", b.vload([0, 0], f"int8x{w.lanes * 2}"))
+        _accumulate(d, w.lanes,
+                    tirx.call_llvm_pure_intrin(f"int32x{w.lanes}", w.pmaddwd, a_vec, b_vec))
+
+    return emit
+
+
+def _lanewise_int16_emit(w: _Width):
+    def emit(bufs):
+        a, b, d = bufs["a"], bufs["b"], bufs["d"]
+        rows = tirx.Cast(f"int16x{w.lanes * 2}", a.vload([0, 0], f"uint8x{w.lanes * 2}"))
+        # element lanes * t + c -> 2 c + t: each word one channel's two taps
+        words = tirx.Shuffle([rows], [tirx.const(w.lanes * (i % 2) + i // 2, "int32")
+                                      for i in range(w.lanes * 2)])
+        taps = tirx.Cast(f"int16x{w.lanes * 2}", b.vload([0, 0], f"int8x{w.lanes * 2}"))
+        _accumulate(d, w.lanes,
+                    tirx.call_llvm_pure_intrin(f"int32x{w.lanes}", w.pmaddwd, words, taps))
+
+    return emit
+
+
+def pair_form(w: _Width) -> Intrinsic:
+    """x86.vpmaddubsw[.256]: the pair form, exact under its precondition only."""
+    return Intrinsic(
+        f"x86.vpmaddubsw{w.suffix}", arch="x86_64", requires=[w.requires],
+        semantics=dot_semantics(w.lanes, 4, "uint8", "int8", "int32"), emit=_pair_emit(w),
+        operand_ranges={"a": (0, 127)}, weight_bound=PairSumBound(128), superseded_by=_VNNI,
+        doc=f"{w.isa} pair form: vpmaddubsw {w.register} (u8*s8 pairs summed to s16, "
+        f"*saturating*) + vpmaddwd by ones (s16 pairs -> s32) + vpaddd, {w.lanes} lanes x 4 "
+        "products. Exact only where a pair sum cannot saturate: the u8 operand `a` in [0, 127] "
+        "(2*127*128 = 32512 < 32767), or weights whose adjacent pairs obey |b0| + |b1| <= 128 "
+        "(255 * 128 = 32640). Elsewhere a=255, b=-128 pairs give -32768, not -65280.")
+
+
+def int16_form(w: _Width) -> Intrinsic:
+    """x86.vpmaddwd[.256]: the exact int16 form."""
+    return Intrinsic(
+        f"x86.vpmaddwd{w.suffix}", arch="x86_64", requires=[w.requires],
+        semantics=dot_semantics(w.lanes, 2, "uint8", "int8", "int32"), emit=_int16_emit(w),
+        superseded_by=_VNNI,
+        doc=f"{w.isa} int8 without VNNI, exact: a's 2 u8 zero-extended and b's s8 sign-extended "
+        f"(vpmovsxbw) to s16, then vpmaddwd {w.register}: {w.lanes} lanes, each the sum of 2 "
+        "products added to s32 (|2 * 255 * -128| < 2^31: no value saturates).")
+
+
+def lanewise_int16_form(w: _Width) -> Intrinsic:
+    """x86.vpunpck.vpmaddwd[.256]: the int16 form for depthwise windows."""
+    return Intrinsic(
+        f"x86.vpunpck.vpmaddwd{w.suffix}", arch="x86_64", requires=[w.requires],
+        semantics=lanewise_semantics(w.lanes, 2, "uint8", "int8", "int32"),
+        emit=_lanewise_int16_emit(w), superseded_by=_VNNI_LANEWISE,
+        doc=f"{w.isa} lanewise int8 without VNNI, exact: 2 rows of {w.lanes} u8 channels (2 "
+        f"neighbouring pixels of NCHW{w.lanes}c) widened to s16 and interleaved so that each "
+        f"word holds one channel's 2 taps, then vpmaddwd {w.register} with the taps' s8 weights "
+        "widened: each lane adds 2 products of its own channel to s32 (a depthwise window).")
+
+
+_VNNI = ("x86.vpdpbusd", "x86.vpdpbusd.256")
+_VNNI_LANEWISE = ("x86.vpermb.vpdpbusd",)
+
+
+# preference order (unit_tvm.selection): the pair forms where their precondition holds, then
+# the int16 forms, widest first
+INTRINSICS = ([pair_form(w) for w in WIDTHS] + [int16_form(w) for w in WIDTHS]
+              + [lanewise_int16_form(w) for w in WIDTHS])
