@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 import tvm
+from tvm import relax
 
 import unit_tvm
-from unit_tvm import frontends
+from unit_tvm import frontends, intrinsics
 from unit_tvm.relax import quantize
 from unit_tvm.relax.attention_check import int8_attention
 from unit_tvm.relax.fused_attention import instruction
@@ -116,9 +117,12 @@ def test_int8_attention_in_a_model():
 
 
 def test_int8_attention_needs_the_instruction():
-    """No exact u8 x s8 dot product (AVX512 without VNNI has only vpmaddubsw, which saturates
-    for u8 >= 128: Q's and P's codes reach 255), or a GPU target: no int8 kernel."""
+    """An exact u8 x s8 dot product: vpdpbusd, or without VNNI the int16 vpmaddwd form (never
+    the vpmaddubsw pair form, which saturates for u8 >= 128: Q's and P's codes reach 255);
+    none without AVX2 (Sandy Bridge) or on a GPU target: no int8 kernel."""
     assert instruction(tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"}),
+                       "int8").name == "x86.vpmaddwd"
+    assert instruction(tvm.target.Target({"kind": "llvm", "mcpu": "sandybridge"}),
                        "int8") is None
     assert instruction(tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"}),
                        "int8").name == VPDPBUSD
@@ -134,10 +138,12 @@ def test_long_attention_defaults_to_int8_where_the_cpu_has_vnni():
     from unit_tvm.relax.quantize import default_attention, default_fused_attention
 
     vnni = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"})
-    plain = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+    plain = tvm.target.Target({"kind": "llvm", "mcpu": "sandybridge"})  # AVX, no AVX2
     assert default_fused_attention(vnni) == "int8"
     assert default_fused_attention(vnni, "bfloat16") == default_attention(vnni) == "fp32"
     assert default_fused_attention(plain) == "fp32"
+    assert default_fused_attention(tvm.target.Target({"kind": "llvm",
+                                                      "mcpu": "skylake-avx512"})) == "int8"
     require_host(VPDPBUSD)
     model = LongAttention(256).eval()
     x = zoo.inputs((1, 256, 64), 1, seed=3)[0]
@@ -210,3 +216,27 @@ def test_drawn_spellings_fused_in_int8_stay_close_to_fp32_attention(seed, monkey
                 xs)
     for got, other in zip(_run(unit_tvm.compiler.build_relax(qmod, host), xs), fp32):
         assert _cos(got, other) > 0.999
+
+
+@pytest.mark.parametrize("level,form", [("avx512_core", "x86.vpmaddwd"),
+                                        ("avx2", "x86.vpmaddwd.256")])
+def test_int8_attention_without_vnni_runs_on_the_int16_form(level, form):
+    """Held to Skylake-SP's level or to AVX2, long attention is still one int8 kernel, on the
+    exact int16 form (2 products a lane), and stays within cosine 0.999 of torch."""
+    target = unit_tvm.target.restricted(level)
+    if not intrinsics.get(form).supported(target):
+        pytest.skip(f"this CPU has no {form}")
+    model = LongAttention(256).eval()
+    x = zoo.inputs((1, 256, 64), 1, seed=3)[0]
+    mod = frontends.from_torch(model, [torch.tensor(x)])
+    cal = zoo.inputs((1, 256, 64), 2, seed=1)
+    qmod = quantize(mod, calibration_data=cal, target=target)
+    (kernel,) = _fused_kernels(qmod)
+    assert form in str(qmod[kernel].attrs["unit_tvm.kernel_info"])
+    vm = relax.VirtualMachine(unit_tvm.compile(mod, target, quantize={"calibration_data": cal}),
+                              tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(x))
+    got = (out if hasattr(out, "numpy") else out[0]).numpy().astype(np.float64)
+    with torch.no_grad():
+        want = model(torch.tensor(x)).numpy().astype(np.float64)
+    assert got.ravel() @ want.ravel() / np.linalg.norm(got) / np.linalg.norm(want) > 0.999
