@@ -224,8 +224,8 @@ def test_int8_attention_without_vnni_runs_on_the_int16_form(level, form):
     """Held to Skylake-SP's level or to AVX2, long attention is still one int8 kernel, on the
     exact int16 form (2 products a lane), and stays within cosine 0.999 of torch."""
     target = unit_tvm.target.restricted(level)
-    if not intrinsics.get(form).supported(target):
-        pytest.skip(f"this CPU has no {form}")
+    if not intrinsics.get(form).supported(target) or not unit_tvm.target.is_host(target):
+        pytest.skip(f"this CPU (or the ISA level it is held to) has no {form}")
     model = LongAttention(256).eval()
     x = zoo.inputs((1, 256, 64), 1, seed=3)[0]
     mod = frontends.from_torch(model, [torch.tensor(x)])
@@ -240,3 +240,16 @@ def test_int8_attention_without_vnni_runs_on_the_int16_form(level, form):
     with torch.no_grad():
         want = model(torch.tensor(x)).numpy().astype(np.float64)
     assert got.ravel() @ want.ravel() / np.linalg.norm(got) / np.linalg.norm(want) > 0.999
+
+
+def test_quantizing_for_an_instruction_this_cpu_lacks_is_a_clear_error():
+    """Calibration runs the model here: with long attention already fused for vpdpbusd on a
+    CPU without it, quantize says so instead of LLVM aborting the process."""
+    vnni = unit_tvm.target.instruction_target(intrinsics.get(VPDPBUSD))
+    if unit_tvm.target.is_host(vnni):
+        pytest.skip("this CPU runs vpdpbusd: nothing to refuse")
+    model = LongAttention(256).eval()
+    x = zoo.inputs((1, 256, 64), 1, seed=3)[0]
+    with pytest.raises(ValueError, match="cannot run x86.vpdpbusd"):
+        quantize(frontends.from_torch(model, [torch.tensor(x)]),
+                 calibration_data=zoo.inputs((1, 256, 64), 1, seed=1), target=vnni)

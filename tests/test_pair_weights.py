@@ -88,3 +88,14 @@ def test_pair_form_is_exact_on_full_u8_with_bounded_weights(name, rng):
     want = np.einsum("nk,nik->ni", a.astype(np.int64), b.astype(np.int64))
     np.testing.assert_array_equal(args[-1].numpy(), want)
 
+
+
+def test_weights_that_arrived_quantized_keep_their_integers(rng):
+    """A QDQ file's int8 weights that break the bound are not requantized onto the pair grid:
+    the file's integers are the model (the layer runs on the exact int16 form instead)."""
+    wq = rng.integers(-127, 128, (6, 16)).astype(np.int8)
+    scales = np.full(6, 0.02)
+    w = (wq * 0.02).astype(np.float32)
+    choice = pair_weights.choose(w, scales, BOUND, np.ones((6, 16)), given=True)
+    assert choice.pair_bound is None
+    np.testing.assert_array_equal(choice.wq, wq)

@@ -125,10 +125,10 @@ def _lanes_after_reduction(block, lead, widths=X86):
     lanes (a mean over H and W of NCHW[16]c: squeeze-excitation's pool on a float32 region in
     blocks, relax/f32_blocks.py): every read indexed by the reduction has the reduction's
     variables, in order, then the last data-parallel variable on its last axes, the result has
-    that variable on its last axis, and it is one whole vector wide."""
+    that variable on its last axis, and it is whole vectors wide (16 lanes: one zmm, two ymm)."""
     ivs = block.iter_vars
     lane = ivs[lead - 1]
-    if lead < 2 or lead == len(ivs) or int(lane.dom.extent) != widths.lanes:
+    if lead < 2 or lead == len(ivs) or int(lane.dom.extent) % widths.lanes:
         return False
     red = [{iv.var.name} for iv in ivs[lead:]]
     lane_name = {lane.var.name}

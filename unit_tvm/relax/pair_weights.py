@@ -86,16 +86,19 @@ def estimated_cosine(w: np.ndarray, approx: np.ndarray, moments: np.ndarray) -> 
 
 
 def choose(w: np.ndarray, scales: np.ndarray, bound: PairSumBound | None,
-           moments: np.ndarray) -> WeightChoice:
+           moments: np.ndarray, given: bool = False) -> WeightChoice:
     """The int8 weights of a layer whose 8-bit scales are `scales` on a target whose fast
-    instruction needs `bound` (None: any weights): the 8-bit integers when they obey it already
-    (a QDQ file's may), else the pair-bounded ones where they lose at most
-    PAIR_MAX_COSINE_LOSS, else the 8-bit ones without the bound."""
+    instruction needs `bound` (None: any weights): the 8-bit integers when they obey it already,
+    else the pair-bounded ones where they lose at most PAIR_MAX_COSINE_LOSS, else the 8-bit
+    ones without the bound. `given`: the weights arrived quantized (a QDQ file's): their
+    integers are the model's and are kept, bounded or not."""
     wq = quantized(w, scales)
     if bound is None:
         return WeightChoice(scales, wq, None, None)
     if pairs_obey(wq, bound):
         return WeightChoice(scales, wq, bound.bound, 0.0)
+    if given:
+        return WeightChoice(scales, wq, None, None)
     per_channel = (-1,) + (1,) * (w.ndim - 1)
     pair_scales = np.maximum(max_pair_sums(w), 1e-12) / (bound.bound - 1)
     pq = quantized(w, pair_scales)

@@ -41,12 +41,13 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .. import intrinsics
 from ..runner import prepare_host
 from ..target import as_target, host, is_host
 from . import attention_check, pair_weights, qbmm, u8_values, views
 from .chains import epilogue_fields, find_chains
 from .frontend_fixes import clamps_as_clips, frontend_fixes
-from .fused_attention import attention_plans, fuse_attention
+from .fused_attention import attention_plans, fuse_attention, kernel_infos
 from .fused_attention import instruction as fused_instruction
 from .graph import dataflow_bindings
 from .graph import uses as count_uses
@@ -61,7 +62,7 @@ from .requantize import (
     requantize_through_pools,
     residual_only_ends,
 )
-from .weight_scales import int8_weight_scales
+from .weight_scales import int8_weight_scales, on_grid
 
 # how quantize computes matmuls between two activations (its `attention` argument)
 ATTENTION = ("fp32", "int8", "bf16")
@@ -86,7 +87,9 @@ def observe(mod, outputs, calibration_data, target):
 
     # Calibration runs here: a model compiled for another machine (aarch64, a wider x86) is
     # observed in fp32 on this one, so both builds of one model get the same quantization.
-    ex = build_relax(cal, target if is_host(target) else host())
+    run_on = target if is_host(target) else host()
+    _check_runs_here(cal, run_on)
+    ex = build_relax(cal, run_on)
     # calibration's kernels are this thread's first parallel ones: TVM sizes its pool for
     # good on the first (half the CPUs unless told), and the model's inferences share it
     prepare_host()
@@ -242,6 +245,19 @@ def _int8_attention_fused(mod, target, samples):
     return fuse_attention(mod, target, "int8", plans)
 
 
+def _check_runs_here(mod, target):
+    """ValueError instead of LLVM aborting the process: calibration runs `mod` on this CPU, and
+    a fused attention kernel already scheduled for an instruction this CPU lacks (quantizing on
+    an AVX2 host for a VNNI target) cannot be built for it."""
+    for name, info in kernel_infos(mod).items():
+        intrin = json.loads(str(info)).get("instruction")
+        if intrin and not intrinsics.get(intrin).supported(target):
+            raise ValueError(f"quantize: calibration runs the model on this CPU, whose target "
+                             f"{target} cannot run {intrin} (fused attention kernel {name}, "
+                             "scheduled for the requested target); quantize on a CPU of the "
+                             "target's class, or pass attention='fp32' or 'bf16'")
+
+
 class _Calibration(NamedTuple):
     """What the calibration inputs give: each quantized op's input values (None where the
     model's own quantization stands in), each residual-only end's quantization (None: not
@@ -330,7 +346,8 @@ def _quantized_op(chain, x_scale, x_zp, x_moments, pair_bound=None):
     means, m2 = (_per_output_channel(v, w.shape[0], groups) for v in x_moments)
     if groups > 1 and w.shape[1] == 1:
         pair_bound = None  # a depthwise conv runs on a lanewise form, exact on any weights
-    choice = pair_weights.choose(w, int8_weight_scales(w), pair_bound, m2)
+    scales = int8_weight_scales(w)
+    choice = pair_weights.choose(w, scales, pair_bound, m2, given=on_grid(w, scales))
     w_scale, chain.wq = choice.scales, choice.wq
     recipe = _recipe(chain, x_scale=x_scale, x_zp=x_zp, w_pair_bound=choice.pair_bound,
                      w_pair_loss=choice.pair_loss)

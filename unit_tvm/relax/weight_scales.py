@@ -36,3 +36,11 @@ def int8_weight_scales(w: np.ndarray) -> np.ndarray:
         scales[on_grid] = top[on_grid] / steps
         found[on_grid] = True
     return scales
+
+
+def on_grid(w: np.ndarray, scales: np.ndarray) -> bool:
+    """Whether every value of `w` lies on its channel's int8 grid of step `scales` (a weight
+    that arrived quantized: its integers are the file's)."""
+    per_channel = (-1,) + (1,) * (w.ndim - 1)
+    q = w.astype(np.float64) / scales.reshape(per_channel)
+    return bool((np.abs(q - np.round(q)) < _TOLERANCE).all())
