@@ -212,8 +212,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
         if chain.kind == "bmm":
             op = qbmm.quantized_bmm(chain, vals, seen.y[chain], float(x_scale), int(x_zp))
         else:
-            op = _quantized_op(chain, float(x_scale), int(x_zp), _channel_moments(chain, vals),
-                               pair_bound)
+            moments = _channel_moments(chain, vals, second=pair_bound is not None)
+            op = _quantized_op(chain, float(x_scale), int(x_zp), moments, pair_bound)
         if op is not None:  # a bmm that fails its accuracy guard stays fp32
             by_end[chain.end] = op
     chains = [c for c in chains if c.end in by_end]
@@ -309,20 +309,18 @@ def default_fused_attention(target, dtype="int8") -> str:
     return default_attention(target)
 
 
-def _channel_moments(chain, values):
-    """(mean, second moment) of each input channel (convs: axis 1; dense: the last axis) of
-    the activation's calibration `values` (flattened over every input); zeros and ones
-    without values."""
+def _channel_moments(chain, values, second=False):
+    """(mean, second moment or None) of each input channel (convs: axis 1; dense: the last
+    axis) of the activation's calibration `values` (flattened over every input); zeros and
+    ones without values. The second moments (`second`) only weigh the pre-VNNI weight form."""
     shape = [int(s) for s in chain.x.ty.shape]
+    n = shape[-1] if chain.kind == "dense" else shape[1]
     if values is None:
-        n = shape[-1] if chain.kind == "dense" else shape[1]
-        return np.zeros(n), np.ones(n)
-    if chain.kind == "dense":
-        per = values.reshape(-1, shape[-1])
-        return per.mean(axis=0), (per.astype(np.float64) ** 2).mean(axis=0)
-    per = values.reshape(-1, *shape[1:])
-    axes = tuple(a for a in range(per.ndim) if a != 1)
-    return per.mean(axis=axes), (per.astype(np.float64) ** 2).mean(axis=axes)
+        return np.zeros(n), np.ones(n) if second else None
+    per = values.reshape(-1, n) if chain.kind == "dense" else values.reshape(-1, *shape[1:])
+    axes = tuple(a for a in range(per.ndim) if a != 1)  # all but the channels
+    m2 = np.square(per, dtype=np.float64).mean(axis=axes) if second else None
+    return per.mean(axis=axes), m2
 
 
 def _per_output_channel(values, k, groups):
@@ -343,7 +341,8 @@ def _quantized_op(chain, x_scale, x_zp, x_moments, pair_bound=None):
     per_channel = (-1,) + (1,) * (chain.weight.ndim - 1)  # broadcast over output channels
     w = chain.weight * chain.scale.reshape(per_channel)
     groups = int(chain.attrs.groups) if chain.kind in CONV_KINDS else 1
-    means, m2 = (_per_output_channel(v, w.shape[0], groups) for v in x_moments)
+    means, m2 = (None if v is None else _per_output_channel(v, w.shape[0], groups)
+                 for v in x_moments)
     if groups > 1 and w.shape[1] == 1:
         pair_bound = None  # a depthwise conv runs on a lanewise form, exact on any weights
     scales = int8_weight_scales(w)
