@@ -46,8 +46,10 @@ WIDTHS = (
 )
 
 
-def _accumulate(d, lanes, value):
-    T.buffer_store(d, d.vload([0], f"int32x{lanes}") + value, [tirx.Ramp(0, 1, lanes)])
+def _madd_words(d, w: _Width, x, y):
+    """d += vpmaddwd(x, y): each int32 lane adds the two int16 products of its word."""
+    prods = tirx.call_llvm_pure_intrin(f"int32x{w.lanes}", w.pmaddwd, x, y)
+    T.buffer_store(d, d.vload([0], f"int32x{w.lanes}") + prods, [tirx.Ramp(0, 1, w.lanes)])
 
 
 def _pair_emit(w: _Width):
@@ -56,9 +58,7 @@ def _pair_emit(w: _Width):
         a_vec = broadcast_word(a, w.lanes, 4, f"uint8x{w.lanes * 4}")
         pairs = tirx.call_llvm_pure_intrin(f"int16x{w.lanes * 2}", w.pmaddubsw, a_vec,
                                            b.vload([0, 0], f"int8x{w.lanes * 4}"))
-        ones = tirx.Broadcast(tirx.const(1, "int16"), w.lanes * 2)
-        _accumulate(d, w.lanes,
-                    tirx.call_llvm_pure_intrin(f"int32x{w.lanes}", w.pmaddwd, pairs, ones))
+        _madd_words(d, w, pairs, tirx.Broadcast(tirx.const(1, "int16"), w.lanes * 2))
 
     return emit
 
@@ -70,8 +70,7 @@ def _int16_emit(w: _Width):
         a_word = tirx.reinterpret("int32", tirx.Cast("int16x2", a.vload([0], "uint8x2")))
         a_vec = tirx.reinterpret(f"int16x{w.lanes * 2}", tirx.Broadcast(a_word, w.lanes))
         b_vec = tirx.Cast(f"int16x{w.lanes * 2}", b.vload([0, 0], f"int8x{w.lanes * 2}"))
-        _accumulate(d, w.lanes,
-                    tirx.call_llvm_pure_intrin(f"int32x{w.lanes}", w.pmaddwd, a_vec, b_vec))
+        _madd_words(d, w, a_vec, b_vec)
 
     return emit
 
@@ -84,8 +83,7 @@ def _lanewise_int16_emit(w: _Width):
         words = tirx.Shuffle([rows], [tirx.const(w.lanes * (i % 2) + i // 2, "int32")
                                       for i in range(w.lanes * 2)])
         taps = tirx.Cast(f"int16x{w.lanes * 2}", b.vload([0, 0], f"int8x{w.lanes * 2}"))
-        _accumulate(d, w.lanes,
-                    tirx.call_llvm_pure_intrin(f"int32x{w.lanes}", w.pmaddwd, words, taps))
+        _madd_words(d, w, words, taps)
 
     return emit
 
