@@ -157,18 +157,10 @@ class _StripPairs(relax.PyExprMutator):
         quantize x themselves, recording the pair's quantization for x; None where it is not
         such a pair."""
         q = self.lookup_binding(dq.args[0])
-        if (op_name(q) != _QUANTIZE or integer_range(q) is None
-                or str(dq.ty.dtype) != "float32" or int(q.attrs.axis) != int(dq.attrs.axis)):
+        if not _is_pair(q, dq) or integer_range(q) is None:
             return None
         x = q.args[0]
-        params = [const_value(a) for a in (*q.args[1:], *dq.args[1:])]
-        if (not isinstance(x, relax.Var) or str(x.ty.dtype) != "float32"
-                or any(p is None for p in params)):
-            return None
-        scale, zp, dq_scale, dq_zp = (p.astype(np.float64).reshape(-1) for p in params)
-        if (scale.size != zp.size or not np.array_equal(scale, dq_scale)
-                or not np.array_equal(zp, dq_zp) or (scale <= 0).any()):
-            return None
+        scale, zp = (const_value(a).astype(np.float64).reshape(-1) for a in q.args[1:])
         qp = self.scales[x] = _per_tensor(scale, zp, integer_range(q))
         lo, hi = _range(qp)
         requantized = dq.args[0] in self.requantized
@@ -193,6 +185,23 @@ class _StripPairs(relax.PyExprMutator):
         return -np.inf, np.inf
 
 
+def _is_pair(q, dq) -> bool:
+    """Whether dequantize `dq` reads quantize `q` of a float32 variable with the same constant
+    scale and zero point, into float32: the pair that stands for x itself (a pair of
+    float16 values, or whose two halves differ, stays the rounding ops it is)."""
+    if (op_name(q) != _QUANTIZE or str(dq.ty.dtype) != "float32"
+            or int(q.attrs.axis) != int(dq.attrs.axis)):
+        return False
+    x = q.args[0]
+    params = [const_value(a) for a in (*q.args[1:], *dq.args[1:])]
+    if (not isinstance(x, relax.Var) or str(x.ty.dtype) != "float32"
+            or any(p is None for p in params)):
+        return False
+    scale, zp, dq_scale, dq_zp = (p.astype(np.float64).reshape(-1) for p in params)
+    return bool(scale.size == zp.size and np.array_equal(scale, dq_scale)
+                and np.array_equal(zp, dq_zp) and (scale > 0).all())
+
+
 def _per_tensor(scale, zp, integer_range) -> QParams:
     """The uint8 quantization of a pair: its own for one scale and zero point; for one per
     channel (NNCF's depthwise inputs), one over the union of the channels' ranges, as
@@ -207,14 +216,16 @@ def _per_tensor(scale, zp, integer_range) -> QParams:
 
 
 def pair_dtypes(mod: tvm.IRModule) -> set:
-    """The integer dtypes of main's activation pairs (a dequantize of a quantize's result), in
-    any of its blocks (compile takes a main of any form)."""
+    """The integer dtypes of main's activation pairs (`_is_pair`: a float32 dequantize of a
+    quantize's result with its scale), in any of its blocks (compile takes a main of any
+    form)."""
     body = mod["main"].body
     blocks = body.blocks if isinstance(body, relax.SeqExpr) else []
     bindings = [b for block in blocks for b in block.bindings]
     quantized = {b.var: b.value for b in bindings if op_name(b.value) == _QUANTIZE}
     return {str(quantized[b.value.args[0]].ty.dtype) for b in bindings
-            if op_name(b.value) == _DEQUANTIZE and b.value.args[0] in quantized}
+            if op_name(b.value) == _DEQUANTIZE and b.value.args[0] in quantized
+            and _is_pair(quantized[b.value.args[0]], b.value)}
 
 
 def arrives_quantized(dtypes: set) -> bool:
