@@ -16,8 +16,10 @@ setup(
     description="Tensorized instruction compilation (VNNI, BF16, ARM DOT/I8MM, Tensor Core), TVM",
     python_requires=">=3.10",
     packages=list(PACKAGE_DIR) + ["unit_tvm.tuner", "unit_tvm.cross", "unit_tvm.relax",
-                                  "unit_tvm.fuzz", "unit_tvm.bench", "unit_tvm.fleet",
-                                  "unit_tvm.testing"],
+                                  "unit_tvm.relax.core", "unit_tvm.relax.frontend",
+                                  "unit_tvm.relax.quantization", "unit_tvm.relax.cpu",
+                                  "unit_tvm.relax.gpu", "unit_tvm.fuzz", "unit_tvm.bench",
+                                  "unit_tvm.fleet", "unit_tvm.testing"],
     package_dir=PACKAGE_DIR,
     package_data={"unit_tvm.intrinsics": ["README.md"], "unit_tvm.cross": ["*.c"]},
     install_requires=[

@@ -5,7 +5,7 @@
   *saturating*, vpmaddwd by ones adds the pairs into int32, vpaddd accumulates: 3 uops per 4
   products a lane. Exact for u7 activations, or for weights whose adjacent pairs obey
   |b0| + |b1| <= 128 (255 * 128 = 32640 <= 32767), which the quantizer gives them and checks
-  (relax/pair_weights.py). 450 GOPS on Zen 4 held to AVX2 (2 threads), 1.8x the int16 form.
+  (quantization/pair_weights.py). 450 GOPS on Zen 4 held to AVX2 (2 threads), 1.8x the int16 form.
 - the *int16 form* (x86.vpmaddwd): both operands widened to int16 (the weights by vpmovsxbw),
   one vpmaddwd per 2 products a lane. Exact on every u8 x s8 value: runs everything else.
 - its lanewise form (x86.vpunpck.vpmaddwd): 2 rows of channels widened and interleaved so each

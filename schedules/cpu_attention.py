@@ -16,7 +16,7 @@ here (docs/RESULTS.md 2026-11-28). Per task (one head, `rows` query rows):
   width] blocks, and O / sum.
 
 Rounding: both products take bf16 operands and sum in float32, as the bf16 attention matmuls
-do (relax/qbmm.py); E is rounded before both its sum and the product, so the normalisation
+do (relax/cpu/qbmm.py); E is rounded before both its sum and the product, so the normalisation
 matches what was multiplied. Keys are padded to whole tiles with zero K and V rows and scores
 of -inf; query rows to whole register tiles (the padded rows are computed and dropped).
 

@@ -13,7 +13,7 @@ The Rewriter's prepared core has the instruction's m x n fragment loops innermos
   copy goes through global memory (implicit GEMM); `vector_copy` moves 16 bytes per thread per
   copy step into shared tiles whose rows are padded by 16 bytes, so the fragment loads of a warp
   do not fall on the same banks. Fragments span output rows when the graph pass writes a conv
-  as a GEMM over fused pixels (relax/gpu_conv.py);
+  as a GEMM over fused pixels (relax/gpu/conv.py);
 - `pipeline`: the shared stages are doubled and the next k step's tiles arrive by cp.async
   while the warps multiply the current ones (TVM's software pipelining);
 - split-K: `split_k` groups of warps each accumulate one slice of the reduction (rfactor), store

@@ -12,11 +12,11 @@ import tvm
 
 import unit_tvm
 from unit_tvm import frontends
-from unit_tvm.testing import zoo
 from unit_tvm.bench.engines import cosine as _cosine
 from unit_tvm.cross import aarch64, arm_python
 from unit_tvm.relax import quantize
-from unit_tvm.relax.graph import model_macs
+from unit_tvm.relax.core.graph import model_macs
+from unit_tvm.testing import zoo
 
 pytestmark = pytest.mark.skipif(
     bool(arm_python.missing()),

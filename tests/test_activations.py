@@ -1,4 +1,4 @@
-"""Smooth activations fused into quantized ops' epilogues (relax/activations.py): the spellings
+"""Smooth activations fused into quantized ops' epilogues (relax/core/activations.py): the spellings
 torch's frontends give SiLU, hardswish, sigmoid, tanh and the tanh GELU are found after a conv
 or dense layer, the fused module stays as close to the fp32 model as relu's does, and the
 tensorized build equals TVM's plain build of the same quantized module."""
@@ -12,9 +12,10 @@ from tvm import tirx
 
 import unit_tvm
 from unit_tvm import frontends
-from unit_tvm.relax import UnitTensorize, activations, quantize, recipes
-from unit_tvm.relax.chains import find_chains
-from unit_tvm.relax.quantize import inference_form
+from unit_tvm.relax import UnitTensorize, quantize, recipes
+from unit_tvm.relax.core import activations
+from unit_tvm.relax.core.chains import find_chains
+from unit_tvm.relax.quantization.ptq import inference_form
 
 from .conftest import require_host
 from .test_relax import _cos, _prepare, _run

@@ -13,7 +13,7 @@ import unit_tvm
 from unit_tvm import frontends
 from unit_tvm.relax import quantize
 
-quantize_module = importlib.import_module("unit_tvm.relax.quantize")
+quantize_module = importlib.import_module("unit_tvm.relax.quantization.ptq")
 
 
 class _DepthwiseBlock(nn.Module):

@@ -1,4 +1,4 @@
-"""relax/conv1d_lift.py and the broadcast-weight matmul repair (frontend_fixes.py): conv1d
+"""relax/frontend/conv1d_lift.py and the broadcast-weight matmul repair (frontend_fixes.py): conv1d
 becomes a conv2d of height 1 with the elementwise ops after it kept 4-D, and the values are
 those of the module before (TVM's own float32 build of both); in a quantized model every such
 conv and nn.MultiheadAttention's projections run int8 on the instruction, against PyTorch."""
@@ -12,8 +12,8 @@ from tvm import relax
 
 import unit_tvm
 from unit_tvm import frontends
-from unit_tvm.relax.conv1d_lift import conv1d_as_conv2d
-from unit_tvm.relax.frontend_fixes import frontend_fixes
+from unit_tvm.relax.frontend.conv1d_lift import conv1d_as_conv2d
+from unit_tvm.relax.frontend.fixes import frontend_fixes
 
 from .conftest import require_host
 from .test_views import _ops

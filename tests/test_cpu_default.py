@@ -11,8 +11,8 @@ from tvm import relax, te, tirx
 
 import unit_tvm
 from unit_tvm import fastmath, frontends
-from unit_tvm.relax.cpu_default import DefaultCPUSchedule
-from unit_tvm.relax.fuse_elementwise import fuse_elementwise
+from unit_tvm.relax.cpu.default_schedule import DefaultCPUSchedule
+from unit_tvm.relax.cpu.fuse_elementwise import fuse_elementwise
 
 
 def _run_elementwise(fn, xs, host_target):
@@ -276,9 +276,9 @@ def test_blocked_depthwise_conv_vectorised_and_requantized_in_registers(stride, 
     (unrolled rows of accumulators), and the requantization runs inside the same parallel loop
     (no second pass over an int32 buffer); the result equals
     TVM's build of the unscheduled loop nest."""
-    from unit_tvm.relax.qops import plain_func
-    from unit_tvm.relax.recipe import Recipe, in_shape, out_shape
-    from unit_tvm.relax.weights import plain_weight_shape
+    from unit_tvm.relax.cpu.qops import plain_func
+    from unit_tvm.relax.core.recipe import Recipe, in_shape, out_shape
+    from unit_tvm.relax.cpu.weights import plain_weight_shape
 
     oh = (16 + 2 - 3) // stride + 1
     recipe = Recipe(kind="conv2d", in_shape=(1, 20, 16, 16), w_shape=(20, 1, 3, 3),

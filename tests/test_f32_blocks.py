@@ -1,4 +1,4 @@
-"""Float32 regions in channel blocks (relax/f32_blocks.py): a depthwise conv's float32 result,
+"""Float32 regions in channel blocks (relax/cpu/f32_blocks.py): a depthwise conv's float32 result,
 its activation, a squeeze-excitation gate's mean and multiply and the projection conv reading it
 run on NCHW[16]c where every reader can; anything else that reads a value of the region keeps
 it NCHW. Either way the tensorized build equals TVM's plain build of the same quantized module.
@@ -14,8 +14,8 @@ from tvm import relax
 import unit_tvm
 from unit_tvm import frontends
 from unit_tvm.relax import UnitTensorize, quantize, recipes
-from unit_tvm.relax.cpu_default import DefaultCPUSchedule
-from unit_tvm.relax.fuse_elementwise import fuse_elementwise
+from unit_tvm.relax.cpu.default_schedule import DefaultCPUSchedule
+from unit_tvm.relax.cpu.fuse_elementwise import fuse_elementwise
 
 from unit_tvm.testing import zoo
 

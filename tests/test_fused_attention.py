@@ -1,4 +1,4 @@
-"""Fused attention on CPUs (schedules/cpu_attention.py, relax/fused_attention.py): the kernel
+"""Fused attention on CPUs (schedules/cpu_attention.py, relax/cpu/fused_attention.py): the kernel
 against a numpy model of its bf16 rounding, torch's special values, and the graph rewrite on
 attention spelled many ways."""
 
@@ -15,8 +15,8 @@ from tvm import te
 import unit_tvm
 from unit_tvm import frontends, intrinsics, lowering
 from unit_tvm.relax import quantize
-from unit_tvm.relax.fused_attention import KERNEL_NAME, fuse_attention, instruction
-from unit_tvm.relax.quantize import inference_form
+from unit_tvm.relax.cpu.fused_attention import KERNEL_NAME, fuse_attention, instruction
+from unit_tvm.relax.quantization.ptq import inference_form
 from unit_tvm.schedules import cpu_attention
 from unit_tvm.testing import zoo
 from unit_tvm.testing.attention import drawn_spelling
@@ -158,7 +158,7 @@ def _softmaxes(mod):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_drawn_spellings_fused_equal_fp32_attention(seed, monkeypatch):
-    """Attention spelled six drawn ways (relax/views.py's test models: heads split, sliced,
+    """Attention spelled six drawn ways (relax/core/views.py's test models: heads split, sliced,
     transposed and merged differently, Q scaled or the scores): every one becomes one fused
     kernel reading its operands in place (no matmul or softmax left), and the built module is
     as close to the fp32-attention module as bf16 rounding allows. (The size policy is turned

@@ -13,8 +13,8 @@ from tvm import relax
 import unit_tvm
 from unit_tvm import frontends, intrinsics
 from unit_tvm.relax import quantize
-from unit_tvm.relax.attention_check import int8_attention
-from unit_tvm.relax.fused_attention import instruction
+from unit_tvm.relax.cpu.attention_check import int8_attention
+from unit_tvm.relax.cpu.fused_attention import instruction
 from unit_tvm.schedules import cpu_attention
 from unit_tvm.testing import zoo
 
@@ -135,7 +135,7 @@ def test_long_attention_defaults_to_int8_where_the_cpu_has_vnni():
     """quantize's default: long attention in int8 in an int8 model where the target has an
     exact u8 x s8 dot product (its other attention matmuls as default_attention), as
     default_attention in a bf16 model or without one."""
-    from unit_tvm.relax.quantize import default_attention, default_fused_attention
+    from unit_tvm.relax.quantization.ptq import default_attention, default_fused_attention
 
     vnni = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"})
     plain = tvm.target.Target({"kind": "llvm", "mcpu": "sandybridge"})  # AVX, no AVX2
@@ -169,7 +169,7 @@ def _attention_kernel_instruction(qmod):
 
 @pytest.mark.parametrize("mcpu,fallback", [(None, "x86.vdpbf16ps"), ("cascadelake", "")])
 def test_sharp_attention_is_not_fused_in_int8(mcpu, fallback):
-    """The accuracy guard (relax/attention_check.py): where the int8 kernel's arithmetic
+    """The accuracy guard (relax/cpu/attention_check.py): where the int8 kernel's arithmetic
     strays from float attention on the calibration inputs (Q and K scaled 6x: cosine 0.9958;
     unscaled 0.9997), the default quantize fuses that attention in bf16 where the target has
     the bf16 kernel (the model then within 0.9997 of the one with fp32 attention; the int8
@@ -197,7 +197,7 @@ def test_sharp_attention_is_not_fused_in_int8(mcpu, fallback):
 
 @pytest.mark.parametrize("seed", [0, 7])
 def test_drawn_spellings_fused_in_int8_stay_close_to_fp32_attention(seed, monkeypatch):
-    """Attention spelled two drawn ways (relax/views.py's test models), quantized with the
+    """Attention spelled two drawn ways (relax/core/views.py's test models), quantized with the
     default attention: one int8 kernel reading its operands through the views (its per-head
     ranges too), no softmax or matmul left, and the model within int8 rounding of the one
     with fp32 attention (measured over eleven seeds: cosine 0.99941-0.99982; an operand read

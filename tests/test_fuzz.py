@@ -132,9 +132,9 @@ def test_a_qdq_file_whose_pairs_lose_their_clamps_is_wrong(monkeypatch):
     ReLUs ONNX Runtime drops into them come back nowhere) move the outputs ~30x as far as the
     file's own quantization does."""
     require_host("x86.vpdpbusd")
-    import unit_tvm.relax.qdq
+    import unit_tvm.relax.quantization.qdq
 
-    monkeypatch.setattr(unit_tvm.relax.qdq, "_range", lambda q: (-np.inf, np.inf))
+    monkeypatch.setattr(unit_tvm.relax.quantization.qdq, "_range", lambda q: (-np.inf, np.inf))
     result = fuzz.run_case(fuzz.make_case(QDQ_SEED, 8, (fuzz.QDQ_KIND,)))
     assert result.outcome == "wrong" and "apart from ONNX Runtime" in result.detail, result
 

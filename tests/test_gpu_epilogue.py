@@ -1,11 +1,11 @@
-"""The GPU path's chain matcher (relax/gpu_epilogue.py) on small hand-built graphs: which ops
+"""The GPU path's chain matcher (relax/gpu/epilogue.py) on small hand-built graphs: which ops
 after a matmul its kernel takes, in which order, and where it stops."""
 
 import numpy as np
 import pytest
 from tvm import relax
 
-from unit_tvm.relax import gpu_epilogue
+from unit_tvm.relax.gpu.pipeline import epilogue as gpu_epilogue
 
 
 def _chain_after(steps, dtype="float16", shape=(1, 8, 16)):

@@ -1,4 +1,4 @@
-"""Operand prologues (relax/gpu_operands.py): the layout ops and casts before a Tensor Core
+"""Operand prologues (relax/gpu/operands.py): the layout ops and casts before a Tensor Core
 kernel's operand, read as one te stage through a strided view of their source, give the
 operand's values (run on this CPU against numpy), and are taken only where the kernel's loads
 stay whole vectors."""
@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from unit_tvm.relax import gpu_operands
+from unit_tvm.relax.gpu.pipeline import operands as gpu_operands
 from unit_tvm.target import host
 
 

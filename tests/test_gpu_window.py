@@ -1,4 +1,4 @@
-"""The GPU path's rule for small-window reductions (relax/gpu_window.py): a depthwise conv gets one
+"""The GPU path's rule for small-window reductions (relax/gpu/window.py): a depthwise conv gets one
 thread per output with its window unrolled and its bias and clip in the same thread; long
 reductions and small outputs are left to TVM's rules. Numerics where a GPU is present."""
 
@@ -8,7 +8,7 @@ import tvm
 from tvm import te
 
 from unit_tvm import nvcc
-from unit_tvm.relax.gpu_window import MAX_WINDOW, THREADS, WindowReduction
+from unit_tvm.relax.gpu.pipeline.window import MAX_WINDOW, THREADS, WindowReduction
 
 from .conftest import gpu_output, has_gpu
 

@@ -11,7 +11,7 @@ from unit_tvm import frontends
 from unit_tvm.compiler import build_relax
 from unit_tvm.cross import aarch64
 from unit_tvm.relax import UnitTensorize, quantize
-from unit_tvm.relax.quantize import default_attention
+from unit_tvm.relax.quantization.ptq import default_attention
 from unit_tvm.target import ISA_LEVELS
 
 from .test_relax import SmallCNN, TinyTransformer, WideHeads, _asm, _prepare

@@ -9,7 +9,7 @@ from tvm import te
 
 import unit_tvm
 from unit_tvm import intrinsics, lowering
-from unit_tvm.relax.qops import tensorized_func
+from unit_tvm.relax.cpu.qops import tensorized_func
 
 from .conftest import require_host
 from .test_padding_columns import _recipe

@@ -12,7 +12,7 @@ from tvm import relax
 
 import unit_tvm
 from unit_tvm import frontends
-from unit_tvm.relax.frontend_fixes import frontend_fixes, matmul_einsum
+from unit_tvm.relax.frontend.fixes import frontend_fixes, matmul_einsum
 
 from .conftest import require_host
 

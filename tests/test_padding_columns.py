@@ -7,9 +7,9 @@ import tvm
 
 import unit_tvm
 from unit_tvm import intrinsics
+from unit_tvm.relax.core.recipe import Recipe
+from unit_tvm.relax.cpu.qops import tensorized_func
 from unit_tvm.schedules import padding_taps
-from unit_tvm.relax.qops import tensorized_func
-from unit_tvm.relax.recipe import Recipe
 
 from .conftest import require_host
 from .test_width_fold import tensorized_and_plain
@@ -104,7 +104,7 @@ def test_the_tuner_times_the_kernel_that_runs():
     """The skip is part of the CPU strategy's schedule, which is what the tuner builds its
     candidates from: a row-wide candidate already has its padding taps guarded and the window's
     columns unrolled, the same TIR the model's kernel gets."""
-    from unit_tvm.relax.qgraphs import tensorized_graph
+    from unit_tvm.relax.cpu.qgraphs import tensorized_graph
     from unit_tvm.rewriter import schedule
     from unit_tvm.schedules.cpu import CpuConfig
 

@@ -7,8 +7,8 @@ import tvm
 
 from unit_tvm import intrinsics, measure, microkernel
 from unit_tvm.intrinsics import PairSumBound
-from unit_tvm.relax import pair_weights
-from unit_tvm.relax.weight_scales import int8_weight_scales
+from unit_tvm.relax.quantization import pair_weights
+from unit_tvm.relax.quantization.weight_scales import int8_weight_scales
 from unit_tvm.target import host
 
 from .conftest import require_host

@@ -105,8 +105,8 @@ def test_isa_level_restricts_the_host_target(monkeypatch):
 def test_macs_count_only_products_of_real_input():
     """A 3x3 window with padding 1 over a 4x4 image: 10 of the 12 (position, tap) pairs per
     axis read the image; a 3x3x3 conv3d over 2 frames: 4 of 6 along the depth too."""
-    from unit_tvm.relax.recipe import Recipe
-    from unit_tvm.relax.tensorize import macs
+    from unit_tvm.relax.core.recipe import Recipe
+    from unit_tvm.relax.cpu.tensorize import macs
 
     conv = Recipe(kind="conv2d", in_shape=(1, 8, 4, 4), w_shape=(16, 8, 3, 3),
                   out_shape=(1, 16, 4, 4), out_channels=16, stride=(1, 1), dilation=(1, 1),

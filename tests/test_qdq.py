@@ -1,4 +1,4 @@
-"""Models that arrive quantized (ONNX QuantizeLinear / DequantizeLinear pairs, relax/qdq.py):
+"""Models that arrive quantized (ONNX QuantizeLinear / DequantizeLinear pairs, quantization/qdq.py):
 quantize() runs them int8 with the model's own activation scales and int8 weights, with the
 same uint8 edges and fused epilogues as a float32 model, and agrees with ONNX Runtime running
 the same file."""
@@ -18,10 +18,10 @@ import unit_tvm
 from unit_tvm import frontends
 from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
-from unit_tvm.relax.graph import const_value, op_name
-from unit_tvm.relax.qdq import fake_quantization
-from unit_tvm.relax.quantize import inference_form as quantize_inference_form
-from unit_tvm.relax.u8_values import QParams
+from unit_tvm.relax.core.graph import const_value, op_name
+from unit_tvm.relax.core.u8_values import QParams
+from unit_tvm.relax.quantization.ptq import inference_form as quantize_inference_form
+from unit_tvm.relax.quantization.qdq import fake_quantization
 from unit_tvm.testing import zoo
 
 from .conftest import require_host
@@ -480,7 +480,7 @@ def test_an_end_clamp_that_the_uint8_result_implies_is_dropped_bit_for_bit():
     """A pair's cap on a value read as uint8 in the pair's own quantization cuts nothing the
     saturation does not: it leaves the recipe (and its tuning form matches the float32
     model's); a cap inside the range stays. The pairs' clamps never split a tuning form."""
-    from unit_tvm.relax.recipe import Recipe, implied_clamps_dropped, tuning_form
+    from unit_tvm.relax.core.recipe import Recipe, implied_clamps_dropped, tuning_form
 
     base = Recipe(kind="dense", in_shape=(4, 16), w_shape=(16, 16), out_shape=(4, 16),
                   out_channels=16, relu=True, x_scale=0.1, x_zp=3, out_q=(0.05, 0))
@@ -506,7 +506,7 @@ def test_a_weight_on_an_int8_grid_keeps_its_integers():
     """A dequantized int8 weight (per tensor, or per channel with a batch norm folded in) keeps
     its grid: the integers are the file's, rounding them again loses nothing. A float32
     weight gets max|w| / 127 per channel."""
-    from unit_tvm.relax.weight_scales import int8_weight_scales
+    from unit_tvm.relax.quantization.weight_scales import int8_weight_scales
 
     rng = np.random.default_rng(3)
     q = rng.integers(-127, 128, (32, 16, 3, 3))

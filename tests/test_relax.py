@@ -11,11 +11,11 @@ from tvm import relax
 
 import unit_tvm
 from unit_tvm import frontends, intrinsics
-from unit_tvm.testing import zoo
 from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
-from unit_tvm.relax.recipe import Recipe, blocks_of, folds_width
-from unit_tvm.relax.quantize import default_attention
+from unit_tvm.relax.core.recipe import Recipe, blocks_of, folds_width
+from unit_tvm.relax.quantization.ptq import default_attention
+from unit_tvm.testing import zoo
 
 from .conftest import require_host
 
@@ -630,8 +630,8 @@ def test_write_back_vectorised_only_into_blocked_layout(blocked):
     """Into NCHW16c the epilogue reads accumulator lanes and writes output lanes in place: one
     vector loop. Into NCHW the lanes scatter across rows: scalar code, no gathers."""
     require_host("x86.vpdpbusd")
-    from unit_tvm.relax.qops import tensorized_func
-    from unit_tvm.relax.recipe import candidates
+    from unit_tvm.relax.cpu.qops import tensorized_func
+    from unit_tvm.relax.core.recipe import candidates
 
     target = unit_tvm.target.host()
     recipe = _conv_recipe(**({"in_block": 16, "out_block": 16} if blocked else {}))
@@ -662,8 +662,8 @@ def test_blocked_residual_keeps_the_write_back_vectorised(name):
     vectorised it anyway: 0.4% on ResNet-50's adders, A/B), and the result equals the plain
     NCHW int8 op's."""
     require_host(name)
-    from unit_tvm.relax.qops import plain_func, tensorized_func
-    from unit_tvm.relax.weights import pack_weight
+    from unit_tvm.relax.cpu.qops import plain_func, tensorized_func
+    from unit_tvm.relax.cpu.weights import pack_weight
     from unit_tvm.testing.reference import pack_nchwc
 
     target = unit_tvm.target.host()
@@ -700,7 +700,7 @@ def test_requantization_rounds_and_clips_every_float(vectorized):
     denormals; NaN gives 0."""
     from tvm import te
 
-    from unit_tvm.relax.qarith import quantize_value
+    from unit_tvm.relax.cpu.qarith import quantize_value
 
     scale, zp = 0.25, 3
     rng = np.random.default_rng(0)
@@ -726,8 +726,8 @@ def test_relu_left_to_the_requantization_clip_is_bit_exact(monkeypatch, zp):
     """With a uint8 result of zero point 0 the requantization's clip at 0 does relu's work: the
     epilogue drops relu's max (one vector op of ~10 per 16 outputs) and every output stays the
     same; with another zero point relu stays."""
-    from unit_tvm.relax import qarith
-    from unit_tvm.relax.qops import plain_func
+    from unit_tvm.relax.cpu import qarith
+    from unit_tvm.relax.cpu.qops import plain_func
 
     recipe = _conv_recipe(out_q=[0.05, zp], x_zp=0)
     fast = plain_func(recipe)
@@ -749,7 +749,7 @@ def test_relu_left_to_the_requantization_clip_is_bit_exact(monkeypatch, zp):
 def test_output_block_follows_the_instruction():
     """A 16-channel output block over 8-lane accumulators would mix accumulator blocks in one
     write-back tile (TVM derived a wrong loop nest for it): refused with a clear error."""
-    from unit_tvm.relax.qgraphs import tensorized_graph
+    from unit_tvm.relax.cpu.qgraphs import tensorized_graph
 
     recipe = _conv_recipe(in_block=16, out_block=16)
     with pytest.raises(ValueError, match="output block 16 differs"):
@@ -762,8 +762,8 @@ def test_single_row_dense_on_every_instruction():
     left the write-back unplaceable (a TVM InternalError). Every instruction of this host builds
     it, and each result equals TVM's own build of the op."""
     import unit_tvm.tuner.search as search
-    from unit_tvm.relax.qgraphs import tensorized_graph
-    from unit_tvm.relax.recipe import candidates
+    from unit_tvm.relax.cpu.qgraphs import tensorized_graph
+    from unit_tvm.relax.core.recipe import candidates
 
     target = unit_tvm.target.host()
     recipe = Recipe(kind="dense", in_shape=(1, 200), w_shape=(40, 200), out_channels=40,
@@ -787,7 +787,7 @@ def test_tuned_model_remembers_its_instruction_choice(tmp_path, monkeypatch):
     of one shape, with their own scales, tune once); a second build with the database measures
     nothing and prepares only the chosen instruction's graph."""
     require_host("x86.vpdpbusd")
-    import unit_tvm.relax.tensorize as tensorize
+    import unit_tvm.relax.cpu.tensorize as tensorize
     from unit_tvm.tuner import Database, search
 
     class Three(nn.Module):
@@ -1009,8 +1009,9 @@ def test_uint8_average_pool_is_the_pool_of_real_values(shape, window, stride, pa
     """u8_pools.avg_pool_func (and blocked_pool_func on NCHW16c) == quantize(avg_pool2d(
     dequantize(x))) computed in float64 (padding is real 0.0), up to one step where a value lies
     on a rounding tie; both layouts give the same bytes."""
-    from unit_tvm.relax import u8_pools, u8_values
-    from unit_tvm.relax.cpu_default import DefaultCPUSchedule
+    from unit_tvm.relax.core import u8_values
+    from unit_tvm.relax.cpu import u8_pools
+    from unit_tvm.relax.cpu.default_schedule import DefaultCPUSchedule
 
     n, c, h, w = shape
     if block and c % block:
@@ -1195,7 +1196,7 @@ def test_conv3d_quantized_and_tensorized_exactly():
 def test_ops_left_in_fp32_are_reported_with_the_reason():
     """A grouped conv3d has no int8 form: compile() reports it (and warns) instead of leaving
     it slow silently; the ungrouped one next to it is quantized."""
-    from unit_tvm.relax.leftovers import fp32_leftovers
+    from unit_tvm.relax.core.leftovers import fp32_leftovers
 
     model = nn.Sequential(nn.Conv3d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv3d(8, 8, 3, groups=2))
     cal, xs, _ = _prepare(model, (1, 4, 4, 6, 6), n_cal=1)
@@ -1268,8 +1269,8 @@ def test_conv3d_on_blocked_edges_is_exact(window, stride, padding, unroll):
     equals the plain NCDHW op bit for bit; with its padding frames and rows skipped (zero
     point 0) too."""
     require_host("x86.vpdpbusd")
-    from unit_tvm.relax.qops import plain_func, tensorized_func
-    from unit_tvm.relax.weights import pack_weight, plain_weight
+    from unit_tvm.relax.cpu.qops import plain_func, tensorized_func
+    from unit_tvm.relax.cpu.weights import pack_weight, plain_weight
     from unit_tvm.schedules.cpu import CpuConfig
     from unit_tvm.testing.reference import pack_nchwc, unpack_nchwc
 
@@ -1323,8 +1324,8 @@ def test_attention_matmul_that_int8_would_spoil_stays_fp32():
     """The accuracy guard: a matmul between activations whose int8 product strays from the
     fp32 one on the calibration inputs stays fp32 (reported with the reason), exactly as
     the fp32 model computes it."""
-    from unit_tvm.relax import qbmm
-    from unit_tvm.relax.leftovers import fp32_leftovers
+    from unit_tvm.relax.cpu import qbmm
+    from unit_tvm.relax.core.leftovers import fp32_leftovers
 
     model = OutlierProduct().eval()
     cal, xs, refs = _prepare(model, (2, 12, 8), n_cal=2)

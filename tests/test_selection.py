@@ -59,7 +59,7 @@ def test_channel_waste_pads_both_blocks():
 
 
 def _conv_recipe(channels):
-    from unit_tvm.relax.recipe import Recipe
+    from unit_tvm.relax.core.recipe import Recipe
 
     return Recipe(kind="conv2d", in_shape=(1, channels, 8, 8), w_shape=(32, channels, 3, 3),
                   out_shape=(1, 32, 8, 8), out_channels=32, x_scale=0.1, x_zp=7,
@@ -71,7 +71,7 @@ def test_rebased_instructions_only_where_none_takes_the_dtypes():
     (smmla first, sdot where smmla pads too much; udot takes no s8 weights); on x86 the u8 x s8
     ones are used as they are and nothing is re-based."""
     from unit_tvm.cross import aarch64
-    from unit_tvm.relax.recipe import candidates, dtypes, for_instruction
+    from unit_tvm.relax.core.recipe import candidates, dtypes, for_instruction
     from unit_tvm.target import host
 
     arm = aarch64.target()
@@ -91,7 +91,7 @@ def test_rebased_zero_point_term_keeps_the_sums_exact():
     """sum((x - 128) * w) - rebased_comp == sum(x * w) - comp, exactly, at the int8 extremes."""
     import numpy as np
 
-    from unit_tvm.relax.weights import rebased_comp
+    from unit_tvm.relax.cpu.weights import rebased_comp
 
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (5, 300)).astype(np.int64)

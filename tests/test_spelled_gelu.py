@@ -1,4 +1,4 @@
-"""relax/spelled_gelu.py: the exact GELU spelled out (as ONNX exports write it) becomes
+"""relax/frontend/spelled_gelu.py: the exact GELU spelled out (as ONNX exports write it) becomes
 relax.nn.gelu and Hugging Face's tanh GELU relax.nn.gelu_tanh, with the same values; lookalikes
 stay as they are; in a quantized model the dense layer before either takes it into its
 epilogue."""
@@ -14,7 +14,7 @@ from tvm import relax
 
 import unit_tvm
 from unit_tvm import frontends
-from unit_tvm.relax.frontend_fixes import frontend_fixes
+from unit_tvm.relax.frontend.fixes import frontend_fixes
 
 from .conftest import require_host
 from .test_onnx_import import _const

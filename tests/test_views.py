@@ -1,4 +1,4 @@
-"""Attention's layout ops folded into its bf16 matmuls (relax/views.py): the view algebra
+"""Attention's layout ops folded into its bf16 matmuls (relax/core/views.py): the view algebra
 against numpy, and models whose heads are split and merged in two different spellings."""
 
 import numpy as np
@@ -12,7 +12,7 @@ import unit_tvm
 from unit_tvm import frontends
 from unit_tvm.compiler import build_relax
 from unit_tvm.relax import UnitTensorize, quantize, recipes
-from unit_tvm.relax.views import StridedView, _copy_schedule, apply, split_part
+from unit_tvm.relax.core.views import StridedView, _copy_schedule, apply, split_part
 from unit_tvm.testing import zoo
 from unit_tvm.testing.attention import drawn_heads, drawn_spelling
 

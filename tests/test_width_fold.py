@@ -11,10 +11,11 @@ from torch import nn
 import unit_tvm
 from unit_tvm import frontends, intrinsics
 from unit_tvm.compiler import build_relax
-from unit_tvm.relax import UnitTensorize, qgraphs, quantize
-from unit_tvm.relax.qops import plain_func, tensorized_func
-from unit_tvm.relax.recipe import Recipe, blocks_of, candidates, folds_width, out_shape
-from unit_tvm.relax.weights import pack_weight, plain_weight
+from unit_tvm.relax import UnitTensorize, quantize
+from unit_tvm.relax.core.recipe import Recipe, blocks_of, candidates, folds_width, out_shape
+from unit_tvm.relax.cpu import qgraphs
+from unit_tvm.relax.cpu.qops import plain_func, tensorized_func
+from unit_tvm.relax.cpu.weights import pack_weight, plain_weight
 
 from .conftest import require_host
 from .test_relax import _call_prim, _prepare, _run

@@ -11,7 +11,7 @@ from .cli_models import cmd_bench_model, cmd_compile, cmd_profile, cmd_reproduce
 from .fleet.cli import add_rpc_arguments, runner_from_args
 from .inspector import explain, inspect
 from .peak import peak
-from .relax.quantize import ATTENTION
+from .relax.quantization.ptq import ATTENTION
 from .runner import LocalRunner, prepare_host
 from .target import ISA_LEVELS, as_target, host
 from .testing import ZOO_MODELS

@@ -9,15 +9,16 @@ from tvm import relax
 from . import checks, lowering
 from .relax import UnitTensorize
 from .relax import quantize as quantize_fn
-from .relax.cpu_default import DefaultCPUSchedule
-from .relax.fuse_elementwise import fuse_elementwise
-from .relax.frontend_fixes import frontend_fixes
-from .relax.gpu import UnitTensorizeGPU, default_gpu_schedule, to_fp16, to_fp16_nhwc, to_nhwc
-from .relax.gpu_int8 import calibration_from
-from .relax.leftovers import fp32_leftovers, summary
-from .relax.qdq import arrives_quantized, pair_dtypes
+# build_relax, KernelBuildError: the CPU build, public here as before
+from .relax.core.leftovers import fp32_leftovers, summary
+from .relax.cpu.build import KernelBuildError, build_relax  # noqa: F401
+from .relax.frontend.fixes import frontend_fixes
+from .relax.gpu.int8 import calibration_from
+from .relax.gpu.pipeline import (UnitTensorizeGPU, default_gpu_schedule, to_fp16, to_fp16_nhwc,
+    to_nhwc)
+from .relax.quantization.qdq import arrives_quantized, pair_dtypes
 from .runner import prepare_host, target_for
-from .target import is_cpu, is_gpu
+from .target import is_gpu
 from .tuner import Database
 
 
@@ -38,7 +39,7 @@ def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # 
     weights on Tensor Cores (wmma, fp32 accumulation), the rest on TVM's GPU schedules; run with
     relax.VirtualMachine(ex, tvm.cuda()). With quantize (calibration_data, method, percentile)
     those convs and dense layers run int8 instead (s8 x s8 wmma, symmetric scales:
-    unit_tvm.relax.gpu_int8).
+    unit_tvm.relax.gpu.int8).
 
     report: a list to which one (op, instruction or None, reason) per candidate op is
     appended: what was tensorized, and why the rest was not; with quantize, also the
@@ -68,7 +69,7 @@ def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # 
                              report)
     pairs = pair_dtypes(mod) if quantize is None else set()
     if arrives_quantized(pairs):
-        quantize = {}  # a QDQ model: int8 where its own pairs say (relax/qdq.py)
+        quantize = {}  # a QDQ model: int8 where its own pairs say (relax/quantization/qdq.py)
     elif pairs:
         warnings.warn(f"the model's quantize / dequantize pairs are {sorted(pairs)}, not "
                       "8-bit: they run as float32 rounding ops and the model as float32 "
@@ -98,7 +99,7 @@ def _report_leftovers(mod, report):
 
 def _compile_cuda(mod, target, quantize, database, tune, trials, report):
     """The GPU path: fp16 NHWC, Tensor Core kernels (fp16, or int8 with quantize) for convs and
-    dense layers, TVM's GPU pipeline for the rest (unit_tvm.relax.gpu)."""
+    dense layers, TVM's GPU pipeline for the rest (unit_tvm.relax.gpu.pipeline)."""
     mod = scheduled_for_cuda(mod, target, quantize=quantize, database=database, tune=tune,
                              trials=trials, report=report)
     return compile_cuda_graph(mod, target)
@@ -140,43 +141,3 @@ def compile_cuda_graph(mod, target):
     per region instead of one per kernel: at batch 1 the launches cost more than the math)."""
     with tvm.transform.PassContext(opt_level=3, config={"relax.backend.use_cuda_graph": True}):
         return lowering.compile_relax(mod, target)  # adds what the GPU build needs
-
-
-def build_relax(mod, target):
-    """tvm.compile (unit_tvm.lowering's TIR pipeline), with the leftover operators given a
-    parallel CPU schedule first."""
-    if is_cpu(target):
-        mod = fuse_elementwise(relax.transform.LegalizeOps()(mod))
-        # reshapes as views first: scheduled, a reshape kernel no longer has the pattern TVM's
-        # build looks for, and copies its tensor (Whisper's 54 MB attention scores, twice per
-        # layer: 2.3 ms); one whose result leaves the dataflow block stays a kernel, scheduled
-        mod = relax.transform.RewriteDataflowReshape()(mod)
-        mod = DefaultCPUSchedule(target)(mod)
-    try:
-        return lowering.compile_relax(mod, target)
-    except Exception as e:  # noqa: BLE001 - re-raised, with the kernel named where one is found
-        culprit = failing_kernel(mod, target)
-        if culprit is None:
-            raise
-        raise KernelBuildError(f"TVM could not compile the kernel {culprit[0]!r} (the model's "
-                               f"operator of that name, after legalization): {culprit[1]}") from e
-
-
-class KernelBuildError(RuntimeError):
-    """A kernel of the model does not compile; the message names it (TVM's own check names
-    neither the kernel nor the operator)."""
-
-
-def failing_kernel(mod, target):
-    """(name, first line of TVM's error) of the first PrimFunc of `mod` that does not build
-    alone for `target`, or None when each one does."""
-    for gv, func in mod.functions.items():
-        if not isinstance(func, tvm.tirx.PrimFunc):
-            continue
-        try:
-            lowering.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}),
-                           target)
-        except Exception as e:  # noqa: BLE001 - any failure names this kernel
-            lines = [ln for ln in str(e).splitlines() if ln.strip()]
-            return gv.name_hint, (lines[-1] if lines else type(e).__name__)
-    return None

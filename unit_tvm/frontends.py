@@ -100,7 +100,7 @@ def _einsums_as_matmuls(model):
     import onnx
     from onnx import helper
 
-    from .relax.frontend_fixes import matmul_einsum
+    from .relax.frontend.fixes import matmul_einsum
 
     def rewritten(node, k):
         eq = next((helper.get_attribute_value(a) for a in node.attribute

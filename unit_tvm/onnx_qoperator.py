@@ -3,7 +3,7 @@ QLinear* / QGemm ops, as `quantize_static(quant_format=QOperator)` writes them a
 model zoo's int8 models are) rewritten into the QDQ format TVM's importer reads: each quantized
 op becomes DequantizeLinear on its inputs, the float op, and QuantizeLinear on its output with
 the op's own scales. The value passed between two ops is then a QuantizeLinear read by a
-DequantizeLinear with the same scale and zero point, the pair relax/qdq.py turns into an int8
+DequantizeLinear with the same scale and zero point, the pair quantization/qdq.py turns into an int8
 edge. Ops that only move quantized values (MaxPool, Reshape, Transpose, ...) get the same
 wrapping with their input's scale, so the pairs stay adjacent through them.
 
@@ -13,7 +13,7 @@ semantics over a non-last axis.
 
 QLinearConv and QLinearMatMul are specified as the exact integer sum C (bias included)
 times the multiplier x_scale * w_scale / y_scale computed in the scales' own type, rounded
-once. Where the QDQ form would not compute that (relax/qdq.py runs it int8 only where the
+once. Where the QDQ form would not compute that (quantization/qdq.py runs it int8 only where the
 input is a pair's value and the weight's integers minus their zero point fit int8), the op
 takes its exact integer form instead: input, weight and output get the scale 1, so the op
 sums integers (exact in float32 up to 2**24), and a Mul by the multiplier (computed in the
@@ -76,7 +76,7 @@ class _Rewriter:
 
     def pairs_with(self, x, scale, zp) -> bool:
         """Whether x was quantized (by a QuantizeLinear or a rewritten op) with this scale and
-        zero point: its DequantizeLinear then makes the pair relax/qdq.py computes int8."""
+        zero point: its DequantizeLinear then makes the pair quantization/qdq.py computes int8."""
         if x not in self.qparams:
             return False
         return all(a == b or (a in self.inits and b in self.inits
@@ -102,7 +102,7 @@ class _Rewriter:
         """The float bias of an int32 bias quantized with x_scale * w_scale (zero point 0)."""
         if b not in self.inits or x_scale not in self.inits or w_scale not in self.inits:
             raise ValueError(f"QOperator bias {b}: its scales are not constants")
-        from .relax.qdq import dequantized
+        from .relax.quantization.qdq import dequantized
 
         scale = self.inits[x_scale].astype(np.float64) * self.inits[w_scale].astype(np.float64)
         return self.const(b, dequantized(self.inits[b], scale, 0, 0))
@@ -113,7 +113,7 @@ class _Rewriter:
         if not all(n in self.inits for n in (w, scale, zp)):
             per_channel = scale not in self.inits or np.size(self.inits[scale]) > 1
             return self.dq(w, scale, zp, axis if per_channel else None)
-        from .relax.qdq import dequantized
+        from .relax.quantization.qdq import dequantized
 
         return self.const(w, dequantized(*(self.inits[n] for n in (w, scale, zp)), axis))
 
@@ -157,7 +157,7 @@ def _matmul(rw, node):
 def _exact_form_needed(rw, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, axis) -> bool:
     """Whether a QLinearConv / QLinearMatMul needs its exact integer form (see the module
     docstring) rather than DequantizeLinear -> op -> QuantizeLinear with its own scales, which
-    relax/qdq.py computes int8 where x is a pair's value: needed where a scale is not
+    relax/quantization/qdq.py computes int8 where x is a pair's value: needed where a scale is not
     float32 (the multiplier is rounded in its type), where x is no such pair's value (the
     float form would round each product), and where constant weights minus their zero point
     leave the int8 range the int8 form holds exactly (uint8 weights with a zero point)."""
@@ -166,7 +166,7 @@ def _exact_form_needed(rw, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, axis) ->
     if not rw.pairs_with(x, x_scale, x_zp):
         return True
     if w in rw.inits and w_zp in rw.inits:
-        from .relax.qdq import dequantized
+        from .relax.quantization.qdq import dequantized
 
         centred = dequantized(rw.inits[w], np.float32(1.0), rw.inits[w_zp], axis)
         return bool(np.abs(centred).max(initial=0) > 127)

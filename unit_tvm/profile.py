@@ -27,10 +27,11 @@ from . import lowering
 from .bench.timing import interleaved
 from .compiler import build_relax
 from .peak import host_threads, peak
-from .relax import UnitTensorize, quantize, views
-from .relax.recipe import ATTR, Recipe
-from .relax.fused_attention import kernel_infos
-from .relax.tensorize import KernelInfo, macs
+from .relax import UnitTensorize, quantize
+from .relax.core import views
+from .relax.core.recipe import ATTR, Recipe
+from .relax.cpu.fused_attention import kernel_infos
+from .relax.cpu.tensorize import KernelInfo, macs
 from .target import host
 from .tuner import Database, default_path
 

@@ -70,7 +70,7 @@ def count_model(name: str, log=print) -> list:
 
     from .. import frontends
     from ..relax import quantize
-    from ..relax.graph import model_macs
+    from ..relax.core.graph import model_macs
     from ..testing import zoo
 
     module, shape = zoo.get(name)

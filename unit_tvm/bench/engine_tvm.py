@@ -7,7 +7,7 @@ from tvm import relax
 from .. import frontends
 from ..compiler import build_relax
 from ..relax import UnitTensorize, quantize
-from ..relax.qdq import arrives_quantized, pair_dtypes
+from ..relax.quantization.qdq import arrives_quantized, pair_dtypes
 from ..target import host
 from ..tuner import Database, default_path
 from .engines import Engine, ModelCase, Stopwatch, first_output

@@ -73,8 +73,8 @@ def prepared_layer(layer, dtype="float16"):
     or batched matmul te."""
     from .. import intrinsics
     from ..prepare import prepare
-    from ..relax import gpu as gpu_pass
-    from ..relax import gpu_bmm
+    from ..relax.gpu import pipeline as gpu_pass
+    from ..relax.gpu import bmm as gpu_bmm
     from .gpu_ops import layer_form
 
     intrin = intrinsics.get(INTRIN)

@@ -74,7 +74,7 @@ def _tvm_engine(mod, target, x_np, unit, database, tune, trials, quantize=None):
 
     from ..compiler import compile as unit_compile
     from ..compiler import compile_cuda_graph
-    from ..relax.gpu import default_gpu_schedule, to_fp16_nhwc
+    from ..relax.gpu.pipeline import default_gpu_schedule, to_fp16_nhwc
 
     t0 = time.time()
     if unit:

@@ -1,7 +1,7 @@
 """GPU op benchmark (`unit-tvm bench-gpu`): UNIT Table I on Tensor Cores.
 
 Each Table I layer (batch 1, NHWC, fp16 x fp16 -> fp32 by default, or int8 x int8 -> int32),
-written in the form the model path would choose (relax/gpu_conv.py: direct, or one GEMM over the
+written in the form the model path would choose (relax/gpu/conv.py: direct, or one GEMM over the
 fused output rows), goes through the same Inspector, preparation and Rewriter as on CPU, with the
 GPU strategy (schedules/gpu.py) tuned on the GPU over p, warps, k_step, split-K, spatial fusion
 and implicit preparation. Every candidate is checked against TVM's default CPU build before it is
@@ -28,7 +28,7 @@ from tvm.s_tir import dlight
 
 from .. import intrinsics, lowering, measure, ops
 from ..prepare import prepare
-from ..relax import gpu_conv
+from ..relax.gpu import conv as gpu_conv
 from ..rewriter import schedule
 from ..schedules import gpu
 from ..target import cuda_target

@@ -36,7 +36,7 @@ def profile_model(name: str, *, int8: bool = False, calls: int = 10, database=No
 
     from .. import frontends, lowering
     from ..compiler import scheduled_for_cuda
-    from ..relax.frontend_fixes import frontend_fixes
+    from ..relax.frontend.fixes import frontend_fixes
     from ..target import cuda_target
     from ..testing import zoo
 

@@ -18,7 +18,8 @@ import time
 from .. import intrinsics
 from .cases import (ATTENTION_KIND, GPU_MODEL_KIND, KINDS, MODEL_KIND, QDQ_KIND, SPEECH_KIND,
                     WHOLE_MODEL_KINDS, Case, make_case, make_op)
-from .check import CLASSES, CaseResult, run_case
+from .check import run_case
+from .outcome import CLASSES, CaseResult
 from .report import FAILURES, FuzzReport, result_line, table
 from .worker import run_cases
 

@@ -1,5 +1,5 @@
 """Run one attention case (model_cases.attention_params): the layer quantized with quantize's
-default attention (long attention one fused kernel, int8 where relax/attention_check.py
+default attention (long attention one fused kernel, int8 where relax/cpu/attention_check.py
 allows, else bf16; shorter attention as separate kernels), tensorized and built, against the
 same layer quantized with float32 attention and built by TVM (model_check.run_model_case).
 

@@ -6,10 +6,8 @@ operands' absolute values (for a sum of products, the sum of the products' magni
 bounds what reordering the additions can change). A wrong term is a difference of the order of M.
 """
 
-import contextlib
 import time
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
 import tvm
@@ -20,32 +18,17 @@ from ..build import BuildReport, FallbackWarning, build_report, prepare_op
 from ..measure import numpy_dtype
 from ..rewriter import schedule
 from ..target import host, instruction_target
+from .attention_case import run_attention_case
 from .cases import (ATTENTION_KIND, GPU_MODEL_KIND, MODEL_KIND, QDQ_KIND, SPEECH_KIND,
                     WHOLE_MODEL_KINDS, Case, make_op)
+from .gpu_check import run_gpu_model_case
+from .model_check import run_model_case
+from .outcome import CLASSES, CaseResult, failed  # noqa: F401 - CLASSES: the package's name
+from .qdq_check import run_qdq_case
 
 FLOAT_RTOL = 2.0 ** -12
 FLOAT_ATOL = 1e-5
 EXTREME_SHARE = 0.25  # share of integer operand elements set to 0 or an end of the dtype's range
-
-CLASSES = ("tensorized-correct", "fallback-correct", "wrong", "crash", "hard-crash", "timeout",
-           "invalid")
-
-
-@dataclass(frozen=True)
-class CaseResult:
-    """The outcome of one case."""
-
-    index: int
-    kind: str
-    description: str
-    outcome: str  # one of CLASSES
-    intrinsic: str = ""
-    mapping: str = ""
-    stages: tuple = ()
-    detail: str = ""  # the error, the mismatch or the fallback reason (first line)
-    seconds: float = 0.0
-    reproduce: str = ""
-
 
 def operand(shape, dtype, rng):
     """Random operand of a TVM dtype; integers include many 0s and range ends (255, -128, 127)."""
@@ -103,11 +86,6 @@ def run_case(case: Case, target=None, emulate="") -> CaseResult:
         if emulate:
             raise ValueError(f"fuzz: --emulate checks op-level cases only, not kind "
                              f"'{case.kind}'")
-        from .attention_case import run_attention_case
-        from .gpu_check import run_gpu_model_case
-        from .model_check import run_model_case
-        from .qdq_check import run_qdq_case
-
         run = {MODEL_KIND: run_model_case, SPEECH_KIND: run_model_case, QDQ_KIND: run_qdq_case,
                GPU_MODEL_KIND: run_gpu_model_case, ATTENTION_KIND: run_attention_case}[case.kind]
         return run(case, target)
@@ -162,26 +140,3 @@ def _emulated(tensors, name):
     lowering.build(sch.mod, target)  # the kernel must compile for its own CPU
     unscheduled = tvm.tirx.build(te.create_prim_func(prepared.tensors), target=host())
     return BuildReport(unscheduled, intrin.name, prepared.variant, tuple(prepared.stages))
-
-
-def failed(base: dict, outcome: str, error: Exception, t0: float) -> CaseResult:
-    """The CaseResult of a case that ended in `error`, classified `outcome` ("invalid": PyTorch,
-    TVM or ONNX Runtime alone failed; "crash": unit-tvm did)."""
-    return CaseResult(**base, outcome=outcome, detail=first_line(error),
-                      seconds=time.time() - t0)
-
-
-@contextlib.contextmanager
-def quiet():
-    """Python's warnings off: TVM and PyTorch warn many times per model case."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
-def first_line(e):
-    """One line naming an exception: its type and the line of its message that says what failed."""
-    text = str(e).strip().splitlines()
-    # TVM's C++ errors put the check that failed on the last line of a long traceback
-    line = next((ln for ln in reversed(text) if "Check failed" in ln or "Error" in ln), None)
-    return f"{type(e).__name__}: {(line or (text[0] if text else '')).strip()[:300]}"

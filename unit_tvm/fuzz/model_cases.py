@@ -28,7 +28,7 @@ OPS = ("scale", "bias", "clamp", "act", "self_gate", "div_scalar", "div_channel"
 READERS = ("conv", "residual", "mean_dense", "returned", "avg_pool", "max_pool", "concat",
            "two_outputs", "dense_and_conv")
 # "gelu_erf_ops" / "gelu_tanh_ops": the two GELUs written out op by op, as Hugging Face's
-# models and ONNX exports spell them (relax/spelled_gelu.py reads them back as one op)
+# models and ONNX exports spell them (relax/frontend/spelled_gelu.py reads them back as one op)
 FFN_ACTIVATIONS = ("gelu", "gelu_tanh", "gelu_erf_ops", "gelu_tanh_ops", "quick_gelu", "relu",
                    "silu", "swiglu")
 NORMS = ("post", "pre", "rms")

@@ -11,8 +11,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from .check import CaseResult, failed, quiet
 from .model_cases import make_model
+from .outcome import CaseResult, failed, quiet
 
 # how much of the quantization error itself rounding ties may add (see judge)
 TIE_SHARE = 0.25
@@ -92,7 +92,7 @@ def run_outputs(ex, inputs) -> list:
 def _instructions(qmod, tpass) -> list:
     """The instructions the tensorized module runs: UnitTensorize's, and the fused attention
     kernels' ("fused <name>")."""
-    from ..relax.fused_attention import kernel_infos
+    from ..relax.cpu.fused_attention import kernel_infos
 
     used = {instr for _, instr, _ in tpass.report if instr}
     used |= {"fused " + str(info["instruction"]) for info in kernel_infos(qmod).values()}

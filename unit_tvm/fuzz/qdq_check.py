@@ -3,7 +3,7 @@ to ONNX, quantize the file with ONNX Runtime's quantize_static (QDQ pairs, uint8
 activations, int8 weights per tensor or per channel; or its QOperator ops, which
 onnx_qoperator.py reads as QDQ) or with NNCF (its own placement of the pairs, a scale per
 channel on some activations), compile the file with `unit_tvm.compile` and no calibration
-(relax/qdq.py takes the file's scales), and compare with ONNX Runtime running the same file.
+(quantization/qdq.py takes the file's scales), and compare with ONNX Runtime running the same file.
 
 The two need not agree bit for bit: unit-tvm computes an activation between pairs (a sigmoid
 gate, a hardswish) in float32 where the file rounds it to its pair's grid, and a scale per
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .check import CaseResult, failed, quiet
 from .model_check import judge, model_and_reference, run_outputs
+from .outcome import CaseResult, failed, quiet
 
 _INPUT = "input0"  # frontends.export_onnx's name for the model's input
 # two int8 executions of one file round differently (an activation in float32 or on its pair's

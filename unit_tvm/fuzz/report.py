@@ -3,7 +3,7 @@
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-from .check import CLASSES, CaseResult
+from .outcome import CLASSES, CaseResult
 
 FAILURES = ("wrong", "crash", "hard-crash", "timeout")
 

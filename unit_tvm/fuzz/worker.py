@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 
 from .cases import Case, make_case
-from .check import CaseResult
+from .outcome import CaseResult
 
 
 def run_one(seed, index, kinds, emulate=""):

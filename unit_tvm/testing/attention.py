@@ -1,6 +1,6 @@
 """Multi-head attention spelled the ways users' models spell it, for tests and the fuzzer
 (fuzz kind "attention"): heads split, sliced, transposed and merged by view ops that
-relax/views.py and relax/fused_attention.py read back into the kernels' operands."""
+relax/core/views.py and relax/cpu/fused_attention.py read back into the kernels' operands."""
 
 from typing import NamedTuple
 

@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from ..relax import weights
-from ..relax.recipe import Blocks
+from ..relax.core.recipe import Blocks
+from ..relax.cpu import weights
 
 
 def pack_dense_weight(b, lanes=16, width=4):

@@ -5,7 +5,7 @@ reproduction figures and the tests."""
 from typing import NamedTuple
 
 from .. import ops
-from ..relax.tensorize import taps_inside
+from ..relax.cpu.tensorize import taps_inside
 
 # UNIT Table I: C, input H=W, K, R=S, stride (batch 1, no padding)
 TABLE_I = [(288, 35, 384, 3, 2), (160, 9, 224, 3, 1), (1056, 7, 192, 1, 1), (80, 73, 192, 3, 1),
