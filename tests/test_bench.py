@@ -13,7 +13,7 @@ import unit_tvm
 from unit_tvm import intrinsics, measure, selection
 from unit_tvm.bench import model, op_level, report
 from unit_tvm.bench.engines import accuracy
-from unit_tvm.bench.timing import interleaved
+from unit_tvm.timing import interleaved
 from unit_tvm.build import prepare_op
 from unit_tvm.rewriter import schedule
 from unit_tvm.prepare import placeholders_of

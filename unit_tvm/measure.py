@@ -1,4 +1,5 @@
-"""Running and timing built kernels: random operands per dtype, TVM's time_evaluator, GOPS."""
+"""Operands of built kernels: random arrays per dtype, their numpy dtype, on a device (timing:
+unit_tvm.timing)."""
 
 import ml_dtypes
 import numpy as np
@@ -32,15 +33,3 @@ def random_array(shape, dtype, rng, value_range=None, extremes=True):
 def to_device(arrays, dev):
     """numpy arrays -> tvm runtime tensors on dev."""
     return [tvm.runtime.tensor(a, dev) for a in arrays]
-
-
-def round_seconds(lib, args, dev, *, number=10, repeat=5, func="main"):
-    """Per-call seconds of each of `repeat` rounds of `number` calls (after one warm-up call)."""
-    lib(*args)
-    timer = lib.time_evaluator(func, dev, number=number, repeat=repeat)
-    return list(timer(*args).results)
-
-
-def best_seconds(lib, args, dev, *, number=10, repeat=5, func="main"):
-    """Minimum over `repeat` runs of the mean time of `number` calls (after one warm-up call)."""
-    return min(round_seconds(lib, args, dev, number=number, repeat=repeat, func=func))

@@ -15,7 +15,6 @@ peak on this host, and for the others the bytes they move per second against a m
 bandwidth.
 """
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +23,6 @@ from tvm import relax, te
 from tvm.s_tir.analysis import estimate_tir_flops
 
 from . import lowering
-from .bench.timing import interleaved
 from .compiler import build_relax
 from .peak import host_threads, peak
 from .relax import UnitTensorize, quantize
@@ -33,6 +31,7 @@ from .relax.core.recipe import ATTR, Recipe
 from .relax.cpu.fused_attention import kernel_infos
 from .relax.cpu.tensorize import KernelInfo, macs
 from .target import host
+from .timing import CallTimer, evaluator_rounds, interleaved
 from .tuner import Database, default_path
 
 _LAYOUT = ("transpose", "permute", "reshape", "strided_slice", "concat", "split",
@@ -124,47 +123,12 @@ def copy_bandwidth(threads=None, mbytes=64) -> float:
     shape = (n // 64, 64)
     args = [tvm.runtime.tensor(np.ones(shape, np.float32), dev),
             tvm.runtime.tensor(np.zeros(shape, np.float32), dev)]
-    secs = min(lib.time_evaluator("main", dev, number=3, repeat=5)(*args).results)
+    secs = min(evaluator_rounds(lib, args, dev, number=3, repeat=5))
     return 2 * 4 * n / secs / 1e9
 
 
 def _target():
     return host()
-
-
-class CallTimer:
-    """A VM instrument that times every kernel call on its real arguments: it runs the call
-    `repeats` times, each between two `sync()`s (a GPU's launch returns before its kernel ends),
-    and keeps `reduce` of those times (min: the kernel alone; a mean: its cost on average). The
-    VM's own builtins are not timed. `times` / `firsts` (the first repeat's) / `calls` /
-    `nbytes` per symbol, for one VM run."""
-
-    def __init__(self, repeats, sync=None, reduce=min):
-        self.repeats, self.reduce = repeats, reduce
-        self.sync = sync or (lambda: None)
-        self.times, self.firsts, self.calls, self.nbytes = {}, {}, {}, {}
-
-    def __call__(self, func, symbol, before_run, ret_value, *args):
-        if before_run and not symbol.startswith("vm."):  # kernels, not the VM's builtins
-            seconds = []
-            for _ in range(self.repeats):
-                self.sync()
-                t0 = time.perf_counter()
-                func(*args)
-                self.sync()
-                seconds.append(time.perf_counter() - t0)
-            self.times[symbol] = self.times.get(symbol, 0.0) + self.reduce(seconds)
-            self.firsts[symbol] = self.firsts.get(symbol, 0.0) + seconds[0]
-            self.calls[symbol] = self.calls.get(symbol, 0) + 1
-            self.nbytes[symbol] = sum(_nbytes(a) for a in args)
-        return 0  # let the VM run the call as usual
-
-
-def _nbytes(arg):
-    shape = getattr(arg, "shape", None)
-    if shape is None:
-        return 0
-    return int(np.prod([int(s) for s in shape])) * tvm.runtime.DataType(str(arg.dtype)).bits // 8
 
 
 def profile_model(name, *, database=None, tune=False, trials=None, repeats=5,

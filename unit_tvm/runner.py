@@ -13,6 +13,7 @@ import tvm
 from . import intrinsics
 from .measure import to_device
 from .target import as_target
+from .timing import evaluator_rounds
 
 # the timing every tuner candidate gets: the best of 5 means of 3 calls
 NUMBER, REPEAT = 3, 5
@@ -73,8 +74,7 @@ def run_checked(lib, dev, arrays, expected, number, repeat, func="main") -> floa
     lib(*args)
     if expected is not None and not outputs_match(args[-1].numpy(), expected):
         raise AssertionError("output differs from the reference")
-    timer = lib.time_evaluator(func, dev, number=number, repeat=repeat)
-    return min(timer(*args).results)
+    return min(evaluator_rounds(lib, args, dev, number=number, repeat=repeat, func=func))
 
 
 @functools.cache

@@ -18,7 +18,7 @@ import tvm
 
 from unit_tvm import measure
 from unit_tvm.bench import op_level
-from unit_tvm.bench.timing import quiesce
+from unit_tvm.timing import quiesce
 from unit_tvm.build import prepare_op
 from unit_tvm.fleet import LocalFleet, RpcRunner
 from unit_tvm.peak import host_threads

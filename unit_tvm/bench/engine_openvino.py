@@ -9,7 +9,7 @@ import numpy as np
 
 from ..frontends import attention_as_ops
 from .engines import Engine, ModelCase, Stopwatch, cosine, fastest_accurate, first_output
-from .timing import interleaved
+from ..timing import interleaved
 
 _COMPUTE = ("Convolution", "FullyConnected", "MatMul", "GroupConvolution", "Deconvolution")
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import frontends
 from .engines import Engine, ModelCase, Stopwatch, cosine, fastest_accurate, first_output
-from .timing import interleaved
+from ..timing import interleaved
 
 
 def _session(path, threads):

@@ -8,7 +8,7 @@ import copy
 import numpy as np
 
 from .engines import Engine, ModelCase, Stopwatch, cosine, fastest_accurate, first_output
-from .timing import interleaved
+from ..timing import interleaved
 
 
 def _engine(name, precision, fn, case, watch, variant="", extra=None):

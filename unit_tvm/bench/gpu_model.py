@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .engines import cosine
-from .timing import interleaved
+from ..timing import interleaved
 
 CALLS_PER_ROUND = 20
 
@@ -146,7 +146,7 @@ def run_model(name, *, rounds=10, database=None, tune=False, trials=None, log=pr
             out = _numpy(fn())
             results[engine].cosine = cosine(out, reference)
             results[engine].max_abs_err = float(np.abs(out - reference).max())
-        # the project's protocol (bench.timing: rotating interleaved rounds, min and median)
+        # the project's protocol (unit_tvm.timing: rotating interleaved rounds, min and median)
         timed = interleaved({e: _slot(fn, syncs[e]) for e, fn in calls.items()}, rounds=rounds,
                             per_slot=1, warmup=1)
     for engine, t in timed.items():

@@ -33,6 +33,7 @@ from ..rewriter import schedule
 from ..schedules import gpu
 from ..target import cuda_target
 from ..testing.workloads import TABLE_I
+from ..timing import call_rounds, evaluator_rounds
 from ..tuner import Database, default_path, tune
 from ..tuner.search import device_for
 from .op_level import write_csv
@@ -48,19 +49,6 @@ class TorchTimes(NamedTuple):
     eager_median: float
     graph_min: float
     graph_median: float
-
-
-def _rounds(fn, sync, repeat, number=20):
-    """Per-call seconds of `number` back-to-back calls, for each of `repeat` rounds."""
-    out = []
-    for _ in range(repeat):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        sync()
-        out.append((time.perf_counter() - t0) / number)
-    return out
 
 
 def tvm_default_build(op, target):
@@ -113,7 +101,7 @@ def _torch_times(torch, call, repeat):
     with torch.inference_mode():
         for _ in range(5):
             call()
-        eager = _rounds(call, sync, repeat)
+        eager = call_rounds(call, repeat, number=20, sync=sync, warmup=0)
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -122,7 +110,7 @@ def _torch_times(torch, call, repeat):
         torch.cuda.current_stream().wait_stream(stream)
         with torch.cuda.graph(graph):
             call()
-        replayed = _rounds(graph.replay, sync, repeat)
+        replayed = call_rounds(graph.replay, repeat, number=20, sync=sync, warmup=0)
     return TorchTimes(min(eager), statistics.median(eager), min(replayed),
                       statistics.median(replayed))
 
@@ -209,9 +197,9 @@ def run(dtype="float16", quick=False, trials=None, database=None, repeat=7, log=
         seconds = time.time() - t0
         lib = lowering.build(schedule(case.prepared, intrin, result.config, target).mod,
                              target=target)
-        rounds = measure.round_seconds(lib, case.args, dev, number=20, repeat=repeat)
+        rounds = evaluator_rounds(lib, case.args, dev, number=20, repeat=repeat)
         plain = tvm_default_build(case.direct[-1], target)
-        tvm_rounds = (measure.round_seconds(plain, case.direct_args, dev, number=20,
+        tvm_rounds = (evaluator_rounds(plain, case.direct_args, dev, number=20,
                                             repeat=repeat) if plain is not None else None)
         torch_t = time_torch_cudnn(c, h, k, r, s, repeat) if dtype == "float16" else None
         row = _row(i, (c, h, k, r, s), case, rounds, tvm_rounds, torch_t, result.config,
@@ -271,7 +259,7 @@ def ablation(quick=False, trials=None, database=None, repeat=7, log=print):
         ms = []
         for config in ablation_configs(prepared, tuned.config):
             lib = lowering.build(schedule(prepared, intrin, config, target).mod, target)
-            ms.append(min(measure.round_seconds(lib, args, dev, number=20, repeat=repeat)) * 1e3)
+            ms.append(min(evaluator_rounds(lib, args, dev, number=20, repeat=repeat)) * 1e3)
         torch_t = time_torch_cudnn(c, h, k, r, s, repeat)
         row = {"workload": f"L{i}", "shape": [c, h, k, r, s], "cudnn_ms": 1e3 * min(
             torch_t.eager_min, torch_t.graph_min), **dict(zip(ABLATION, ms)),

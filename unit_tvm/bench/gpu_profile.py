@@ -5,7 +5,7 @@
 The model is built as `unit_tvm.compile(mod, cuda)` builds it, without CUDA graphs, and each
 kernel call the VM makes (one PrimFunc: a gather, a Tensor Core GEMM, a TVM-scheduled leftover)
 is run N times on its own arguments, each between two device synchronizations, and the mean
-kept (`unit_tvm.profile.CallTimer`, the CPU profiler's timer; the VM's builtins are left
+kept (`unit_tvm.timing.CallTimer`, the CPU profiler's timer; the VM's builtins are left
 out). The times include one launch each (a few microseconds), so their sum exceeds the
 CUDA-graph latency of `bench-model --target cuda`; they say which functions take the time, not
 what the model costs.
@@ -13,8 +13,11 @@ what the model costs.
 
 import argparse
 import json
+import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from ..timing import CallTimer
 
 
 @dataclass
@@ -58,10 +61,6 @@ def profile_model(name: str, *, int8: bool = False, calls: int = 10, database=No
 def time_vm_calls(vm, args: list, dev, runs: int = 10) -> list[KernelTime]:
     """KernelTimes of every kernel `vm["main"](*args)` calls, each call run `runs` times
     between two synchronizations of `dev` after one warm-up run (any target)."""
-    import statistics
-
-    from ..profile import CallTimer
-
     vm["main"](*args)  # warm-up: module loading, first launches
     timer = CallTimer(runs, sync=dev.sync, reduce=statistics.mean)
     vm.set_instrument(timer)

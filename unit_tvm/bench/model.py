@@ -23,7 +23,7 @@ from ..target import isa_level
 from ..testing import zoo
 from . import engine_openvino, engine_ort, engine_torch, engine_tvm
 from .engines import Engine, ModelCase, accuracy, isa_obedience
-from .timing import interleaved
+from ..timing import interleaved
 
 # name -> (builder, takes the fp32 references)
 BUILDERS = {

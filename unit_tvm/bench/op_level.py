@@ -16,7 +16,6 @@ import csv
 import json
 import math
 import os
-import time
 
 import numpy as np
 import tvm
@@ -30,6 +29,7 @@ from ..schedules.padding_taps import skip_padding_taps
 from ..rewriter import schedule
 from ..runner import LocalRunner
 from ..testing.workloads import form, ops_count, workload_op, workloads
+from ..timing import call_rounds
 from ..tuner import Database, default_path, tune
 
 ROUNDS = 3  # interleaved timing rounds per workload (unit-tvm tuned, default, PyTorch)
@@ -127,20 +127,7 @@ def time_torch(kind, p, threads, repeat):
     torch.backends.quantized.engine = "x86"
     mod, x = torch_int8_op(kind, p)
     with torch.inference_mode():
-        for _ in range(3):
-            mod(x)
-        best = math.inf
-        n_inner = 1
-        t0 = time.perf_counter()
-        mod(x)
-        one = time.perf_counter() - t0
-        n_inner = max(1, min(50, int(0.05 / max(one, 1e-6))))
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            for _ in range(n_inner):
-                mod(x)
-            best = min(best, (time.perf_counter() - t0) / n_inner)
-    return best
+        return min(call_rounds(lambda: mod(x), repeat))
 
 
 def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, database=None,
