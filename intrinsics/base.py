@@ -17,6 +17,7 @@ import tvm_ffi
 from tvm import te, tirx
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
+from unit_tvm import target as _target
 
 _TENSOR_LOAD = "te.tensor_load"
 
@@ -366,7 +367,6 @@ class Intrinsic:
 
         Names the smallest missing set among the alternatives, or the architecture mismatch.
         """
-        from unit_tvm import target as _target
 
         target = _target.as_target(target)
         arch = _target.arch(target)

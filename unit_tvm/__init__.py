@@ -20,14 +20,14 @@ from .tuner import tune  # noqa: E402
 
 def compile(mod, target=None, **kwargs):  # noqa: A001 - the public API name; see compiler
     """Compile a Relax model, quantized and tensorized (see unit_tvm.compiler.compile)."""
-    from .compiler import compile as _compile
+    from .compiler import compile as _compile  # the graph passes load on first use
 
     return _compile(mod, target, **kwargs)
 
 
 def load(path: str, device: str = "cpu"):
     """Load a model exported by `unit-tvm compile`: callable on numpy arrays (unit_tvm.deploy)."""
-    from .deploy import load as _load
+    from .deploy import load as _load  # as compile: loaded on first use
 
     return _load(path, device)
 

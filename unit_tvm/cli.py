@@ -116,7 +116,7 @@ def _cmd_inspect(args):
 
 
 def _cmd_bench_op(args):
-    from .bench import op_level
+    from .bench import op_level  # CLI start-up: each subcommand loads its own module
 
     quiet = args.json
     rows, meta = op_level.run(quick=args.quick, with_tvm_default=not args.no_tvm,
@@ -133,7 +133,7 @@ def _cmd_bench_op(args):
 
 
 def _cmd_bench_gpu(args):
-    from .bench import gpu_ops
+    from .bench import gpu_ops  # CLI start-up
 
     quiet = args.json
     rows, meta = gpu_ops.run(dtype=args.dtype, quick=args.quick, trials=args.trials,
@@ -149,7 +149,7 @@ def _cmd_bench_gpu(args):
 
 
 def _cmd_demo(args):
-    from .bench import demo
+    from .bench import demo  # CLI start-up
 
     if args.json:
         out = demo.main(log=lambda *a: None)
@@ -160,7 +160,7 @@ def _cmd_demo(args):
 
 
 def _cmd_fuzz(args):
-    from . import fuzz
+    from . import fuzz  # CLI start-up
 
     kinds = tuple(args.kinds) if args.kinds else fuzz.KINDS
     if args.case is not None:  # one case, in this process: the reproduction of a finding

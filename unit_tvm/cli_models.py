@@ -19,7 +19,7 @@ from .target import as_target, host
 def cmd_bench_model(args):
     """unit-tvm bench-model: every engine on zoo models, one timing protocol (here, or on a
     fleet server with --rpc-tracker: the whole benchmark runs there, in one process)."""
-    from .bench import model, report
+    from .bench import model, report  # CLI start-up; the engines import torch
 
     log = (lambda *a: None) if args.json else print
     if args.target == "cuda":
@@ -66,7 +66,7 @@ def cmd_bench_model(args):
 
 def _bench_model_gpu(args, log):
     """bench-model --target cuda: fp16 on the first GPU vs PyTorch fp16 and TVM's GPU build."""
-    from .bench import gpu_model
+    from .bench import gpu_model  # CLI start-up
 
     if not tvm.cuda(0).exist:
         raise RuntimeError("bench-model --target cuda times models on a CUDA GPU and this "
@@ -88,7 +88,7 @@ def _bench_model_gpu(args, log):
 
 def cmd_compile(args):
     """unit-tvm compile MODEL -o out.so: quantize (--int8), tensorize, export one library."""
-    from . import compile as unit_compile
+    from . import compile as unit_compile  # CLI start-up
 
     source = sources.model_source(args.model)
     runner = runner_from_args(args)
@@ -149,7 +149,7 @@ def cmd_profile(args):
 
 def cmd_reproduce(args):
     """unit-tvm reproduce FIG: one of the paper's experiments, here or through a tracker."""
-    from .bench import reproduce
+    from .bench import reproduce  # CLI start-up
 
     runner = runner_from_args(args)
     if args.local_fleet and runner is not None:

@@ -5,6 +5,7 @@ import io
 import sys
 
 from .onnx_qoperator import qoperator_as_qdq
+from .relax.frontend.fixes import matmul_einsum
 
 
 def from_torch(module, example_inputs):
@@ -100,7 +101,6 @@ def _einsums_as_matmuls(model):
     import onnx
     from onnx import helper
 
-    from .relax.frontend.fixes import matmul_einsum
 
     def rewritten(node, k):
         eq = next((helper.get_attribute_value(a) for a in node.attribute

@@ -25,6 +25,7 @@ scales only; another type there is refused with the op's name.
 """
 
 import numpy as np
+from .relax.quantization.qdq import dequantized
 
 # float types a scale may have (TensorProto.FLOAT, FLOAT16, DOUBLE, BFLOAT16)
 _WIDE_FLOATS = (1, 10, 11, 16)
@@ -102,7 +103,6 @@ class _Rewriter:
         """The float bias of an int32 bias quantized with x_scale * w_scale (zero point 0)."""
         if b not in self.inits or x_scale not in self.inits or w_scale not in self.inits:
             raise ValueError(f"QOperator bias {b}: its scales are not constants")
-        from .relax.quantization.qdq import dequantized
 
         scale = self.inits[x_scale].astype(np.float64) * self.inits[w_scale].astype(np.float64)
         return self.const(b, dequantized(self.inits[b], scale, 0, 0))
@@ -113,7 +113,6 @@ class _Rewriter:
         if not all(n in self.inits for n in (w, scale, zp)):
             per_channel = scale not in self.inits or np.size(self.inits[scale]) > 1
             return self.dq(w, scale, zp, axis if per_channel else None)
-        from .relax.quantization.qdq import dequantized
 
         return self.const(w, dequantized(*(self.inits[n] for n in (w, scale, zp)), axis))
 
@@ -166,7 +165,6 @@ def _exact_form_needed(rw, x, x_scale, x_zp, w, w_scale, w_zp, y_scale, axis) ->
     if not rw.pairs_with(x, x_scale, x_zp):
         return True
     if w in rw.inits and w_zp in rw.inits:
-        from .relax.quantization.qdq import dequantized
 
         centred = dequantized(rw.inits[w], np.float32(1.0), rw.inits[w_zp], axis)
         return bool(np.abs(centred).max(initial=0) > 127)

@@ -33,6 +33,7 @@ from .relax.cpu.tensorize import KernelInfo, macs
 from .target import host
 from .timing import CallTimer, evaluator_rounds, interleaved
 from .tuner import Database, default_path
+from .bench.engine_tvm import calibration, relax_module
 
 _LAYOUT = ("transpose", "permute", "reshape", "strided_slice", "concat", "split",
            "layout_transform", "squeeze", "expand_dims", "flatten", views.COPY_KERNEL)
@@ -136,8 +137,7 @@ def profile_model(name, *, database=None, tune=False, trials=None, repeats=5,
     """Compile the zoo model `name` (or an ONNX file) as bench-model does (int8, database
     configs; tuned when tune=True; attention as quantize takes it; a zoo model at `batch`) and
     profile its inferences kernel by kernel."""
-    from .bench.engine_tvm import calibration, relax_module
-    from .bench.model import make_case
+    from .bench.model import make_case  # the engines import torch (optional extra)
 
     case = make_case(name, 2, batch=batch)
     mod = relax_module(case)  # a file that arrives quantized runs as bench-model runs it

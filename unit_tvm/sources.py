@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+from . import frontends
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,6 @@ def onnx_input(model) -> tuple:
 
 def model_source(spec: str) -> ModelSource:
     """A zoo name, an ONNX file (.onnx) or a torch.export program file (.pt2) as Relax."""
-    from . import frontends
 
     if spec.endswith(".onnx"):
         import onnx
@@ -63,7 +63,7 @@ def model_source(spec: str) -> ModelSource:
 def calibration(path: str | None, shape: tuple, n: int = 4) -> list:
     """Calibration inputs: every array of an .npz (or one .npy), else n fixed random inputs."""
     if path is None:
-        from .testing import zoo
+        from .testing import zoo  # torch: only for a zoo name
 
         return zoo.inputs(shape, n)
     data = np.load(path)

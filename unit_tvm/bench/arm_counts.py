@@ -20,6 +20,11 @@ import numpy as np
 
 from ..cross import aarch64, arm_python
 from .engines import cosine
+from ..compiler import build_relax
+from .. import frontends
+from ..relax import quantize
+from ..relax.core.graph import model_macs
+from ..compiler import compile as unit_compile
 
 MODELS = ("resnet18", "mobilenet_v2", "bert_layer")
 BUILDS = ("unit-tvm int8 (i8mm)", "unit-tvm int8 (dotprod)", "TVM int8", "TVM fp32")
@@ -48,14 +53,10 @@ class CountRow:
 
 def _executables(mod, qmod):
     """{build name: (relax Executable for aarch64, tensorized_ops)} of one model."""
-    import unit_tvm
-
-    from ..compiler import build_relax
-
     out = {}
     for name, target in ((BUILDS[0], aarch64.TARGET), (BUILDS[1], aarch64.DOTPROD_TARGET)):
         report = []
-        ex = unit_tvm.compile(qmod, target=target, report=report)
+        ex = unit_compile(qmod, target=target, report=report)
         done = sum(1 for row in report if row[1])
         out[name] = (ex, f"{done}/{len(report)}")
     target = aarch64.target()
@@ -68,10 +69,7 @@ def count_model(name: str, log=print) -> list:
     """The CountRows of one zoo model (every build, one inference each under qemu)."""
     import torch
 
-    from .. import frontends
-    from ..relax import quantize
-    from ..relax.core.graph import model_macs
-    from ..testing import zoo
+    from ..testing import zoo  # torch (optional extra)
 
     module, shape = zoo.get(name)
     x = zoo.inputs(shape, 1, seed=7)[0]

@@ -11,12 +11,12 @@ from ..relax.quantization.qdq import arrives_quantized, pair_dtypes
 from ..target import host
 from ..tuner import Database, default_path
 from .engines import Engine, ModelCase, Stopwatch, first_output
+from ..sources import model_source
 
 
 def relax_module(case: ModelCase):
     """The model as a Relax module (made once per case)."""
     if "relax" not in case.options and case.onnx_path:
-        from ..sources import model_source
 
         case.options["relax"] = model_source(case.onnx_path).mod
     if "relax" not in case.options:

@@ -28,6 +28,17 @@ import numpy as np
 
 from ..schedules import gpu
 from ..testing.workloads import MatmulShape
+from .. import intrinsics
+from ..prepare import prepare
+from ..relax.gpu import pipeline as gpu_pass
+from ..relax.gpu import bmm as gpu_bmm
+from .gpu_ops import layer_form
+from .gpu_ops import time_torch_cudnn, time_torch_matmul
+from ..tuner.search import candidate_module
+from ..target import cuda_target
+from ..tuner.search import _inputs, reference_output
+from ..runner import run_checked
+from ..testing.workloads import BERT_MATMULS, RESNET18_CONVS, TABLE_I
 
 INTRIN = "cuda.wmma.f16f32"
 
@@ -71,11 +82,6 @@ def prepared_layer(layer, dtype="float16"):
     """The Prepared graph of a layer in the model path's form: a conv (C, H, K, R, stride[,
     padding]) as gpu_ops.layer_form writes it, a workloads.MatmulShape as the GPU pass's dense
     or batched matmul te."""
-    from .. import intrinsics
-    from ..prepare import prepare
-    from ..relax.gpu import pipeline as gpu_pass
-    from ..relax.gpu import bmm as gpu_bmm
-    from .gpu_ops import layer_form
 
     intrin = intrinsics.get(INTRIN)
     if not isinstance(layer, MatmulShape):
@@ -103,7 +109,6 @@ def _count(layer):
 
 def _baseline_ms(layer, repeat):
     """PyTorch's fp16 time of the layer (the faster of eager and CUDA graph), NaN without it."""
-    from .gpu_ops import time_torch_cudnn, time_torch_matmul
 
     if isinstance(layer, MatmulShape):
         times = time_torch_matmul(layer.batch, layer.m, layer.n, layer.k, repeat)
@@ -117,8 +122,6 @@ def _module(layer, key, arch):
     candidates)."""
     import tvm
 
-    from .. import intrinsics
-    from ..tuner.search import candidate_module
 
     return candidate_module(prepared_layer(layer), intrinsics.get(INTRIN),
                             gpu.GpuConfig.from_key(key),
@@ -176,9 +179,6 @@ def run(layers, names=None, workers=None, repeat=7, sample=0, log=print):
     """Rows {layer, config, key, ms, error, cudnn_ms} of every layer under every named config."""
     import tvm
 
-    from .. import intrinsics
-    from ..target import cuda_target
-    from ..tuner.search import _inputs, reference_output
 
     names = names or list(CANDIDATES)
     dev = tvm.cuda(0)
@@ -215,7 +215,6 @@ def _time(job, built, dev, arrays, expected, repeat):
     checked, then rounds of 20 calls, min."""
     import tvm
 
-    from ..runner import run_checked
 
     path, error = built
     try:
@@ -269,7 +268,6 @@ def _geomean(values):
 def main(argv=None):
     """Command line: --layers table1|resnet18|bert, --quick (the first four), --workers,
     --out."""
-    from ..testing.workloads import BERT_MATMULS, RESNET18_CONVS, TABLE_I
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", choices=("table1", "resnet18", "bert"), default="table1",

@@ -19,6 +19,11 @@ import numpy as np
 
 from .engines import cosine
 from ..timing import interleaved
+from ..compiler import compile as unit_compile
+from ..compiler import compile_cuda_graph
+from ..relax.gpu.pipeline import default_gpu_schedule, to_fp16_nhwc
+from .. import frontends
+from ..target import cuda_target
 
 CALLS_PER_ROUND = 20
 
@@ -72,9 +77,6 @@ def _tvm_engine(mod, target, x_np, unit, database, tune, trials, quantize=None):
     `quantize`) or by TVM's own GPU pipeline alone."""
     from tvm import relax
 
-    from ..compiler import compile as unit_compile
-    from ..compiler import compile_cuda_graph
-    from ..relax.gpu.pipeline import default_gpu_schedule, to_fp16_nhwc
 
     t0 = time.time()
     if unit:
@@ -116,9 +118,7 @@ def run_model(name, *, rounds=10, database=None, tune=False, trials=None, log=pr
     import torch
     import tvm
 
-    from .. import frontends
-    from ..target import cuda_target
-    from ..testing import zoo
+    from ..testing import zoo  # torch (optional extra)
 
     module, shape = zoo.get(name)
     x = torch.from_numpy(zoo.inputs(shape, 1)[0])

@@ -18,6 +18,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..timing import CallTimer
+from .. import frontends, lowering
+from ..compiler import scheduled_for_cuda
+from ..relax.frontend.fixes import frontend_fixes
+from ..target import cuda_target
 
 
 @dataclass
@@ -37,11 +41,7 @@ def profile_model(name: str, *, int8: bool = False, calls: int = 10, database=No
     import tvm
     from tvm import relax
 
-    from .. import frontends, lowering
-    from ..compiler import scheduled_for_cuda
-    from ..relax.frontend.fixes import frontend_fixes
-    from ..target import cuda_target
-    from ..testing import zoo
+    from ..testing import zoo  # torch (optional extra)
 
     module, shape = zoo.get(name)
     x = zoo.inputs(shape, 1)[0]

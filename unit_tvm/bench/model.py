@@ -24,6 +24,7 @@ from ..testing import zoo
 from . import engine_openvino, engine_ort, engine_torch, engine_tvm
 from .engines import Engine, ModelCase, accuracy, isa_obedience
 from ..timing import interleaved
+from ..sources import onnx_input
 
 # name -> (builder, takes the fp32 references)
 BUILDERS = {
@@ -61,7 +62,6 @@ def make_case(name, n_inputs=ACCURACY_INPUTS, n_calibration=4, threads=None, bat
         if batch != 1:
             raise ValueError(f"{name}: --batch applies to zoo models; an ONNX file runs at the "
                              "shape it was exported with")
-        from ..sources import onnx_input
 
         engine_ort.check_single_float_input(name)
         _, shape = onnx_input(name)

@@ -34,6 +34,10 @@ from ..schedules.cpu import CpuConfig, default
 from ..testing.workloads import ops_count, workload_op, workloads
 from ..tuner import tune
 from . import op_level
+from . import gpu_model
+from . import gpu_ops
+from ..cross import arm_python
+from . import arm_counts
 
 FIG8_MODELS = ("resnet18", "resnet50", "mobilenet_v2", "inception_v3", "bert_base")
 FIG9_MODELS = ("resnet18", "resnet50", "mobilenet_v2", "bert_base")
@@ -191,7 +195,7 @@ def run(fig: str, out_dir: str, *, runner=None, trials=None, database=None, quic
 
 
 def _fig8(out, runner, trials, database, quick, log):
-    from . import model, report
+    from . import model, report  # the engines import torch (optional extra)
 
     results = []
     for name in FIG8_MODELS[:2] if quick else FIG8_MODELS:
@@ -213,7 +217,6 @@ def _require_gpu(what, runner):
 
 
 def _fig9(out, runner, trials, database, quick, log):
-    from . import gpu_model
 
     _require_gpu("fig9 measures fp16 models on Tensor Cores", runner)
     models = FIG9_MODELS[:1] if quick else FIG9_MODELS
@@ -226,7 +229,6 @@ def _fig9(out, runner, trials, database, quick, log):
 
 
 def _fig11_gpu(out, runner, trials, database, quick, log):
-    from . import gpu_ops
 
     _require_gpu("fig11-gpu times Tensor Core kernels", runner)
     rows, meta = gpu_ops.ablation(quick=quick, trials=trials, database=database, log=log)
@@ -238,8 +240,6 @@ def _fig11_gpu(out, runner, trials, database, quick, log):
 
 
 def _fig12(out, runner, quick, log):
-    from ..cross import arm_python
-    from . import arm_counts
 
     absent = arm_python.missing()
     if runner is not None or absent:

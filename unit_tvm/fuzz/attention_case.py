@@ -11,6 +11,7 @@ read through a wrong view, a head or a token out of place, is as far off as the 
 import contextlib
 
 from .model_check import Comparison, run_model_case
+from ..schedules import cpu_attention
 
 # how far the default attention may move the layer from the one with float32 attention
 # (relative L2): as far as quantizing the projections moved it, and at least 0.1 (the int8
@@ -24,7 +25,6 @@ ATTENTION_FLOOR = 0.1
 def _size_policy(case):
     """cpu_attention.MIN_SCORES_BYTES at 0 inside where the case lifts it (fuse_any_size): the
     policy is about speed, and most drawn sizes are below it."""
-    from ..schedules import cpu_attention
 
     kept = cpu_attention.MIN_SCORES_BYTES
     cpu_attention.MIN_SCORES_BYTES = 0 if case.param("fuse_any_size") else kept

@@ -13,6 +13,7 @@ from tvm import te, topi
 
 from .. import ops
 from ..te_expr import placeholders_of
+from .model_cases import attention_params, model_params, speech_params
 
 INT_PAIRS = (("uint8", "int8"), ("int8", "int8"), ("uint8", "uint8"), ("int8", "uint8"))
 FLOAT_PAIRS = (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"))
@@ -135,7 +136,6 @@ def make_case(seed: int, index: int, kinds=KINDS) -> Case:
     rng = random.Random(seed * 1_000_003 + index)
     kind = rng.choice(list(kinds))
     if kind in WHOLE_MODEL_KINDS:
-        from .model_cases import attention_params, model_params, speech_params
 
         params = {SPEECH_KIND: speech_params, ATTENTION_KIND: attention_params}.get(
             kind, model_params)(rng)

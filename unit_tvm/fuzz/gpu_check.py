@@ -10,6 +10,12 @@ import time
 
 from .model_check import judge, model_and_reference, run_outputs
 from .outcome import CaseResult, failed, quiet
+from .. import frontends, lowering, nvcc
+from ..compiler import build_relax, compile_cuda_graph, scheduled_for_cuda, tensorized_for_cuda
+from ..relax.frontend.fixes import frontend_fixes
+from ..relax.gpu.pipeline import to_fp16_nhwc
+from ..relax.gpu.kernels import te_reference
+from ..target import host
 
 # fp16 rounds at other points in the fused kernels than in TVM's op-by-op build (and
 # accumulates in float32): half of fp16's own distance from the float model may be added
@@ -22,12 +28,6 @@ def run_gpu_model_case(case, target=None) -> CaseResult:
     import torch
     import tvm
 
-    from .. import frontends, lowering, nvcc
-    from ..compiler import build_relax, compile_cuda_graph, scheduled_for_cuda, tensorized_for_cuda
-    from ..relax.frontend.fixes import frontend_fixes
-    from ..relax.gpu.pipeline import to_fp16_nhwc
-    from ..relax.gpu.kernels import te_reference
-    from ..target import host
 
     t0 = time.time()
     base = dict(index=case.index, kind=case.kind, description=case.describe(),

@@ -20,6 +20,7 @@ extra).
 """
 
 import random
+from ..testing.attention import Spelling, drawn_heads
 
 ACTIVATIONS = ("relu", "relu6", "silu", "hardswish", "sigmoid", "tanh", "gelu", "quick_gelu",
                "leaky", "none")
@@ -137,7 +138,7 @@ def make_model(params: dict, seed: int):
     """(torch module in eval mode with seeded random weights, input shape) for `params`."""
     import torch
 
-    from ..testing import zoo
+    from ..testing import zoo  # torch (optional extra)
 
     build = {"cnn": _cnn, "encoder": _encoder, "residual": _residual,
              "speech": _speech, "attention": _attention}[params["family"]]
@@ -400,7 +401,6 @@ def _speech(p: dict):
 
 
 def _attention(p: dict):
-    from ..testing.attention import Spelling, drawn_heads
 
     spelling = Spelling(bool(p["fused"]), p["order"], p["kt"], p["scale"], p["merge"],
                         p["stride"], p["sharpness"], p.get("cut", "unpack"),

@@ -13,6 +13,11 @@ import numpy as np
 
 from .model_cases import make_model
 from .outcome import CaseResult, failed, quiet
+from ..relax.cpu.fused_attention import kernel_infos
+from .. import frontends
+from ..compiler import build_relax
+from ..relax import UnitTensorize, quantize
+from ..target import host
 
 # how much of the quantization error itself rounding ties may add (see judge)
 TIE_SHARE = 0.25
@@ -65,7 +70,7 @@ def model_and_reference(case, params: dict, inputs: int = 2):
     per test input): what every model kind starts from."""
     import torch
 
-    from ..testing import zoo
+    from ..testing import zoo  # torch (optional extra)
 
     model, shape = make_model(params, case.seed * 7919 + case.index)
     calibration, tests = zoo.inputs(shape, 3, seed=1), zoo.inputs(shape, inputs, seed=2)
@@ -92,7 +97,6 @@ def run_outputs(ex, inputs) -> list:
 def _instructions(qmod, tpass) -> list:
     """The instructions the tensorized module runs: UnitTensorize's, and the fused attention
     kernels' ("fused <name>")."""
-    from ..relax.cpu.fused_attention import kernel_infos
 
     used = {instr for _, instr, _ in tpass.report if instr}
     used |= {"fused " + str(info["instruction"]) for info in kernel_infos(qmod).values()}
@@ -105,10 +109,6 @@ def run_model_case(case, target=None, against: Comparison = Comparison()) -> Cas
     import torch
     import tvm
 
-    from .. import frontends
-    from ..compiler import build_relax
-    from ..relax import UnitTensorize, quantize
-    from ..target import host
 
     t0 = time.time()
     target = target or host()

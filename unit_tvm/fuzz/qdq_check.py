@@ -21,6 +21,10 @@ import numpy as np
 
 from .model_check import judge, model_and_reference, run_outputs
 from .outcome import CaseResult, failed, quiet
+from .. import frontends
+from ..onnx_qoperator import qoperator_as_qdq
+from ..target import host
+from ..compiler import compile as unit_compile
 
 _INPUT = "input0"  # frontends.export_onnx's name for the model's input
 # two int8 executions of one file round differently (an activation in float32 or on its pair's
@@ -44,7 +48,6 @@ def _quantized_file(model, calibration, folder: Path, quantizer: str, dedicated=
     import onnx
     import torch
 
-    from .. import frontends
 
     fp32 = frontends.export_onnx(model, [torch.tensor(calibration[0])], str(folder / "f.onnx"))
     path = str(folder / "qdq.onnx")
@@ -90,12 +93,6 @@ def run_qdq_case(case, target=None) -> CaseResult:
     with ONNX Runtime running it. Exceptions are classified, never raised."""
     import onnx
 
-    import unit_tvm
-
-    from .. import frontends
-    from ..onnx_qoperator import qoperator_as_qdq
-    from ..target import host
-
     t0 = time.time()
     target = target or host()
     base = dict(index=case.index, kind=case.kind, description=case.describe(),
@@ -119,7 +116,7 @@ def run_qdq_case(case, target=None) -> CaseResult:
                 mod = frontends.from_onnx(file)
             except Exception as e:  # noqa: BLE001 - TVM's importer refuses the file
                 return failed(base, "invalid", e, t0)
-            got = run_outputs(unit_tvm.compile(mod, target=target, report=report), inputs)
+            got = run_outputs(unit_compile(mod, target=target, report=report), inputs)
     except Exception as e:  # noqa: BLE001 - every failure of unit-tvm is a finding
         return failed(base, "crash", e, t0)
     diff = judge(_stacked(got), _stacked(expected), _stacked(reference),
