@@ -1,7 +1,8 @@
 """unit-tvm: compile tensor programs onto tensorized instructions (UNIT, CGO 2021) with TVM 0.27.
 
-Public API (see DESIGN.md): unit_tvm.intrinsics, unit_tvm.target.host(), unit_tvm.inspect,
-unit_tvm.explain, unit_tvm.rewrite, unit_tvm.tune, unit_tvm.build.
+Public API (README.md; design: docs/ARCHITECTURE.md): unit_tvm.compile, unit_tvm.load,
+unit_tvm.intrinsics, unit_tvm.target.host(), unit_tvm.inspect, unit_tvm.explain,
+unit_tvm.rewrite, unit_tvm.tune, unit_tvm.build.
 """
 
 from ._pins import TVM_FFI_VERSION, TVM_VERSION, DependencyError, check_versions
