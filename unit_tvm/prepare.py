@@ -22,6 +22,7 @@ from tvm import te, tirx
 from . import intrinsics
 from .indexing import vars_in
 from .inspector import compute_isomorphism, explain, inspect, rank
+from .mapping import Mapping
 from .packing import make_pack, pack_index, pack_plan, padding_in_bounds
 from .shift import SHIFT, shift_plans
 from .te_expr import loads, mutate_expr, placeholders_of
@@ -47,20 +48,21 @@ class ZeroPadding(NamedTuple):
 class Prepared:
     """The prepared graph: params (original placeholders), the core, the final output."""
 
-    params: list
+    params: list[te.Tensor]
     core: te.Tensor
     output: te.Tensor
-    mapping: object  # Mapping of the instruction on `core` (contiguous, unpadded)
-    stages: tuple  # names of the preparation computes (packs, shift, compensation)
+    mapping: Mapping  # of the instruction on `core` (contiguous, unpadded)
+    stages: tuple[str, ...]  # names of the preparation computes (packs, shift, compensation)
     shifted: str = ""  # name of the operand shifted by +128, if any
-    original: object = None  # the op as given (reference for checking candidates)
-    original_mapping: object = None  # the Mapping on the op as given (padding, fit)
-    reference: object = None  # the output computed from the op as given (no packing, no core)
+    original: te.Tensor | None = None  # the op as given (reference for checking candidates)
+    original_mapping: Mapping | None = None  # the Mapping on the op as given (padding, fit)
+    reference: te.Tensor | None = None  # the output computed from the op as given (no packing)
     variant: str = ""  # set for a mapping other than the Inspector's first (part of tuning keys)
-    zero_padding: tuple = ()  # ZeroPadding ranges the graph's builder vouches for
+    zero_padding: tuple[ZeroPadding, ...] = ()  # ranges the graph's builder vouches for
 
     @property
-    def tensors(self):
+    def tensors(self) -> list[te.Tensor]:
+        """The kernel's arguments: the original placeholders, then the output."""
         return list(self.params) + [self.output]
 
 

@@ -8,7 +8,7 @@ choices in tensorize.py) replace it with an updated copy. It travels on its Prim
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from ... import intrinsics, selection
 from ...shift import rebased_dtype
@@ -18,60 +18,73 @@ ATTR = "unit_tvm.recipe"
 CONV_KINDS = ("conv2d", "conv3d")
 
 
+Kind = Literal["conv2d", "conv3d", "dense", "bmm"]
+Shape = tuple[int, ...]
+QScale = tuple[float, int]  # (scale, zero point) of a uint8 value
+View = tuple[int, int, tuple[int, ...]]  # (source elements, offset, strides)
+
+
 def _tuple(v):
     """Lists (as JSON gives them) as tuples, nested: a Recipe's shapes are hashable."""
     return tuple(_tuple(x) for x in v) if isinstance(v, (list, tuple)) else v
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Recipe:
-    """One quantized conv2d, conv3d, dense or bmm (activation x activation matmul) op."""
+    """One quantized conv2d, conv3d, dense or bmm (activation x activation matmul) op, in four
+    groups of fields: what the op is (kind, shapes, window), its quantization, its fused
+    epilogue, and how its edges are laid out. Flat on purpose: its JSON (to_dict) is the
+    tuning database's key, and every group is read by the kernels."""
 
-    kind: str  # "conv2d", "conv3d", "dense" or "bmm"
-    in_shape: tuple  # NCHW (NCDHW), [rows, K] for dense (leading dims flattened), [B, M, K]
-    w_shape: tuple  # KCRS (KCTRS; C per group), [N, K], or a bmm's second operand [B, K, N]
-    out_shape: tuple  # NKHW (NKDHW), [rows, N] or [B, M, N]
+    # -- the op: kind, shapes, window -------------------------------------------------------
+    kind: Kind
+    in_shape: Shape  # NCHW (NCDHW), [rows, K] for dense (leading dims flattened), [B, M, K]
+    w_shape: Shape  # KCRS (KCTRS; C per group), [N, K], or a bmm's second operand [B, K, N]
+    out_shape: Shape  # NKHW (NKDHW), [rows, N] or [B, M, N]
     out_channels: int
+    stride: Shape | None = None  # convs only: per spatial axis
+    dilation: Shape | None = None
+    padding: Shape | None = None  # top, left, bottom, right (conv3d: front, top, left, back...)
+    groups: int = 1
+    nd_in_shape: Shape | None = None  # dense on more than 2 dims: the shapes around the kernel
+    nd_out_shape: Shape | None = None
+    # -- its quantization -----------------------------------------------------------------
+    dtype: str | None = None  # "bfloat16" for the bf16 form; None: int8
+    x_scale: float | None = None  # the activation's uint8 quantization (int8)
+    x_zp: int | None = None
+    y_scale: float | None = None  # bmm: its second activation's symmetric int8 scale
+    x_signed: bool = False  # activation re-based to int8 for an s8 x s8 instruction
+    in_u8: bool = False  # reads its input as uint8 already (in x_scale, x_zp)
+    out_q: QScale | None = None  # writes uint8 for its readers (requantization)
+    residual_q: QScale | None = None  # a uint8 residual's quantization
+    # int8 weights checked to obey |w0| + |w1| <= this in every adjacent pair a packed word
+    # holds (pair_weights.py): a pre-VNNI pair form (vpmaddubsw) is exact on them
+    w_pair_bound: int | None = None
+    # the output cosine the pair-bounded weights lose against 8-bit ones, estimated (reported)
+    w_pair_loss: float | None = None
+    # -- its fused epilogue -----------------------------------------------------------------
     relu: bool = False
     clip_max: float | None = None  # relu6-style clip
     clip_min: float | None = None  # a clip's negative lower end, after the residual (no relu)
     # (lo, hi): the op's own result clamped before the residual is added (a hardtanh, or a
     # quantized model's pair with a range around 0: relax/quantization/qdq.py)
-    clamp: tuple | None = None
+    clamp: tuple[float, float] | None = None
     gelu: bool = False
-    activation: str | None = None  # one of relax/core/activations.py's NAMES, after the residual
+    activation: str | None = None  # one of relax/core/activations.py's NAMES, after residual
     residual: bool = False  # adds a residual in its epilogue
-    dtype: str | None = None  # "bfloat16" for the bf16 form; None: int8
-    x_scale: float | None = None  # the activation's uint8 quantization (int8)
-    x_zp: int | None = None
-    y_scale: float | None = None  # bmm: its second activation's symmetric int8 scale
-    stride: tuple | None = None  # convs only: per spatial axis
-    dilation: tuple | None = None
-    padding: tuple | None = None  # top, left, bottom, right (conv3d: front, top, left, back, ...)
-    groups: int = 1
-    nd_in_shape: tuple | None = None  # dense on more than 2 dims: the shapes around the kernel
-    nd_out_shape: tuple | None = None
-    out_q: tuple | None = None  # (scale, zp): writes uint8 for its readers (requantization)
-    in_u8: bool = False  # reads its input as uint8 already (in x_scale, x_zp)
-    residual_q: tuple | None = None  # (scale, zp) of a uint8 residual
-    x_signed: bool = False  # activation re-based to int8 for an s8 x s8 instruction
     # the float32 input is multiplied by a per-channel gate argument [N, C, 1, 1] before it is
     # quantized: a squeeze-excitation's multiply folded into the conv reading it (f32_blocks)
     x_gate: bool = False
+    # -- its edges' layouts -----------------------------------------------------------------
     in_block: int | None = None  # NCHW[block]c edges: input, output, residual
     out_block: int | None = None
     residual_block: int | None = None
     # bf16 bmm (relax/core/views.py): an operand read where its producer left it, as (source
     # elements, offset, strides of in_shape's / w_shape's axes) of a flat source; the result
     # written with its [B, M, N] axes in out_axes order
-    x_view: tuple | None = None
-    w_view: tuple | None = None
-    out_axes: tuple | None = None
-    # int8 weights checked to obey |w0| + |w1| <= this in every adjacent pair a packed word
-    # holds (pair_weights.py): a pre-VNNI pair form (vpmaddubsw) is exact on them
-    w_pair_bound: int | None = None
-    # the output cosine the pair-bounded weights lose against 8-bit ones, estimated (reported)
-    w_pair_loss: float | None = None
+    x_view: View | None = None
+    w_view: View | None = None
+    out_axes: Shape | None = None
 
     # always written to JSON, even when unset (the keys recipes have always had)
     _ALWAYS = ("kind", "in_shape", "w_shape", "out_shape", "out_channels", "relu", "clip_max",
