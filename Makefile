@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.unit-tvm-installed
 
-.PHONY: run demo test test-all clean cross-tools arm-python
+.PHONY: run demo test test-all typecheck clean cross-tools arm-python
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,11 +54,22 @@ arm-python: $(STAMP) cross-tools
 # on CI's 2 cores the suite takes about 70% of the time of one process.
 TEST_WORKERS ?= 2
 
-test: $(STAMP) cross-tools arm-python
+# mypy checks the two extension points (intrinsics/, schedules/; mypy.ini): their signatures
+# are the contract a new instruction or strategy is written against. They install as
+# unit_tvm.intrinsics / unit_tvm.schedules (setup.py's package_dir), which mypy cannot read
+# from the editable install: it runs in a folder of links that lays the package out that way.
+TYPECHECK := $(VENV)/typecheck
+typecheck: $(STAMP)
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/unit_tvm
+	ln -s $(CURDIR)/unit_tvm/* $(CURDIR)/intrinsics $(CURDIR)/schedules $(TYPECHECK)/unit_tvm/
+	cd $(TYPECHECK) && MYPYPATH=. $(CURDIR)/$(PY) -m mypy --config-file $(CURDIR)/mypy.ini \
+	    --cache-dir $(CURDIR)/$(VENV)/.mypy_cache -p unit_tvm.intrinsics -p unit_tvm.schedules
+
+test: $(STAMP) cross-tools arm-python typecheck
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) -m "not slow" tests
 
-test-all: $(STAMP) cross-tools arm-python
+test-all: $(STAMP) cross-tools arm-python typecheck
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -rs -n $(TEST_WORKERS) tests
 

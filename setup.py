@@ -40,9 +40,10 @@ setup(
     extras_require={
         # the model tests use PyTorch (torch.export) and the ONNX exporter as model sources,
         # and ONNX Runtime as the reference for ONNX files (and the folding from_onnx uses)
-        # pytest-xdist: `make test` runs two workers (LLVM builds are single-threaded)
+        # pytest-xdist: `make test` runs two workers (LLVM builds are single-threaded); mypy:
+        # the extension points' signatures (mypy.ini)
         "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "torch==2.13.0", "onnxscript==0.7.2",
-                 "matplotlib==3.11.2", "ruff==0.14.0", "onnxruntime==1.31.1"],
+                 "matplotlib==3.11.2", "ruff==0.14.0", "onnxruntime==1.31.1", "mypy==2.4.1"],
         # the engines bench-model compares: OpenVINO + NNCF, ONNX Runtime, PyTorch FX and PT2E
         # (torchao's X86InductorQuantizer)
         "bench": ["torch==2.13.0", "matplotlib==3.11.2", "onnxruntime==1.31.1", "onnxscript==0.7.2",

@@ -11,7 +11,10 @@ under the `unit_tvm.intrinsics` entry-point group (see README.md in this folder)
 """
 
 from importlib import metadata
+from types import ModuleType
+from typing import Any
 
+import tvm
 from unit_tvm.target import as_target
 
 from . import arm, cuda, x86, x86_amx, x86_pre_vnni
@@ -19,10 +22,10 @@ from .base import Intrinsic, PairSumBound, derive_desc, derive_impl, placeholder
 
 _MODULES = (x86_amx, x86, x86_pre_vnni, arm, cuda)
 ENTRY_POINTS = "unit_tvm.intrinsics"  # each names a module with an INTRINSICS list
-_REGISTRY = {}
+_REGISTRY: dict[str, Intrinsic] = {}
 
 
-def register(intrin):
+def register(intrin: Intrinsic) -> Intrinsic:
     """Add an Intrinsic to the registry (its name must be new)."""
     if intrin.name in _REGISTRY:
         raise ValueError(f"intrinsic {intrin.name!r} is already registered")
@@ -30,7 +33,7 @@ def register(intrin):
     return intrin
 
 
-def _plugin_modules():
+def _plugin_modules() -> list[ModuleType]:
     """Instruction modules installed packages declare (entry-point group ENTRY_POINTS)."""
     return [ep.load() for ep in metadata.entry_points(group=ENTRY_POINTS)]
 
@@ -40,17 +43,17 @@ for _module in (*_MODULES, *_plugin_modules()):
         register(_intrin)
 
 
-def all():  # noqa: A001 - the public API name is `all`
+def all() -> list[Intrinsic]:  # noqa: A001 - the public API name is `all`
     """Every registered Intrinsic, in registration order (fastest of a family first)."""
     return list(_REGISTRY.values())
 
 
-def names():
+def names() -> list[str]:
     """Names of every registered Intrinsic."""
     return list(_REGISTRY)
 
 
-def get(name):
+def get(name: str) -> Intrinsic:
     """The Intrinsic called `name`; KeyError listing the known names otherwise."""
     try:
         return _REGISTRY[name]
@@ -58,7 +61,7 @@ def get(name):
         raise KeyError(f"no intrinsic named {name!r}; known: {', '.join(_REGISTRY)}") from None
 
 
-def for_target(target=None):
+def for_target(target: tvm.target.Target | dict[str, Any] | None = None) -> list[Intrinsic]:
     """The Intrinsics `target` (default: this host) can execute, in registration order, less
     those superseded there (`Intrinsic.superseded_by`: the pre-VNNI forms where VNNI runs)."""
     usable = [i for i in _REGISTRY.values() if i.supported(target)]
@@ -66,7 +69,7 @@ def for_target(target=None):
     return [i for i in usable if not names & set(i.superseded_by)]
 
 
-def require(name, target=None):
+def require(name: str, target: tvm.target.Target | dict[str, Any] | None = None) -> Intrinsic:
     """get(name), raising ValueError naming the missing feature when `target` cannot run it."""
     intrin = get(name)
     missing = intrin.missing_features(target)

@@ -1,5 +1,7 @@
 """AArch64 dot-product instructions: DotProd sdot/udot and I8MM smmla."""
 
+from collections.abc import Callable
+
 from tvm import te, tirx
 from tvm.script.ir_builder import tirx as T
 
@@ -7,8 +9,10 @@ from .base import Intrinsic, placeholders
 from .x86 import dot_semantics
 
 
-def _dot_emit(dtype, acc_dtype, llvm_name):
-    def emit(bufs):
+def _dot_emit(
+    dtype: str, acc_dtype: str, llvm_name: str
+) -> Callable[[dict[str, tirx.Buffer]], None]:
+    def emit(bufs: dict[str, tirx.Buffer]) -> None:
         a, b, d = bufs["a"], bufs["b"], bufs["d"]
         # sdot/udot (vector form): lane i adds the 4 products of bytes 4i..4i+3 of both sources;
         # broadcasting the 4 bytes of `a` to all lanes makes it the indexed (by-element) form.
@@ -24,7 +28,7 @@ def _dot_emit(dtype, acc_dtype, llvm_name):
     return emit
 
 
-def _smmla_semantics():
+def _smmla_semantics() -> te.Tensor:
     a, b = placeholders(a=((2, 8), "int8"), b=((2, 8), "int8"))
     k = te.reduce_axis((0, 8), name="k")
     return te.compute(
@@ -34,7 +38,7 @@ def _smmla_semantics():
     )
 
 
-def _smmla_emit(bufs):
+def _smmla_emit(bufs: dict[str, tirx.Buffer]) -> None:
     a, b, d = bufs["a"], bufs["b"], bufs["d"]
     T.buffer_store(
         d,
@@ -47,19 +51,19 @@ def _smmla_emit(bufs):
 
 
 SDOT = Intrinsic(
-    "arm.sdot", arch="aarch64", requires=[("dotprod",)],
+    "arm.sdot", arch="aarch64", requires=(("dotprod",),),
     semantics=dot_semantics(4, 4, "int8", "int8", "int32"),
     emit=_dot_emit("int8", "int32", "llvm.aarch64.neon.sdot.v4i32.v16i8"),
     doc="Armv8.2 DotProd sdot v.4s: 4 lanes x 4 s8*s8 -> s32, `a` broadcast (by-element form).",
 )
 UDOT = Intrinsic(
-    "arm.udot", arch="aarch64", requires=[("dotprod",)],
+    "arm.udot", arch="aarch64", requires=(("dotprod",),),
     semantics=dot_semantics(4, 4, "uint8", "uint8", "uint32"),
     emit=_dot_emit("uint8", "uint32", "llvm.aarch64.neon.udot.v4i32.v16i8"),
     doc="Armv8.2 DotProd udot v.4s: 4 lanes x 4 u8*u8 -> u32, `a` broadcast (by-element form).",
 )
 SMMLA = Intrinsic(
-    "arm.smmla", arch="aarch64", requires=[("i8mm",)],
+    "arm.smmla", arch="aarch64", requires=(("i8mm",),),
     semantics=_smmla_semantics, emit=_smmla_emit,
     doc="Armv8.6 I8MM smmla: (2x8 s8) x (2x8 s8)^T accumulated into a 2x2 s32 tile (row major).",
 )

@@ -9,7 +9,9 @@ writes the statement that loads/broadcasts the operands and calls the LLVM/CUDA 
 """
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import tvm
@@ -22,24 +24,28 @@ from unit_tvm import target as _target
 _TENSOR_LOAD = "te.tensor_load"
 
 
-def _full_region(buf):
+def _full_region(buf: tirx.Buffer) -> tvm.ir.TensorRegion:
     return buf[tuple(slice(0, s) for s in buf.shape)]
 
 
-def te_expr_to_tir(expr, tensor_buffers, var_map):
+def te_expr_to_tir(
+    expr: tirx.Expr,
+    tensor_buffers: Mapping[str, tirx.Buffer],
+    var_map: Sequence[tuple[tirx.Var, tirx.Expr]],
+) -> tirx.Expr:
     """Rewrite a te expression into TIR: tensor reads become buffer loads, iter vars are renamed.
 
     tensor_buffers maps a te.Tensor's op name to a tirx.Buffer; var_map is a list of
     (te var, tir expr) pairs.
     """
 
-    def on_call(call, mutator):
+    def on_call(call: tvm.ir.Call, mutator: tvm_ffi.StructuralMutator) -> tirx.Expr:
         if call.op.name == _TENSOR_LOAD:
             buf = tensor_buffers[call.args[0].op.name]
             return tirx.BufferLoad(buf, [mutator.mutate(x) for x in list(call.args)[1:]])
         return mutator.default_mutate(call)
 
-    def on_var(var, _mutator):
+    def on_var(var: tirx.Var, _mutator: tvm_ffi.StructuralMutator) -> tirx.Expr:
         for old, new in var_map:
             if var.same_as(old):
                 return new
@@ -48,16 +54,21 @@ def te_expr_to_tir(expr, tensor_buffers, var_map):
     return tvm_ffi.structural_mutate(expr, [(tvm.ir.expr.Call, on_call), (tirx.Var, on_var)])
 
 
-def buffer_loads(expr):
+def buffer_loads(expr: tirx.Expr) -> list[tvm.ir.TensorLoad]:
     """All buffer loads in a TIR expression, in visit order."""
-    loads = []
+    loads: list[tvm.ir.TensorLoad] = []
     tvm_ffi.structural_walk(expr, [(tvm.ir.expr.TensorLoad, loads.append)])
     return loads
 
 
-def _declare_args(tensors, scopes, offset_factor, strided):
+def _declare_args(
+    tensors: list[te.Tensor],
+    scopes: Mapping[str, str],
+    offset_factor: int,
+    strided: tuple[str, ...],
+) -> dict[str, tirx.Buffer]:
     """Declare one function argument buffer per te tensor (in order); returns name -> Buffer."""
-    bufs = {}
+    bufs: dict[str, tirx.Buffer] = {}
     for t in tensors:
         name = t.op.name
         strides = None
@@ -81,7 +92,9 @@ def _declare_args(tensors, scopes, offset_factor, strided):
     return bufs
 
 
-def derive_desc(output, *, scopes=None, offset_factor=1):
+def derive_desc(
+    output: te.Tensor, *, scopes: Mapping[str, str] | None = None, offset_factor: int = 1
+) -> tirx.PrimFunc:
     """Build the TensorIntrin description PrimFunc from a te.compute `output`.
 
     A reduction compute `d[i] = sum_k f(...)` becomes the accumulate-in-place form
@@ -126,7 +139,14 @@ def derive_desc(output, *, scopes=None, offset_factor=1):
     return ib.get()
 
 
-def derive_impl(output, emit, *, scopes=None, offset_factor=1, strided=()):
+def derive_impl(
+    output: te.Tensor,
+    emit: Callable[[dict[str, tirx.Buffer]], object],
+    *,
+    scopes: Mapping[str, str] | None = None,
+    offset_factor: int = 1,
+    strided: tuple[str, ...] = (),
+) -> tirx.PrimFunc:
     """Build the TensorIntrin implementation PrimFunc: the desc's buffers around `emit(bufs)`.
 
     `emit` receives a dict operand name -> tirx.Buffer and must add the implementation
@@ -159,7 +179,7 @@ class PairSumBound:
 
     bound: int = 128
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not 0 < self.bound <= 128:
             raise ValueError(f"a pair-sum bound is in (0, 128] for int8 weights, not {self.bound}")
 
@@ -170,17 +190,17 @@ class PairSumBound:
         return bool((v[..., 0::2] + v[..., 1::2] <= self.bound).all())
 
 
+@dataclass(frozen=True, eq=False, repr=False, kw_only=True)
 class Intrinsic:
     """One tensorized instruction: semantics (te.compute) + how to emit it + where it runs.
 
-    Parameters
-    ----------
-    name: the instruction, e.g. "x86.vpdpbusd".
+    name: the instruction, e.g. "x86.vpdpbusd" (the one positional argument).
     arch: "x86_64", "aarch64" or "cuda" — the target family that can execute it.
     requires: alternatives of feature sets; the target must have every feature of at least one
         alternative (LLVM feature names, or "tensorcore" for CUDA).
     semantics: () -> output te.Tensor, a te.compute over te.placeholder inputs.
     emit: the hand-written operand-preparation rule, see derive_impl.
+    doc: one paragraph describing the instruction.
     scopes / offset_factor: buffer properties of desc and impl (CUDA fragments).
     strided: operands whose first (row) dimension may have any stride (the instruction takes a
         row stride: AMX tiles, wmma fragments); their other dimensions must be dense.
@@ -191,60 +211,65 @@ class Intrinsic:
         them, `intrinsics.for_target` (what selection chooses from) leaves this one out; it can
         still be named (the pre-VNNI forms on a VNNI host).
     family: instructions that are forms of one hardware instruction (e.g. AMX tdpbusd alone and
-        chained): among a family the form that pads an op least is used (default: its own name).
-    doc: one paragraph describing the instruction.
+        chained): among a family the form that pads an op least is used (default: its name).
+    helpers: extra TensorIntrins it needs around its core (wmma fragment load / store), name ->
+        (desc, impl) factories, registered with the main one.
+    host_check: () -> what this *machine* still lacks to execute it on the host beyond the CPU
+        features (the OS permission AMX needs), or None.
     """
 
-    def __init__(self, name, *, arch, requires, semantics, emit, doc, scopes=None,
-                 offset_factor=1, strided=(), operand_ranges=None, helpers=None,
-                 host_check=None, family=None, weight_bound: PairSumBound | None = None,
-                 superseded_by: tuple = ()):
-        self.name = name
-        self.family = family or name
-        self.arch = arch
-        self.requires = tuple(tuple(alt) for alt in requires)
-        self._semantics = semantics
-        self._emit = emit
-        self.doc = doc
-        self.scopes = dict(scopes or {})
-        self.offset_factor = offset_factor
-        self.strided = tuple(strided)
-        self.operand_ranges = dict(operand_ranges or {})
-        self.weight_bound = weight_bound
-        self.superseded_by = tuple(superseded_by)
-        # Extra TensorIntrins an instruction needs around its core (e.g. wmma fragment load/store),
-        # name -> (desc, impl) factories; registered together with the main one.
-        self._helpers = dict(helpers or {})
-        # () -> reason string or None: what this *machine* still lacks to execute it on the host
-        # (e.g. the OS permission AMX needs), beyond the CPU features
-        self._host_check = host_check
+    name: str = field(kw_only=False)
+    arch: str
+    requires: Sequence[Sequence[str]]  # held as a tuple of tuples
+    semantics: Callable[[], te.Tensor]
+    emit: Callable[..., object]
+    doc: str
+    scopes: Mapping[str, str] = field(default_factory=dict)
+    offset_factor: int = 1
+    strided: tuple[str, ...] = ()
+    operand_ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    helpers: Mapping[str, tuple[Callable, Callable]] = field(default_factory=dict)
+    host_check: Callable[[], str | None] | None = None
+    family: str = ""
+    weight_bound: PairSumBound | None = None
+    superseded_by: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # the arguments may come as lists or dicts: held as tuples and private copies
+        normal = {"requires": tuple(tuple(alt) for alt in self.requires),
+                  "scopes": dict(self.scopes), "strided": tuple(self.strided),
+                  "operand_ranges": dict(self.operand_ranges), "helpers": dict(self.helpers),
+                  "family": self.family or self.name,
+                  "superseded_by": tuple(self.superseded_by)}
+        for key, value in normal.items():
+            object.__setattr__(self, key, value)
 
     # -- semantics and what is read off it -------------------------------------------------
     @functools.cached_property
-    def output(self):
+    def output(self) -> te.Tensor:
         """The semantics' output te.Tensor (its op is the te.compute)."""
-        return self._semantics()
+        return self.semantics()
 
     @property
-    def inputs(self):
+    def inputs(self) -> list[te.Tensor]:
         """The semantics' input te.Tensors, in operand order."""
         return list(self.output.op.input_tensors)
 
     @property
-    def operands(self):
+    def operands(self) -> list[str]:
         """Operand names: inputs then the accumulator/output."""
         return [t.op.name for t in self.inputs] + [self.output.op.name]
 
     @property
-    def input_dtypes(self):
+    def input_dtypes(self) -> tuple[str, ...]:
         return tuple(str(t.dtype) for t in self.inputs)
 
     @property
-    def output_dtype(self):
+    def output_dtype(self) -> str:
         return str(self.output.dtype)
 
     @property
-    def loops(self):
+    def loops(self) -> list[tuple[str, int, str]]:
         """[(name, extent, 'S' | 'R')] in the compute's order: data-parallel then reduction."""
         op = self.output.op
         out = [(ax.var.name, int(ax.dom.extent), "S") for ax in op.axis]
@@ -252,7 +277,7 @@ class Intrinsic:
         return out
 
     @property
-    def lanes(self):
+    def lanes(self) -> int:
         """Number of output elements one instruction produces."""
         n = 1
         for _, ext, kind in self.loops:
@@ -260,7 +285,7 @@ class Intrinsic:
         return n
 
     @property
-    def reduction_width(self):
+    def reduction_width(self) -> int:
         """Number of products summed into each output element."""
         n = 1
         for _, ext, kind in self.loops:
@@ -268,19 +293,19 @@ class Intrinsic:
         return n
 
     @property
-    def weight_word(self):
+    def weight_word(self) -> int:
         """Elements of one output's reduction stored together in the second operand (the one a
         model's weights fill): 4 for the int8 words of VNNI, sdot and AMX, 2 for bf16 pairs, 8
         for smmla's rows. Packed weights are KCRS[x/word]c[y]k[word]c with it."""
         return int(self.inputs[1].shape[-1])
 
     @functools.cached_property
-    def _spatial_reads(self):
+    def _spatial_reads(self) -> dict[str, set[str]]:
         """{input name: the data-parallel loops its indices use}."""
         spatial = {ax.var.name for ax in self.output.op.axis}
-        used = {t.op.name: set() for t in self.inputs}
+        used: dict[str, set[str]] = {t.op.name: set() for t in self.inputs}
 
-        def visit(call):
+        def visit(call: tvm.ir.Call) -> None:
             if getattr(call.op, "name", None) == _TENSOR_LOAD:
                 for idx in list(call.args)[1:]:
                     used[call.args[0].op.name].update(
@@ -290,20 +315,20 @@ class Intrinsic:
         return used
 
     @property
-    def broadcast_operand(self):
+    def broadcast_operand(self) -> str | None:
         """Name of the input read by no data-parallel loop (broadcast to every lane, UNIT
         Fig. 4a), or None."""
         return next((name for name, loops in self._spatial_reads.items() if not loops), None)
 
     @property
-    def lanewise(self):
+    def lanewise(self) -> bool:
         """Whether every input is indexed by every data-parallel loop: each output lane reads
         its own operands (a depthwise window), none is shared across lanes."""
         n_spatial = len(self.output.op.axis)
         return all(len(loops) == n_spatial for loops in self._spatial_reads.values())
 
     @property
-    def tile(self):
+    def tile(self) -> bool:
         """Whether it is a tile instruction (AMX, i8mm, wmma): each input is shared along some
         data-parallel loop and none is broadcast, so rows of pixels are read with a stride; the
         layouts that suit it (a conv's window folded into the reduction) differ from a vector
@@ -311,7 +336,7 @@ class Intrinsic:
         return not self.broadcast_operand and not self.lanewise
 
     @property
-    def channel_blocks(self):
+    def channel_blocks(self) -> tuple[int, int]:
         """(x, y): the input- and output-channel blocks of a packed layout the instruction reads
         directly (NCHW[x]c activations, KCRS[x/4]c[y]k[4]c weights): its reduction width and its
         innermost data-parallel extent. A lanewise instruction reduces over window taps, not
@@ -320,17 +345,17 @@ class Intrinsic:
         return (spatial[-1] if self.lanewise else self.reduction_width), spatial[-1]
 
     @property
-    def ops_per_instruction(self):
+    def ops_per_instruction(self) -> int:
         """Arithmetic operations (multiply + add counted as 2) one instruction performs."""
         return 2 * self.lanes * self.reduction_width
 
     @functools.cached_property
-    def pointer_operands(self):
+    def pointer_operands(self) -> bool:
         """Whether the emit rule takes operands by pointer (tvm_access_ptr: AMX, vdpbf16ps)
         rather than loading them as vectors: read off the implementation."""
-        found = []
+        found: list[tvm.ir.Call] = []
 
-        def visit(call):
+        def visit(call: tvm.ir.Call) -> None:
             if getattr(call.op, "name", None) == "tirx.tvm_access_ptr":
                 found.append(call)
 
@@ -339,30 +364,30 @@ class Intrinsic:
 
     # -- TensorIntrin -------------------------------------------------------------------------
     @functools.cached_property
-    def desc(self):
+    def desc(self) -> tirx.PrimFunc:
         """The TensorIntrin description, derived from the semantics."""
         return derive_desc(self.output, scopes=self.scopes, offset_factor=self.offset_factor)
 
     @functools.cached_property
-    def impl(self):
+    def impl(self) -> tirx.PrimFunc:
         """The TensorIntrin implementation: derived buffers around the hand-written emit rule."""
-        return derive_impl(self.output, self._emit, scopes=self.scopes,
+        return derive_impl(self.output, self.emit, scopes=self.scopes,
                            offset_factor=self.offset_factor, strided=self.strided)
 
     @property
-    def tensor_intrin(self):
+    def tensor_intrin(self) -> str:
         """Name under which the TensorIntrin is registered with TVM (registered on first use)."""
         return _register(self)
 
-    def helper(self, name):
+    def helper(self, name: str) -> str:
         """Registered TensorIntrin name of one of this instruction's helpers (e.g. 'load_a')."""
         _register(self)
-        if name not in self._helpers:
-            raise KeyError(f"{self.name} has no helper {name!r}; it has {sorted(self._helpers)}")
+        if name not in self.helpers:
+            raise KeyError(f"{self.name} has no helper {name!r}; it has {sorted(self.helpers)}")
         return f"unit_tvm.{self.name}.{name}"
 
     # -- targets ------------------------------------------------------------------------------
-    def missing_features(self, target):
+    def missing_features(self, target: tvm.target.Target | dict[str, Any] | None) -> list[str]:
         """Features the target lacks for this instruction ([] when supported).
 
         Names the smallest missing set among the alternatives, or the architecture mismatch.
@@ -373,37 +398,38 @@ class Intrinsic:
         if arch != self.arch:
             return [f"arch {self.arch} (target is {arch})"]
         have = _target.features(target)
-        missing = [sorted(set(alt) - have) for alt in self.requires]
+        # per alternative, then the smallest of them (list[str])
+        missing: list[Any] = [sorted(set(alt) - have) for alt in self.requires]
         missing = min(missing, key=len) if missing else []
-        if not missing and self._host_check is not None and _target.is_host(target):
-            reason = self._host_check()
+        if not missing and self.host_check is not None and _target.is_host(target):
+            reason = self.host_check()
             if reason:
                 missing = [reason]
         return missing
 
-    def supported(self, target=None):
+    def supported(self, target: tvm.target.Target | dict[str, Any] | None = None) -> bool:
         """True when `target` (default: this host) can execute this instruction."""
         return not self.missing_features(target)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         loops = " x ".join(f"{e}{k}" for _, e, k in self.loops)
         dtypes = ",".join(self.input_dtypes)
         return f"Intrinsic({self.name}: {dtypes} -> {self.output_dtype}, {loops})"
 
 
-_REGISTERED = set()
+_REGISTERED: set[str] = set()
 
 
-def _register(intrin):
+def _register(intrin: Intrinsic) -> str:
     name = f"unit_tvm.{intrin.name}"
     if name not in _REGISTERED:
         tvm.s_tir.TensorIntrin.register(name, intrin.desc, intrin.impl, override=True)
-        for helper, (desc_fn, impl_fn) in intrin._helpers.items():
+        for helper, (desc_fn, impl_fn) in intrin.helpers.items():
             tvm.s_tir.TensorIntrin.register(f"{name}.{helper}", desc_fn(), impl_fn(), override=True)
         _REGISTERED.add(name)
     return name
 
 
-def placeholders(**specs):
+def placeholders(**specs: tuple[tuple[int, ...], str]) -> tuple[te.Tensor, ...]:
     """Convenience for semantics: placeholders(a=((4,), 'uint8'), ...) -> tuple of te tensors."""
     return tuple(te.placeholder(shape, dtype, name=n) for n, (shape, dtype) in specs.items())

@@ -7,6 +7,8 @@ outputs. The last, vpermb + vpdpbusd, is lanewise (a depthwise window): each lan
 activations.
 """
 
+from collections.abc import Callable
+
 import tvm
 from tvm import te, tirx
 from tvm.script.ir_builder import tirx as T
@@ -14,10 +16,12 @@ from tvm.script.ir_builder import tirx as T
 from .base import Intrinsic, placeholders
 
 
-def dot_semantics(lanes, width, a_dtype, b_dtype, acc_dtype):
+def dot_semantics(
+    lanes: int, width: int, a_dtype: str, b_dtype: str, acc_dtype: str
+) -> Callable[[], te.Tensor]:
     """d[i] = sum_k acc(a[k]) * acc(b[i, k]): the broadcast dot product of UNIT Fig. 4a."""
 
-    def semantics():
+    def semantics() -> te.Tensor:
         a, b = placeholders(a=((width,), a_dtype), b=((lanes, width), b_dtype))
         k = te.reduce_axis((0, width), name="k")
         return te.compute(
@@ -29,14 +33,14 @@ def dot_semantics(lanes, width, a_dtype, b_dtype, acc_dtype):
     return semantics
 
 
-def broadcast_word(a, lanes, width, vec_dtype):
+def broadcast_word(a: tirx.Buffer, lanes: int, width: int, vec_dtype: str) -> tirx.Expr:
     """Load the `width` elements of a as one 32-bit word and broadcast it to every lane."""
     word = tirx.reinterpret("int32", a.vload([0], f"{a.dtype}x{width}"))
     return tirx.reinterpret(vec_dtype, tirx.Broadcast(word, lanes))
 
 
-def _vpdpbusd_emit(lanes, llvm_name):
-    def emit(bufs):
+def _vpdpbusd_emit(lanes: int, llvm_name: str) -> Callable[[dict[str, tirx.Buffer]], None]:
+    def emit(bufs: dict[str, tirx.Buffer]) -> None:
         a, b, d = bufs["a"], bufs["b"], bufs["d"]
         acc = d.vload([0], f"int32x{lanes}")
         a_vec = broadcast_word(a, lanes, 4, f"uint8x{lanes * 4}")
@@ -72,13 +76,13 @@ define void @unit_tvm_vdpbf16ps(ptr %d, ptr %a, ptr %b) {
 """  # noqa: E501 - LLVM IR lines are as long as they are
 
 
-def _storage_ptr(buf, extent):
+def _storage_ptr(buf: tirx.Buffer, extent: int) -> tirx.Expr:
     """Read pointer to a bf16 buffer, typed by its uint16 storage (Buffer.access_ptr would type it
     bfloat16, which TVM's BF16 legalization rewrites inconsistently: float32 vs uint16)."""
     return tirx.tvm_access_ptr(tirx.type_annotation("uint16"), buf.data, buf.elem_offset, extent, 1)
 
 
-def _vdpbf16ps_emit(bufs):
+def _vdpbf16ps_emit(bufs: dict[str, tirx.Buffer]) -> None:
     a, b, d = bufs["a"], bufs["b"], bufs["d"]
     # the float32 accumulator by address_of: TVM's StorageRewrite may fold its tile into a dead
     # buffer of another dtype (a bf16 pack), after which a typed access_ptr fails to lower
@@ -90,7 +94,7 @@ def _vdpbf16ps_emit(bufs):
 VPDPBUSD = Intrinsic(
     "x86.vpdpbusd",
     arch="x86_64",
-    requires=[("avx512vnni",)],
+    requires=(("avx512vnni",),),
     semantics=dot_semantics(16, 4, "uint8", "int8", "int32"),
     emit=_vpdpbusd_emit(16, "llvm.x86.avx512.vpdpbusd.512"),
     doc="AVX512-VNNI vpdpbusd zmm: 16 lanes, each the sum of 4 u8*s8 products added to s32. "
@@ -100,7 +104,7 @@ VPDPBUSD = Intrinsic(
 VPDPBUSD_256 = Intrinsic(
     "x86.vpdpbusd.256",
     arch="x86_64",
-    requires=[("avxvnni",), ("avx512vnni", "avx512vl")],
+    requires=(("avxvnni",), ("avx512vnni", "avx512vl")),
     semantics=dot_semantics(8, 4, "uint8", "int8", "int32"),
     emit=_vpdpbusd_emit(8, "llvm.x86.avx512.vpdpbusd.256"),
     doc="AVX-VNNI (VEX) or AVX512VL-VNNI (EVEX) vpdpbusd ymm: 8 lanes x 4 u8*s8 -> s32. LLVM picks "
@@ -110,7 +114,7 @@ VPDPBUSD_256 = Intrinsic(
 VDPBF16PS = Intrinsic(
     "x86.vdpbf16ps",
     arch="x86_64",
-    requires=[("avx512bf16",)],
+    requires=(("avx512bf16",),),
     semantics=dot_semantics(16, 2, "bfloat16", "bfloat16", "float32"),
     emit=_vdpbf16ps_emit,
     doc="AVX512-BF16 vdpbf16ps zmm: 16 lanes, each adds 2 bf16*bf16 products to an f32. Products "
@@ -118,12 +122,14 @@ VDPBF16PS = Intrinsic(
 )
 
 
-def lanewise_semantics(lanes, width, a_dtype, b_dtype, acc_dtype):
+def lanewise_semantics(
+    lanes: int, width: int, a_dtype: str, b_dtype: str, acc_dtype: str
+) -> Callable[[], te.Tensor]:
     """d[c] = sum_t acc(a[t, c]) * acc(b[c, t]): every lane sums `width` products of its own
     activations (a: width rows of `lanes` channels, e.g. 4 neighbouring pixels of a channel-blocked
     feature map) and its own weights (b: `width` per lane, contiguous)."""
 
-    def semantics():
+    def semantics() -> te.Tensor:
         a, b = placeholders(a=((width, lanes), a_dtype), b=((lanes, width), b_dtype))
         t = te.reduce_axis((0, width), name="t")
         return te.compute(
@@ -135,7 +141,7 @@ def lanewise_semantics(lanes, width, a_dtype, b_dtype, acc_dtype):
     return semantics
 
 
-def _vpermb_vpdpbusd_emit(bufs):
+def _vpermb_vpdpbusd_emit(bufs: dict[str, tirx.Buffer]) -> None:
     a, b, d = bufs["a"], bufs["b"], bufs["d"]
     rows = a.vload([0, 0], "uint8x64")  # byte 16 t + c
     # a constant byte shuffle to byte 4 c + t, the word layout vpdpbusd sums; with AVX512-VBMI
@@ -153,7 +159,7 @@ def _vpermb_vpdpbusd_emit(bufs):
 VPERMB_VPDPBUSD = Intrinsic(
     "x86.vpermb.vpdpbusd",
     arch="x86_64",
-    requires=[("avx512vnni", "avx512vbmi")],
+    requires=(("avx512vnni", "avx512vbmi"),),
     semantics=lanewise_semantics(16, 4, "uint8", "int8", "int32"),
     emit=_vpermb_vpdpbusd_emit,
     doc="AVX512-VBMI vpermb + AVX512-VNNI vpdpbusd zmm, lanewise: 64 u8 activations (4 rows of 16 "

@@ -16,6 +16,7 @@ kernels run in a process that chose none (a loaded library, an RPC server).
 import collections
 import ctypes
 import functools
+from collections.abc import Callable
 
 import tvm
 from tvm import te, tirx
@@ -35,7 +36,7 @@ _XFEATURE_XTILEDATA = 18
 _SYS_ARCH_PRCTL = 158
 
 
-def _chain_ir(kind, steps, fname, cols=1):
+def _chain_ir(kind: _Kind, steps: int, fname: str, cols: int = 1) -> str:
     """LLVM IR of `steps` instructions (kind.op) into each of `cols` accumulator tiles side by
     side (C is 16 x 16*cols, B 16*cols columns wide). The C tiles are loaded once; per step the A
     tile (the next 64 bytes of each row) is loaded once and shared by the `cols` B tiles (the next
@@ -76,7 +77,7 @@ def _chain_ir(kind, steps, fname, cols=1):
 
 
 @functools.lru_cache(maxsize=None)
-def request_tile_permission():
+def request_tile_permission() -> bool:
     """Ask Linux for the AMX tile-data state for this process; True when granted."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -85,8 +86,8 @@ def request_tile_permission():
         return False
 
 
-def _semantics(kind, steps, cols):
-    def semantics():
+def _semantics(kind: _Kind, steps: int, cols: int) -> Callable[[], te.Tensor]:
+    def semantics() -> te.Tensor:
         w = kind.word
         k_total, n_total = ROW_BYTES // 4 * w * steps, N * cols
         a, b = placeholders(a=((M, k_total), kind.a_dtype),
@@ -102,25 +103,25 @@ def _semantics(kind, steps, cols):
     return semantics
 
 
-def _ptr(buf, dtype, row_elems, mask):
+def _ptr(buf: tirx.Buffer, dtype: str, row_elems: int, mask: int) -> tirx.Expr:
     extent = buf.strides[0] * (buf.shape[0] - 1) + row_elems
     return tirx.tvm_access_ptr(tirx.type_annotation(dtype), buf.data, buf.elem_offset, extent, mask)
 
 
-def _form_name(kind, steps, cols):
+def _form_name(kind: _Kind, steps: int, cols: int) -> str:
     """x86.tdpbusd, x86.tdpbusd.x4, x86.tdpbf16ps.x4.n2, ..."""
     return (f"x86.{kind.op}" + (f".x{steps}" if steps > 1 else "")
             + (f".n{cols}" if cols > 1 else ""))
 
 
-def _emit(kind, steps, cols):
+def _emit(kind: _Kind, steps: int, cols: int) -> Callable[[dict[str, tirx.Buffer]], None]:
     fname = "unit_tvm_" + _form_name(kind, steps, cols)[len("x86."):].replace(".", "_")
     ir = _chain_ir(kind, steps, fname, cols)
     a_t, b_t = kind.storage
     elem = {"uint8": 1, "int8": 1, "uint16": 2}
     k_total = ROW_BYTES // elem[a_t] * steps
 
-    def emit(bufs):
+    def emit(bufs: dict[str, tirx.Buffer]) -> None:
         a, b, d = bufs["a"], bufs["b"], bufs["d"]
         with T.attr(tirx.const(0, "int32"), "pragma_import_llvm", tvm.ir.expr.StringImm(ir)):
             T.evaluate(tirx.call_extern(
@@ -133,7 +134,7 @@ def _emit(kind, steps, cols):
     return emit
 
 
-def _form(kind, steps, cols=1):
+def _form(kind: _Kind, steps: int, cols: int = 1) -> Intrinsic:
     name = _form_name(kind, steps, cols)
     k = ROW_BYTES // 4 * kind.word * steps
     chain = "" if steps == 1 else (
@@ -145,7 +146,7 @@ def _form(kind, steps, cols=1):
     return Intrinsic(
         name,
         arch="x86_64",
-        requires=[(kind.feature, "amx-tile")],
+        requires=((kind.feature, "amx-tile"),),
         semantics=_semantics(kind, steps, cols),
         emit=_emit(kind, steps, cols),
         strided=("a", "b", "d"),

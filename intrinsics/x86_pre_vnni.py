@@ -16,6 +16,7 @@ Where VNNI runs (vpdpbusd; vpermb + vpdpbusd for the lanewise form) these forms 
 selection leaves them out, a caller may still name them.
 """
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from tvm import tirx
@@ -33,7 +34,7 @@ class _Width(NamedTuple):
     isa: str
     register: str
     lanes: int
-    requires: tuple
+    requires: tuple[str, ...]
     pmaddwd: str
     pmaddubsw: str
 
@@ -46,14 +47,14 @@ WIDTHS = (
 )
 
 
-def _madd_words(d, w: _Width, x, y):
+def _madd_words(d: tirx.Buffer, w: _Width, x: tirx.Expr, y: tirx.Expr) -> None:
     """d += vpmaddwd(x, y): each int32 lane adds the two int16 products of its word."""
     prods = tirx.call_llvm_pure_intrin(f"int32x{w.lanes}", w.pmaddwd, x, y)
     T.buffer_store(d, d.vload([0], f"int32x{w.lanes}") + prods, [tirx.Ramp(0, 1, w.lanes)])
 
 
-def _pair_emit(w: _Width):
-    def emit(bufs):
+def _pair_emit(w: _Width) -> Callable[[dict[str, tirx.Buffer]], None]:
+    def emit(bufs: dict[str, tirx.Buffer]) -> None:
         a, b, d = bufs["a"], bufs["b"], bufs["d"]
         a_vec = broadcast_word(a, w.lanes, 4, f"uint8x{w.lanes * 4}")
         pairs = tirx.call_llvm_pure_intrin(f"int16x{w.lanes * 2}", w.pmaddubsw, a_vec,
@@ -63,8 +64,8 @@ def _pair_emit(w: _Width):
     return emit
 
 
-def _int16_emit(w: _Width):
-    def emit(bufs):
+def _int16_emit(w: _Width) -> Callable[[dict[str, tirx.Buffer]], None]:
+    def emit(bufs: dict[str, tirx.Buffer]) -> None:
         a, b, d = bufs["a"], bufs["b"], bufs["d"]
         # a's two bytes as two int16 (one 32-bit word), broadcast to every lane
         a_word = tirx.reinterpret("int32", tirx.Cast("int16x2", a.vload([0], "uint8x2")))
@@ -75,8 +76,8 @@ def _int16_emit(w: _Width):
     return emit
 
 
-def _lanewise_int16_emit(w: _Width):
-    def emit(bufs):
+def _lanewise_int16_emit(w: _Width) -> Callable[[dict[str, tirx.Buffer]], None]:
+    def emit(bufs: dict[str, tirx.Buffer]) -> None:
         a, b, d = bufs["a"], bufs["b"], bufs["d"]
         rows = tirx.Cast(f"int16x{w.lanes * 2}", a.vload([0, 0], f"uint8x{w.lanes * 2}"))
         # element lanes * t + c -> 2 c + t: each word one channel's two taps
@@ -91,7 +92,7 @@ def _lanewise_int16_emit(w: _Width):
 def pair_form(w: _Width) -> Intrinsic:
     """x86.vpmaddubsw[.256]: the pair form, exact under its precondition only."""
     return Intrinsic(
-        f"x86.vpmaddubsw{w.suffix}", arch="x86_64", requires=[w.requires],
+        f"x86.vpmaddubsw{w.suffix}", arch="x86_64", requires=(w.requires,),
         semantics=dot_semantics(w.lanes, 4, "uint8", "int8", "int32"), emit=_pair_emit(w),
         operand_ranges={"a": (0, 127)}, weight_bound=PairSumBound(128), superseded_by=_VNNI,
         doc=f"{w.isa} pair form: vpmaddubsw {w.register} (u8*s8 pairs summed to s16, "
@@ -104,7 +105,7 @@ def pair_form(w: _Width) -> Intrinsic:
 def int16_form(w: _Width) -> Intrinsic:
     """x86.vpmaddwd[.256]: the exact int16 form."""
     return Intrinsic(
-        f"x86.vpmaddwd{w.suffix}", arch="x86_64", requires=[w.requires],
+        f"x86.vpmaddwd{w.suffix}", arch="x86_64", requires=(w.requires,),
         semantics=dot_semantics(w.lanes, 2, "uint8", "int8", "int32"), emit=_int16_emit(w),
         superseded_by=_VNNI,
         doc=f"{w.isa} int8 without VNNI, exact: a's 2 u8 zero-extended and b's s8 sign-extended "
@@ -115,7 +116,7 @@ def int16_form(w: _Width) -> Intrinsic:
 def lanewise_int16_form(w: _Width) -> Intrinsic:
     """x86.vpunpck.vpmaddwd[.256]: the int16 form for depthwise windows."""
     return Intrinsic(
-        f"x86.vpunpck.vpmaddwd{w.suffix}", arch="x86_64", requires=[w.requires],
+        f"x86.vpunpck.vpmaddwd{w.suffix}", arch="x86_64", requires=(w.requires,),
         semantics=lanewise_semantics(w.lanes, 2, "uint8", "int8", "int32"),
         emit=_lanewise_int16_emit(w), superseded_by=_VNNI_LANEWISE,
         doc=f"{w.isa} lanewise int8 without VNNI, exact: 2 rows of {w.lanes} u8 channels (2 "

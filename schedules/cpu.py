@@ -11,8 +11,12 @@ loop, the factor kept below the second breakpoint; `CpuConfig.parallel` how many
 fused into the parallel loop.
 """
 
+from __future__ import annotations
+
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tvm import s_tir, te
@@ -23,6 +27,13 @@ from ..target import vector_registers
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)
 from .padding_taps import skip_padding
+
+if TYPE_CHECKING:
+    import tvm
+    from tvm.s_tir.schedule import LoopRV, SBlockRV
+
+    from unit_tvm.intrinsics import Intrinsic
+    from unit_tvm.prepare import Prepared
 
 # x86-64 AVX-512 (and aarch64) has 32 vector registers, AVX2 16 (`target.vector_registers`);
 # the instruction needs one for the shared operand and one or two for broadcasts, so at most
@@ -53,7 +64,7 @@ TILE_WIDTHS = range(4, MAX_UNROLL + 1)  # output columns a register tile holds
 ROW_TILE = VECTOR_REGISTERS - OPERAND_REGISTERS
 
 
-def tiled_extent(extent):
+def tiled_extent(extent: int) -> int:
     """The number of output columns to compute so that a register tile fits: `extent` when a
     width in TILE_WIDTHS divides it or one tile holds the whole row (<= ROW_TILE: 17, 23), else
     the next multiple of the width that pads least (71 -> 72, 73 -> 75). A prime count would
@@ -81,29 +92,29 @@ class CpuConfig:
     reduce_split: tuple = ()
     front: int = -1  # outer loop position moved to the front (-1: keep the op's order)
 
-    def accumulators(self):
+    def accumulators(self) -> int:
         n = 1
         for _, f in self.unroll:
             n *= f
         return n
 
-    def key(self):
+    def key(self) -> dict[str, Any]:
         return {"unroll": [list(u) for u in self.unroll], "parallel": self.parallel,
                 "reduce_split": list(self.reduce_split), "front": self.front}
 
     @staticmethod
-    def from_key(d):
+    def from_key(d: dict[str, Any]) -> CpuConfig:
         return CpuConfig(unroll=tuple(tuple(u) for u in d.get("unroll", ())),
                          parallel=int(d.get("parallel", 1)),
                          reduce_split=tuple(d.get("reduce_split", ())),
                          front=int(d.get("front", -1)))
 
 
-def _divisors(n, limit):
+def _divisors(n: int, limit: int) -> list[int]:
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
 
 
-def _factors(n):
+def _factors(n: int) -> list[int]:
     """Register-tile factors of a loop of extent n: its divisors up to MAX_UNROLL, and the whole
     loop when one tile can hold it (a row of 14 or 17 columns)."""
     return _divisors(n, MAX_UNROLL) + ([n] if MAX_UNROLL < n <= ROW_TILE else [])
@@ -120,8 +131,9 @@ def _row_tile(outer_extents, row, accumulators):
     return None
 
 
-def default_config(outer_extents, threads, acc_budget=ACCUMULATORS, row=None, front=-1,
-                   wide_budget=WIDE_TILE):
+def default_config(outer_extents: Sequence[int], threads: int, acc_budget: int = ACCUMULATORS,
+                   row: int | None = None, front: int = -1,
+                   wide_budget: int | None = WIDE_TILE) -> CpuConfig:
     """The default breakpoint pair for outer data-parallel loop extents (outermost first).
 
     Second breakpoint: unroll the two innermost outer loops of extent > 1 (rows and columns)
@@ -174,7 +186,8 @@ def _register_tile(outer_extents, positions, acc_budget):
     return unroll
 
 
-def config_space(outer_extents, threads, acc_budget=VECTOR_REGISTERS - OPERAND_REGISTERS):
+def config_space(outer_extents: Sequence[int], threads: int,
+                 acc_budget: int = VECTOR_REGISTERS - OPERAND_REGISTERS) -> list[CpuConfig]:
     """Every sensible breakpoint pair: unroll choices (`_factors`) on up to two loops x parallel
     depth x which loop goes first."""
     n = len(outer_extents)
@@ -190,7 +203,7 @@ def config_space(outer_extents, threads, acc_budget=VECTOR_REGISTERS - OPERAND_R
                     unroll = tuple(u for u in ((p1, f1), (p2, f2)) if u[0] is not None and u[1] > 1)
                     rem = list(outer_extents)
                     for p, f in unroll:
-                        rem[p] //= f
+                        rem[p] //= f  # type: ignore[index]
                     for front in [-1] + [p for p in range(1, n) if rem[p] > 1]:
                         order = _order(n, front)
                         fused = 1
@@ -203,12 +216,14 @@ def config_space(outer_extents, threads, acc_budget=VECTOR_REGISTERS - OPERAND_R
     return sorted(out, key=lambda c: (c.parallel, c.unroll, c.front))
 
 
-def _order(n, front):
+def _order(n: int, front: int) -> list[int]:
     """Outer loop positions, with `front` (if >= 0) moved first."""
     return list(range(n)) if front < 0 else [front] + [p for p in range(n) if p != front]
 
 
-def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_back=None):
+def apply(sch: s_tir.Schedule, block: SBlockRV, outer_spatial: list[LoopRV],
+          reduce_loops: list[LoopRV], intrin_loops: list[LoopRV], config: CpuConfig,
+          write_back: SBlockRV | None = None) -> LoopRV | None:
     """Organise loops around the instruction loops per `config`.
 
     outer_spatial: loop RVs of the data-parallel loops left after splitting off the instruction
@@ -251,7 +266,8 @@ def apply(sch, block, outer_spatial, reduce_loops, intrin_loops, config, write_b
     return outer[-1] if outer else None
 
 
-def schedule(prepared, intrin, config=None, target=None):
+def schedule(prepared: Prepared, intrin: Intrinsic, config: CpuConfig | None = None,
+             target: tvm.target.Target | None = None) -> s_tir.Schedule:
     """s_tir.Schedule of a Prepared graph on a CPU: producer stages inlined or run once in
     parallel, the core's mapped loops split by the instruction's extents, the breakpoints of
     `config` (default: `default`) around them, the instruction tensorized, then the taps that
@@ -290,7 +306,7 @@ def schedule(prepared, intrin, config=None, target=None):
     return skip_padding(sch, prepared.zero_padding)
 
 
-def _check(config, extents):
+def _check(config: CpuConfig, extents: Sequence[int]) -> None:
     """ValueError unless each unroll factor of `config` divides its outer loop (a tile that does
     not would fail inside TVM's tensorize); the tuner's space only holds such configs, a user's
     or an old database record's may not."""
@@ -300,19 +316,19 @@ def _check(config, extents):
                              f"loops {'x'.join(map(str, extents))} (factors must divide them)")
 
 
-def prepare_options(target):
+def prepare_options(target: tvm.target.Target) -> dict[str, Any]:
     """How operands are prepared for this strategy: a register tile's columns padded to a width
     it can hold (17 -> 18); operands packed whole (not one loop per dimension)."""
     return {"separable": False, "tile_columns": tiled_extent}
 
 
 # -- the tuning interface every strategy offers (the tuner calls only these) --------------------
-def outer_extents(prepared):
+def outer_extents(prepared: Prepared) -> list[int]:
     """Extents of the core's data-parallel loops left outside the instruction (strategy input)."""
     return [ext for ext, _ in _outer_loops(prepared)]
 
 
-def _outer_loops(prepared):
+def _outer_loops(prepared: Prepared) -> list[tuple[int, bool]]:
     """(extent, mapped to the instruction) of each of the core's outer data-parallel loops."""
     core = prepared.core.op
     mapped = {m.op_index: m for m in prepared.mapping.loops}
@@ -336,7 +352,7 @@ def _row_loop(prepared):
     return free[-1] if free else None
 
 
-def describe(config, prepared):
+def describe(config: CpuConfig, prepared: Prepared) -> str:
     """e.g. 'loops 1x4x14x14: tile L2/2 x L3/7 (14 acc), parallel L1.L2.L3': the outer
     data-parallel loops (outer_extents, numbered from the outermost), the register tile's loops
     and factors, then the loops `apply` fuses into the parallel one (extent-1 ones left out)."""
@@ -350,17 +366,17 @@ def describe(config, prepared):
             f"parallel {fused}{front}")
 
 
-def _threads(target):
+def _threads(target: tvm.target.Target) -> int:
     return int(target.attrs.get("num-cores", 1))
 
 
-def _register_bound(target):
+def _register_bound(target: tvm.target.Target) -> int:
     """The most accumulators a register tile may hold on `target`: its vector registers less
     the operands'."""
     return vector_registers(target) - OPERAND_REGISTERS
 
 
-def default(prepared, target):
+def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
     """The default breakpoint pair for a Prepared op on `target`."""
     # a tile instruction's accumulators are tiles in memory, not vector registers: the
     # register-tile measurement above does not apply, the register file bounds it as before
@@ -374,7 +390,7 @@ def default(prepared, target):
                           wide_budget=WIDE_TILE if wide and not tile else None)
 
 
-def _panels_first(prepared):
+def _panels_first(prepared: Prepared) -> int:
     """The `front` of a default config: a dense layer's blocks of columns (its outer loops are
     just its rows, then those blocks), so that each weight panel is read once while every row
     passes it instead of once per block of rows; -1 (the op's order) for anything else: a
@@ -386,7 +402,7 @@ def _panels_first(prepared):
     return 1 if len(extents) == 2 and _row_loop(prepared) == 0 and extents[0] > 1 else -1
 
 
-def space(prepared, target):
+def space(prepared: Prepared, target: tvm.target.Target) -> list[CpuConfig]:
     """Every config the tuner may try for a Prepared op, the default first."""
     first = default(prepared, target)
     return [first] + [c for c in config_space(outer_extents(prepared), _threads(target),
@@ -394,12 +410,12 @@ def space(prepared, target):
                       if c != first]
 
 
-def seeds(prepared, target):
+def seeds(prepared: Prepared, target: tvm.target.Target) -> list[CpuConfig]:
     """Configs to measure right after the default: none (the CPU space is sampled at random)."""
     return []
 
 
-def from_key(d):
+def from_key(d: dict[str, Any]) -> CpuConfig:
     """The config a database record's key describes."""
     return CpuConfig.from_key(d)
 
@@ -407,7 +423,7 @@ def from_key(d):
 MAX_LOOPS = 8  # unroll factors of at most this many outer loops are features
 
 
-def features(config, prepared, target):
+def features(config: CpuConfig, prepared: Prepared, target: tvm.target.Target) -> np.ndarray:
     """Numeric features of a CpuConfig for a Prepared op (input of the tuner's cost model)."""
     extents, threads = outer_extents(prepared), _threads(target)
     unroll = dict(config.unroll)

@@ -29,8 +29,11 @@ Special values, as torch: a row whose scores are all -inf (every key masked) giv
 torch's safe softmax) or NaN (a plain softmax); a NaN or an infinite score makes its row NaN.
 """
 
+from __future__ import annotations
+
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from tvm import s_tir, te, tirx
 
@@ -38,6 +41,12 @@ from .. import fastmath
 from ..indexing import ravel
 from .cpu_attention_int8 import Softmaxed, int8_stages
 from .cpu_stages import vectorize_partials
+
+if TYPE_CHECKING:
+    import tvm
+    from tvm.s_tir.schedule import LoopRV, SBlockRV
+
+    from unit_tvm.intrinsics import Intrinsic
 
 # Accumulators of the two products' register tiles: 4 rows x 4 blocks of 16 lanes (measured
 # on Zen 5 at Whisper's size: 4 x 4, 5 x 3 and 5 x 4, and 4, 5 or 6 rows x 4 blocks for E x V,
@@ -87,11 +96,11 @@ class AttentionTiles(NamedTuple):
     out_blocks: int  # blocks of `lanes` output columns per O register tile
 
 
-def _ceil_to(n, m):
+def _ceil_to(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
-def _task_rows_bound(keys_padded):
+def _task_rows_bound(keys_padded: int) -> int:
     return min(MAX_TASK_ROWS, MAX_TASK_BYTES // (4 * keys_padded))
 
 
@@ -135,7 +144,8 @@ class Operands(NamedTuple):
     v: Callable
     mask: Callable | None = None
 
-    def masked(self, score, shape: "AttentionShape", h, i, j):
+    def masked(self, score: tvm.ir.Expr, shape: "AttentionShape", h: tvm.ir.Expr, i: tvm.ir.Expr,
+               j: tvm.ir.Expr) -> tvm.ir.Expr:
         """The scaled `score` of row i and key j of head h as the mask leaves it (a padded row
         or key reads the last one: both products' operands do the same), or `score`."""
         if self.mask is None:
@@ -144,8 +154,9 @@ class Operands(NamedTuple):
 
 
 def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, scale: float,
-                 safe: bool, lanes: int, width: int, dtype: str, out_axes=None,
-                 result_dims=None):
+                 safe: bool, lanes: int, width: int, dtype: str,
+                 out_axes: Sequence[int] | None = None,
+                 result_dims: Sequence[int] | None = None) -> te.Tensor:
     """The stages of the module note as te.computes over the operands `read` gives (of `shape`,
     the batch flattened), the products' operands of `dtype`: "bfloat16", or "uint8" for the
     int8 stages (cpu_attention_int8.py; there `safe` matters only where a mask makes every
@@ -171,7 +182,8 @@ def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, s
     return _laid_out(out, shape, tiles, out_axes, result_dims)
 
 
-def _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype) -> Softmaxed:
+def _bf16_stages(read: Operands, shape: AttentionShape, tiles: AttentionTiles, scale: float,
+                 safe: bool, lanes: int, width: int, dtype: str) -> Softmaxed:
     """The bf16 stages of the module note up to E rounded to bf16."""
     b, n, np_ = shape.batch, shape.keys, tiles.keys_padded
     f32, zero = "float32", tirx.const(0.0, "float32")
@@ -230,7 +242,9 @@ def _bf16_stages(read, shape, tiles, scale, safe, lanes, width, dtype) -> Softma
     return Softmaxed(probs, vp, f32, normalised)
 
 
-def _laid_out(out, shape, tiles, out_axes, result_dims=None):
+def _laid_out(out: te.Tensor, shape: AttentionShape, tiles: AttentionTiles,
+              out_axes: Sequence[int] | None,
+              result_dims: Sequence[int] | None = None) -> te.Tensor:
     """The normalised result `out` without its padded rows, of `result_dims` ([batch, rows,
     v_depth] or with the batch axes unflattened) with its axes in `out_axes` order."""
     logical = tuple(result_dims or (shape.batch, shape.rows, shape.v_depth))
@@ -247,14 +261,15 @@ def _laid_out(out, shape, tiles, out_axes, result_dims=None):
     return te.compute([logical[a] for a in axes], unpermuted, name=OUT_STAGE)
 
 
-def _partial_sums(sch, block, lanes):
+def _partial_sums(sch: s_tir.Schedule, block: SBlockRV, lanes: int) -> SBlockRV:
     """A reduction (over a row, or a head's values) as `lanes` vectors of partial results
     (rfactor, the lanes after the result's own axes): returns that block."""
     _, lane = sch.split(sch.get_loops(block)[-1], [None, lanes])
     return sch.rfactor(lane, factor_axis=len(sch.get(block).writes[0].region))
 
 
-def _register_tiled(sch, block, tile_rows, tile_cols, lanes, width, cols_first):
+def _register_tiled(sch: s_tir.Schedule, block: SBlockRV, tile_rows: int, tile_cols: int,
+                    lanes: int, width: int, cols_first: bool) -> LoopRV:
     """The product `block` ([rows, cols, reduction] innermost loops) as register tiles of
     tile_rows x tile_cols blocks of `lanes` columns around the instruction's (lanes, width)
     loops; the tile written back once per tile. Returns the instruction's outer loop."""
@@ -281,13 +296,13 @@ def _register_tiled(sch, block, tile_rows, tile_cols, lanes, width, cols_first):
     return c_lane
 
 
-def _parallel_pack(sch, name):
+def _parallel_pack(sch: s_tir.Schedule, name: str) -> None:
     # its innermost loops as vectors (a block's lanes x width) measured slower: gathers
     loops = sch.get_loops(sch.get_sblock(name))
     sch.parallel(sch.fuse(loops[0], loops[1]))
 
 
-def _int8_preludes(sch, lanes, width):
+def _int8_preludes(sch: s_tir.Schedule, lanes: int, width: int) -> None:
     """The int8 stages' passes over whole heads (cpu_attention_int8.py): each operand's |max|
     as vectors of partial results, heads in parallel, and K's sums per key."""
     for name in ("q_amax", "k_amax", "v_amax"):
@@ -307,7 +322,7 @@ def _int8_preludes(sch, lanes, width):
     sch.decompose_reduction(sums, steps)
 
 
-def _softmax_by_rows(sch, partial, lanes):
+def _softmax_by_rows(sch: s_tir.Schedule, partial: dict[str, SBlockRV], lanes: int) -> None:
     """The softmax row by row inside the task: its reductions and exps while the row is in
     L1, vectorised."""
     probs, exps = sch.get_sblock("probs"), sch.get_sblock("exps")
@@ -323,7 +338,8 @@ def _softmax_by_rows(sch, partial, lanes):
         sch.vectorize(sch.split(sch.get_loops(block)[-1], [None, lanes])[1])
 
 
-def schedule(func, tiles: AttentionTiles, intrin, lanes: int) -> tirx.PrimFunc:
+def schedule(func: tirx.PrimFunc, tiles: AttentionTiles, intrin: Intrinsic,
+             lanes: int) -> tirx.PrimFunc:
     """The PrimFunc of attention_te's stages scheduled as the module note says, the products
     tensorized with `intrin` (an Intrinsic of `lanes` x its reduction width: bf16 pairs, or
     u8 x s8 words for the int8 stages)."""
@@ -368,7 +384,7 @@ def schedule(func, tiles: AttentionTiles, intrin, lanes: int) -> tirx.PrimFunc:
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
-def _has(sch, name):
+def _has(sch: s_tir.Schedule, name: str) -> bool:
     try:
         sch.get_sblock(name)
         return True

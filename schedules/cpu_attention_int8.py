@@ -20,13 +20,20 @@ scores in float32: keys it makes -inf get exps of 0, a row it leaves no finite s
 softmax) or NaN (a plain one) as torch, and a NaN in it drops its key (torch: a NaN row).
 """
 
+from __future__ import annotations
+
 import math
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 from tvm import te, tirx
 
 from .. import fastmath
 from ..shift import SHIFT
+
+if TYPE_CHECKING:
+    import tvm
+
+    from .cpu_attention import AttentionShape, AttentionTiles, Operands
 
 LEVELS = 127.0  # s8 codes on each side of 0
 P_LEVELS = 255.0  # u8 codes of an exp in [0, 1]
@@ -34,7 +41,8 @@ P_LEVELS = 255.0  # u8 codes of an exp in [0, 1]
 TINY = 1e-30
 
 
-def _abs_max(value, extent, name):
+def _abs_max(value: Callable[..., tvm.ir.Expr], extent: tuple[int, int, int],
+             name: str) -> te.Tensor:
     """Per head, |max| of value(h, i, c) over its finite values (0 if none) and a floor TINY."""
     batch, rows, cols = extent
     i = te.reduce_axis((0, rows), name=f"{name}_i")
@@ -51,18 +59,18 @@ def _abs_max(value, extent, name):
                       name=f"{name}_range")
 
 
-def _codes(x, inverse):
+def _codes(x: tvm.ir.Expr, inverse: tvm.ir.Expr) -> tvm.ir.Expr:
     """x * inverse as s8 codes re-based to u8 (+SHIFT; ties to even, clipped)."""
     return fastmath.rounded_to_uint8(x * inverse + tirx.const(float(SHIFT), "float32"))
 
 
-def _signed(x, inverse):
+def _signed(x: tvm.ir.Expr, inverse: tvm.ir.Expr) -> tvm.ir.Expr:
     """x * inverse as s8 (ties to even, clipped to [-128, 127]): the u8 codes re-based back,
     as qarith.quantized does (u8 - 128 is an xor of the sign bit)."""
     return (_codes(x, inverse) ^ tirx.const(SHIFT, "uint8")).astype("int8")
 
 
-def _per_head(batch, value, name):
+def _per_head(batch: int, value: Callable[[tvm.ir.Expr], tvm.ir.Expr], name: str) -> te.Tensor:
     """A [batch] stage of value(h): a head's scalar, computed once per call."""
     return te.compute((batch,), value, name=name)
 
@@ -79,8 +87,8 @@ class Softmaxed(NamedTuple):
     normalised: Callable
 
 
-def int8_stages(read, shape, tiles, scale: float, safe: bool, lanes: int,
-                width: int) -> Softmaxed:
+def int8_stages(read: Operands, shape: AttentionShape, tiles: AttentionTiles, scale: float,
+                safe: bool, lanes: int, width: int) -> Softmaxed:
     """The stages of the module note up to P over the operands `read` gives
     (cpu_attention.Operands, its mask applied to the scaled scores), blocked as `tiles`
     (cpu_attention.AttentionTiles) for an instruction of `lanes` x `width`; a row that the

@@ -3,11 +3,22 @@ compensation) inlined where nothing else reads them, or run once in parallel wit
 vectors copied whole; padding loops marked for TVM's LoopPartition; row reductions as vectors of
 partial results."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import tvm
 from tvm import s_tir, tirx
 
+if TYPE_CHECKING:
+    from tvm.s_tir.schedule import LoopRV, SBlockRV
 
-def vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
+    from unit_tvm.intrinsics import Intrinsic
+    from unit_tvm.prepare import Prepared
+
+
+def vectorize_lanes(sch: s_tir.Schedule, block: SBlockRV,
+                    widths: tuple[int, ...] = (8, 16, 32, 64)) -> None:
     """Vectorise a block's innermost loop (split into vectors of the widest of `widths` that
     divides it) when every buffer it touches along that loop is contiguous there (its last axis
     of more than one element only): an epilogue into a blocked layout (NCHW16c) reads the
@@ -51,7 +62,7 @@ def vectorize_lanes(sch, block, widths=(8, 16, 32, 64)):
     sch.vectorize(loops[-1])
 
 
-def parallel_stage(sch, block, min_extent=64):
+def parallel_stage(sch: s_tir.Schedule, block: SBlockRV, min_extent: int = 64) -> None:
     """Run a preparation stage (pack, shift, compensation) once, its leading data-parallel loops
     fused until there is enough parallel work (batch 1 and one channel block are extent 1)."""
     loops = sch.get_loops(block)
@@ -70,7 +81,7 @@ def parallel_stage(sch, block, min_extent=64):
         partition_padding(sch, block, sch.get_loops(block)[1:])
 
 
-def partition_padding(sch, block, inner_loops):
+def partition_padding(sch: s_tir.Schedule, block: SBlockRV, inner_loops: list[LoopRV]) -> None:
     """Mark the first inner loop of a padding stage (a pack or copy that writes the pad value
     outside the input: if_then_else(i >= pad and j < w + pad ..., x[...], pad)) for TVM's
     LoopPartition pass, which splits it into left pad, interior and right pad: the interior
@@ -83,7 +94,7 @@ def partition_padding(sch, block, inner_loops):
         sch.annotate(inner_loops[0], "pragma_loop_partition_hint", 1)
 
 
-def producer_stages(sch, prepared):
+def producer_stages(sch: s_tir.Schedule, prepared: Prepared) -> list[str]:
     """Blocks computed once per call before the core: packs, shifts, compensation, and any
     producer the op itself has (e.g. a fused input quantization)."""
     skip = {prepared.core.op.name, prepared.output.op.name}
@@ -92,7 +103,7 @@ def producer_stages(sch, prepared):
             if sch.get(b).name_hint not in skip]
 
 
-def inline_copy_stages(sch, prepared, intrin):
+def inline_copy_stages(sch: s_tir.Schedule, prepared: Prepared, intrin: Intrinsic) -> None:
     """Inline producer stages read by nothing but other producers (a pad or a +128 shift feeding
     a pack): one pass less, and no buffer dies before the core. That matters for instructions
     that take their operands by pointer (AMX, vdpbf16ps): TVM's storage rewrite would lay a
@@ -103,7 +114,7 @@ def inline_copy_stages(sch, prepared, intrin):
     changed = True
     while changed:
         changed = False
-        readers = {}
+        readers: dict[str, set[str]] = {}
         for b in sch.get_child_blocks(sch.get_sblock("root")):
             for r in sch.get(b).reads:
                 readers.setdefault(r.source.name, set()).add(sch.get(b).name_hint)
@@ -123,7 +134,7 @@ def inline_copy_stages(sch, prepared, intrin):
             break
 
 
-def vectorize_partials(sch, rf):
+def vectorize_partials(sch: s_tir.Schedule, rf: SBlockRV) -> None:
     """An rfactor block (a row reduction's vector of partial results) computed at its row:
     compute_at lays its loops out in its iteration order, [lanes (data parallel), steps
     (reduction)]; the lanes go innermost, vectorised, the init before the steps."""

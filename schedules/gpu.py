@@ -24,8 +24,11 @@ The Rewriter's prepared core has the instruction's m x n fragment loops innermos
   them into the output, dropping the padding).
 """
 
+from __future__ import annotations
+
 import dataclasses
 import math
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tvm
@@ -36,13 +39,17 @@ from .gpu_config import (  # noqa: F401 - also the strategy's public names
     GRID_SPLITS, MAX_THREADS, PAD_BYTES, SHARED_LIMIT, Fragment, GpuConfig, config_space, fit,
     fits_device, fragment_of, paired_tiles)
 
+if TYPE_CHECKING:
+    from unit_tvm.intrinsics import Intrinsic
+    from unit_tvm.prepare import Prepared
 
-def _fragment(prepared) -> Fragment:
+
+def _fragment(prepared: Prepared) -> Fragment:
     """The Fragment of the instruction mapped on a Prepared op's core (loops M, N, K)."""
     return Fragment(*(m.intrin_extent for m in prepared.mapping.loops))
 
 
-def tiles(prepared):
+def tiles(prepared: Prepared) -> tuple[int, int, int]:
     """(M, N, K) of a Prepared op's core in fragments."""
     core_op = prepared.core.op
     _, _, k_match = prepared.mapping.loops
@@ -53,12 +60,12 @@ def tiles(prepared):
     return m_tiles, n_tiles, k_ext // k_match.intrin_extent
 
 
-def _operand_bytes(prepared):
+def _operand_bytes(prepared: Prepared) -> tuple[int, int, int]:
     a, b = (tvm.DataType(str(t.dtype)).bits // 8 for t in prepared.core.op.input_tensors[:2])
     return a, b, tvm.DataType(str(prepared.core.dtype)).bits // 8
 
 
-def _other_blocks(prepared):
+def _other_blocks(prepared: Prepared) -> int:
     """Thread blocks from the data-parallel loops outside M and N."""
     core_op = prepared.core.op
     m_match, n_match, _ = prepared.mapping.loops
@@ -72,13 +79,13 @@ def _other_blocks(prepared):
 FILL_BLOCKS = 128
 
 
-def _blocks(config, m_tiles, n_tiles, other_blocks):
+def _blocks(config: GpuConfig, m_tiles: int, n_tiles: int, other_blocks: int) -> int:
     """Thread blocks of a fitted config."""
     return ((m_tiles // (config.p * config.warps_m)) * (n_tiles // (config.p * config.warps_n))
             * other_blocks * config.grid_split_k)
 
 
-def _block_slices(k_tiles):
+def _block_slices(k_tiles: int) -> int:
     """The default's split-K in the block: 4 slices of warps for 64 or more fragments of K, 2
     for 32 or more (on an H200 the fastest one-kernel configs of Table I had 4 at K = 72-144, 2
     at 38-64, 1 at 36)."""
@@ -86,7 +93,7 @@ def _block_slices(k_tiles):
 
 
 # -- the tuning interface every strategy offers (the tuner calls only these) --------------------
-def default(prepared, target=None):
+def default(prepared: Prepared, target: tvm.target.Target | None = None) -> GpuConfig:
     """The default config: the layer in one kernel (the block epilogue writes the output; fp16
     operands gathered by the shared-memory stages, int8 ones by a pass of their own, whose
     padded gather would copy 4 bytes per thread), 16-byte copies with the cp.async pipeline,
@@ -141,12 +148,12 @@ NEIGHBOURS = {
 }
 
 
-def seeds(prepared, target=None):
+def seeds(prepared: Prepared, target: tvm.target.Target | None = None) -> list[GpuConfig]:
     """The configs the tuner measures right after the default, before sampling the space at
     random: the default's NEIGHBOURS, fitted, distinct, within the device's limits."""
     first = default(prepared, target)
     fitted = (fit(change(first), *tiles(prepared)) for change in NEIGHBOURS.values())
-    out = []
+    out: list[GpuConfig] = []
     for c in fitted:
         if c != first and c not in out and fits_device(c, _fragment(prepared),
                                                         *_operand_bytes(prepared)):
@@ -154,7 +161,7 @@ def seeds(prepared, target=None):
     return out
 
 
-def space(prepared, target=None):
+def space(prepared: Prepared, target: tvm.target.Target | None = None) -> list[GpuConfig]:
     """Every config the tuner may try for a Prepared op (p, warps, k_step, split-K, spatial
     fusion, implicit preparation), the default first."""
     first = default(prepared, target)
@@ -162,12 +169,12 @@ def space(prepared, target=None):
     return [first] + [c for c in rest if c != first]
 
 
-def from_key(d):
+def from_key(d: dict[str, Any]) -> GpuConfig:
     """The config a database record's key describes."""
     return GpuConfig.from_key(d)
 
 
-def describe(config, prepared=None):
+def describe(config: GpuConfig, prepared: Prepared | None = None) -> str:
     """e.g. 'p2, warps 2x2, k_step 2, split_k 1, fused HW, implicit' (for `unit-tvm profile`)."""
     return (f"p{config.p}, warps {config.warps_m}x{config.warps_n}, k_step {config.k_step}, "
             f"split_k {config.split_k}" + (", fused HW" if config.fuse_spatial else "")
@@ -179,7 +186,8 @@ def describe(config, prepared=None):
                else ""))
 
 
-def features(config, prepared, target=None):
+def features(config: GpuConfig, prepared: Prepared,
+             target: tvm.target.Target | None = None) -> np.ndarray:
     """Numeric features of a GpuConfig for a Prepared op (input of the tuner's cost model)."""
     m_tiles, n_tiles, k_tiles = tiles(prepared)
     c = fit(config, m_tiles, n_tiles, k_tiles)
@@ -194,7 +202,8 @@ def features(config, prepared, target=None):
                      c.p * c.p / (2 * c.p)], np.float32)
 
 
-def schedule(prepared, intrin, config=None, target=None):
+def schedule(prepared: Prepared, intrin: Intrinsic, config: GpuConfig | None = None,
+             target: tvm.target.Target | None = None) -> s_tir.Schedule:
     """s_tir.Schedule of a Prepared graph on a CUDA GPU: `apply` with `config` (None: `default`,
     as the model path uses untuned)."""
     sch = s_tir.Schedule(te.create_prim_func(prepared.tensors))
@@ -202,14 +211,15 @@ def schedule(prepared, intrin, config=None, target=None):
     return sch
 
 
-def prepare_options(target):
+def prepare_options(target: tvm.target.Target) -> dict[str, Any]:
     """How operands are prepared for this strategy: staged one loop per dimension (fragment
     loads), columns not padded for a register tile, M padded to an even count of fragments
     (`paired_tiles`)."""
     return {"separable": True, "tile_columns": None, "tile_rows": paired_tiles}
 
 
-def _within_shared_memory(config, frag, sizes):
+def _within_shared_memory(config: GpuConfig, frag: Fragment,
+                          sizes: tuple[int, int, int]) -> tuple[GpuConfig, bool]:
     """(config, pad rows?): the block epilogue's tile, the pipeline's second stages, then the
     rows' padding, only where they fit (a config given directly need not be in the space, which
     holds those whose unpadded size fits)."""
@@ -221,7 +231,8 @@ def _within_shared_memory(config, frag, sizes):
     return config, config.vector_copy and padded <= SHARED_LIMIT
 
 
-def apply(sch, prepared, intrin, config):
+def apply(sch: s_tir.Schedule, prepared: Prepared, intrin: Intrinsic,
+          config: GpuConfig) -> GpuConfig:
     """Schedule a Prepared graph for a CUDA target; returns the (fitted) config used."""
     mapping = prepared.mapping
     core_op = prepared.core.op

@@ -2,10 +2,16 @@
 around it (schedules/gpu.py says what each does to the kernel), how a config is fitted to a
 workload's tiles, and which configs fit a block's thread and shared-memory limits."""
 
+from __future__ import annotations
+
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from unit_tvm.intrinsics import Intrinsic
 
 MAX_THREADS = 1024
 SHARED_LIMIT = 48 * 1024
@@ -22,7 +28,7 @@ class Fragment(NamedTuple):
     k: int
 
 
-def fragment_of(intrin) -> Fragment:
+def fragment_of(intrin: Intrinsic) -> Fragment:
     """The Fragment an instruction computes, read off its semantics."""
     m, n = (int(s) for s in intrin.output.shape)
     return Fragment(m, n, intrin.reduction_width)
@@ -56,7 +62,7 @@ class GpuConfig:
     block_epilogue: bool = False
     grid_split_k: int = 1
 
-    def key(self):
+    def key(self) -> dict[str, int | bool]:
         return {"p": self.p, "warps_m": self.warps_m, "warps_n": self.warps_n,
                 "k_step": self.k_step, "fuse_spatial": self.fuse_spatial,
                 "split_k": self.split_k, "implicit": self.implicit,
@@ -64,17 +70,18 @@ class GpuConfig:
                 "block_epilogue": self.block_epilogue, "grid_split_k": self.grid_split_k}
 
     @staticmethod
-    def from_key(d):
+    def from_key(d: dict[str, Any]) -> GpuConfig:
         """The config a database record's key describes (records from before `implicit`,
         `vector_copy`, `pipeline`, `block_epilogue` or `grid_split_k` existed describe what the
         schedule did then)."""
         return GpuConfig(**{"implicit": False, "vector_copy": False, "pipeline": False,
                             "block_epilogue": False, **d})
 
-    def threads(self):
+    def threads(self) -> int:
         return 32 * self.warps_m * self.warps_n * self.split_k
 
-    def shared_bytes(self, fragment, a_bytes, b_bytes, acc_bytes=4, padded=False):
+    def shared_bytes(self, fragment: Fragment, a_bytes: int, b_bytes: int, acc_bytes: int = 4,
+                     padded: bool = False) -> int:
         """Shared memory of one block: the A and B stages of every slice, and with split-K the
         slices' partial accumulators, and with the block epilogue the block's output tile
         (fragment: the instruction's Fragment); `padded`: at most what the stages take with
@@ -103,11 +110,12 @@ def paired_tiles(tiles: int) -> int:
     return tiles + 1 if tiles > 1 and tiles % 2 else tiles
 
 
-def _largest_divisor(n, limit, allowed=lambda d: True):
+def _largest_divisor(n: int, limit: int,
+                     allowed: Callable[[int], bool] = lambda d: True) -> int:
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0 and allowed(d))
 
 
-def fit(config, m_tiles, n_tiles, k_tiles):
+def fit(config: GpuConfig, m_tiles: int, n_tiles: int, k_tiles: int) -> GpuConfig:
     """The config clipped to the workload: every factor divides its loop (no predicates); the
     slices across blocks are taken from K first, the block's own slices and k_step from what
     each block keeps."""
@@ -127,7 +135,8 @@ def fit(config, m_tiles, n_tiles, k_tiles):
                      config.pipeline and config.vector_copy, epilogue, gs)
 
 
-def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
+def fits_device(config: GpuConfig, fragment: Fragment, a_bytes: int, b_bytes: int,
+                acc_bytes: int = 4) -> bool:
     """Whether a block of this config stays within the thread and shared-memory limits."""
     return (config.threads() <= MAX_THREADS
             and config.shared_bytes(fragment, a_bytes, b_bytes, acc_bytes) <= SHARED_LIMIT)
@@ -136,17 +145,22 @@ def fits_device(config, fragment, a_bytes, b_bytes, acc_bytes=4):
 GRID_SPLITS = (1, 2, 4, 8)
 
 
-def config_space(m_tiles, n_tiles, k_tiles, fragment, a_bytes=2, b_bytes=2, acc_bytes=4):
+def config_space(m_tiles: int, n_tiles: int, k_tiles: int, fragment: Fragment, a_bytes: int = 2,
+                 b_bytes: int = 2, acc_bytes: int = 4) -> list[GpuConfig]:
     """Distinct fitted configs within the thread and shared-memory limits: p in 1, 2, 4; warps
     1-4 per side; k_step 1, 2, 4; split-K 1, 2, 4 in the block and 1, 2, 4, 8 across blocks;
     spatial fusion on and off; explicit and implicit operand preparation; vector and element
     copies; vector copies pipelined or not; the output written by a second kernel or by the
     block."""
+    seen: set[GpuConfig]
     seen, out = set(), []
     for p, wm, wn, ks, sk, gs, fuse, implicit, vector, pipe, block_out in itertools.product(
             *[(1, 2, 4)] * 5, GRID_SPLITS, (True, False), (False, True), (True, False),
             (False, True), (False, True)):
-        c = fit(GpuConfig(p, wm, wn, ks, fuse, sk, implicit, vector, pipe, block_out, gs),
+        # mypy types the product's items as int (the join of int and bool): the flags are bools
+        c = fit(GpuConfig(p, wm, wn, ks,
+                          fuse, sk, implicit, vector, pipe, block_out,  # type: ignore[arg-type]
+                          gs),
                 m_tiles, n_tiles, k_tiles)
         if c not in seen and fits_device(c, fragment, a_bytes, b_bytes, acc_bytes):
             seen.add(c)

@@ -8,13 +8,15 @@ from typing import NamedTuple
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
+from tvm.s_tir.schedule import LoopRV, SBlockRV
 
 from ..te_expr import substitute
-from .gpu_config import PAD_BYTES
+from .gpu_config import PAD_BYTES, GpuConfig
 
 
-def _bind_copy(sch, block, at, threads_y, vector=1):
+def _bind_copy(sch: s_tir.Schedule, block: SBlockRV, at: LoopRV, threads_y: int,
+               vector: int = 1) -> None:
     """All threads of the block copy a tile (its loops under `at`): fused and split over
     threadIdx.y x threadIdx.x, `vector` contiguous elements per thread and step (the lanes split
     off first, so a partial last step is predicated on whole vectors)."""
@@ -68,7 +70,7 @@ def _copy_vector(sch, block):
     return vector
 
 
-def pipeline_stages(sch, k_loop):
+def pipeline_stages(sch: s_tir.Schedule, k_loop: LoopRV) -> None:
     """Two shared-memory stages per operand: while the warps multiply the tiles of one k step,
     cp.async copies the next step's (TVM's InjectSoftwarePipeline doubles the buffers; the
     copies become cp.async where the build enables async copies, lowering.build does for CUDA).
@@ -78,7 +80,7 @@ def pipeline_stages(sch, k_loop):
     sch.annotate(k_loop, "software_pipeline_async_stages", [0])
 
 
-def _pad_rows(sch, block):
+def _pad_rows(sch: s_tir.Schedule, block: SBlockRV) -> None:
     """Pad the rows of a shared stage so that consecutive rows start 16 bytes apart modulo 32:
     a row of 32, 64, ... bytes gets 16 more, a row of 16 bytes (already conflict-free) none.
     wmma needs the stride in 16-byte multiples, whatever the stage's copies move."""
@@ -91,7 +93,7 @@ def _pad_rows(sch, block):
     sch.storage_align(block, 0, len(buf.shape) - 2, factor=2 * pad, offset=pad)
 
 
-def _bind_elementwise(sch, block):
+def _bind_elementwise(sch: s_tir.Schedule, block: SBlockRV) -> None:
     loops = sch.get_loops(block)
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     bx, tx = sch.split(fused, [None, 128])
@@ -99,14 +101,15 @@ def _bind_elementwise(sch, block):
     sch.bind(tx, "threadIdx.x")
 
 
-def _read_index(sch, block, name):
+def _read_index(sch: s_tir.Schedule, block: SBlockRV, name: str) -> int:
     for i, region in enumerate(sch.get(block).reads):
         if region.source.name == name:
             return i
     raise ValueError(f"{name} is not read by the core")
 
 
-def tensorize_tile_copy(sch, block, helper, rows, cols):
+def tensorize_tile_copy(sch: s_tir.Schedule, block: SBlockRV, helper: str, rows: int,
+                        cols: int) -> None:
     """Tensorize a fragment load/store: its last two loops split into rows x cols tiles."""
     loops = sch.get_loops(block)
     r_o, r_i = sch.split(loops[-2], [None, rows])
@@ -115,7 +118,7 @@ def tensorize_tile_copy(sch, block, helper, rows, cols):
     sch.tensorize(r_i, helper)
 
 
-def _inline_preparation(sch, stage):
+def _inline_preparation(sch: s_tir.Schedule, stage: SBlockRV) -> None:
     """Implicit preparation: every data-parallel producer of a shared-memory stage (the im2col
     gather, an operand pack, and theirs in turn) is inlined into it, so the stage reads the
     function's inputs directly and the gathered operand never exists in global memory."""
@@ -128,7 +131,8 @@ def _inline_preparation(sch, stage):
         sch.compute_inline(producer)
 
 
-def _in_block(sch, consumer, block_loop, threads_y):
+def _in_block(sch: s_tir.Schedule, consumer: SBlockRV, block_loop: LoopRV,
+              threads_y: int) -> None:
     """A consumer of the block's tile (the split-K sum of the slices' partials, the write of the
     output) computed by that thread block after the tile: every thread computes some of its
     elements (a reduction innermost)."""
@@ -154,7 +158,9 @@ class StageLoops(NamedTuple):
     warps: int
 
 
-def stage_operand(sch, block, name, frag_scope, load, shape, loops, config, pad_rows):
+def stage_operand(sch: s_tir.Schedule, block: SBlockRV, name: str, frag_scope: str, load: str,
+                  shape: tuple[int, int], loops: StageLoops, config: GpuConfig,
+                  pad_rows: bool) -> int:
     """Stage operand `name` of the core: a shared tile per k step (its preparation inlined when
     implicit, vector copies where they apply, padded rows), then a fragment per reduction
     fragment through the `load` helper. Returns the elements per copy of the shared stage."""
@@ -172,7 +178,8 @@ def stage_operand(sch, block, name, frag_scope, load, shape, loops, config, pad_
     return vector
 
 
-def bind_other_blocks(sch, core, block_epilogue):
+def bind_other_blocks(sch: s_tir.Schedule, core: SBlockRV,
+                      block_epilogue: bool) -> list[SBlockRV]:
     """Every block but the core (and, with the block epilogue, the ops that read the core's
     fragments: the output's write) becomes an elementwise kernel of its own: packs, producers,
     the output's copy. Returns the blocks left to the core's kernel."""
@@ -184,7 +191,8 @@ def bind_other_blocks(sch, core, block_epilogue):
     return epilogue
 
 
-def split_k_across_blocks(sch, block, loops, k_pos, slices):
+def split_k_across_blocks(sch: s_tir.Schedule, block: SBlockRV, loops: list[LoopRV], k_pos: int,
+                          slices: int) -> tuple[SBlockRV, list[LoopRV], list[LoopRV]]:
     """(core, its loops, [slice loop]): with `slices` > 1 the reduction loop at `k_pos` is cut
     into that many contiguous slices, each accumulated by its own thread blocks into a global
     buffer of partials (rfactor: the core keeps its loops, the slice loop now data-parallel);
@@ -204,7 +212,8 @@ def split_k_across_blocks(sch, block, loops, k_pos, slices):
     return block, loops, [loops[k_pos]]
 
 
-def result_tile(sch, acc, write_back, epilogue, block_loop, threads_y):
+def result_tile(sch: s_tir.Schedule, acc: SBlockRV, write_back: SBlockRV | None,
+                epilogue: list[SBlockRV], block_loop: LoopRV, threads_y: int) -> str:
     """Where the block's result goes once `acc` stores its fragments: with the block epilogue
     the tile (the fragments, or the split-K sum of them) stays in shared memory and the block's
     threads write the output from it; otherwise the tile is a global buffer of whole fragments
@@ -216,6 +225,6 @@ def result_tile(sch, acc, write_back, epilogue, block_loop, threads_y):
     return "store_shared" if write_back is not None or epilogue else "store"
 
 
-def shared_name(sch, block):
+def shared_name(sch: s_tir.Schedule, block: SBlockRV) -> str:
     """Name of the buffer a cache stage block writes."""
     return sch.get(block).writes[0].source.name

@@ -32,18 +32,26 @@ its 3x3 at 8x8 -6 to -11%, 3x3 and 5x5 at 35x35 and every ResNet-18/50 3x3 withi
 Both run inside the strategy's `schedule`, so the tuner times every candidate as it will run
 and can prefer a tile that spans the row where skipping pays."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 
 from ..lowering import STACK_TILE_BYTES
 
+if TYPE_CHECKING:
+    from unit_tvm.prepare import ZeroPadding
+
 # the longest window loop unrolled (a 1x7 conv's 7 taps x a 14-accumulator tile: 98 tensorized
 # calls, still a small loop body)
 MAX_UNROLLED_TAPS = 8
 
 
-def skip_padding(sch: s_tir.Schedule, ranges) -> s_tir.Schedule:
+def skip_padding(sch: s_tir.Schedule, ranges: Sequence[ZeroPadding]) -> s_tir.Schedule:
     """sch with the taps skipped that read only the padding `ranges` (prepare.ZeroPadding) name:
     along a width where that is static (`skip_padding_columns`), else with a run-time predicate
     (`skip_padding_taps`). sch itself when there are none."""
@@ -58,7 +66,7 @@ def skip_padding(sch: s_tir.Schedule, ranges) -> s_tir.Schedule:
     return s_tir.Schedule(tvm.IRModule({"main": func}))
 
 
-def _padding_reads(block, buffer, axis):
+def _padding_reads(block: s_tir.SBlock, buffer: str, axis: int) -> tirx.BufferRegion | None:
     """The block's read of `buffer` when it reads one element along `axis` per iteration (the
     tensorized update of a conv over its padded input), else None."""
     reads = [r for r in block.reads if r.source.name == buffer]
@@ -67,25 +75,26 @@ def _padding_reads(block, buffer, axis):
     return reads[0]
 
 
-def _bound(node, expr):
+def _bound(node: s_tir.SBlockRealize, expr: tvm.ir.Expr) -> tvm.ir.Expr:
     """expr over a block's iter vars in the loop variables around it (their bindings)."""
     bound = dict(zip((iv.var for iv in node.block.iter_vars), node.iter_values))
     return tvm_ffi.structural_mutate(expr, [(tirx.Var, lambda v, _m: bound.get(v, v))])
 
 
-def _index_along(node, read, axis):
+def _index_along(node: s_tir.SBlockRealize, read: tirx.BufferRegion, axis: int) -> tvm.ir.Expr:
     """The index a tensorized block reads along `axis`, in the loop variables around it."""
     return _bound(node, read.region[axis].min)
 
 
-def _taps_of(node, used):
+def _taps_of(node: s_tir.SBlockRealize, used: set[tirx.Var]) -> set[tirx.Var]:
     """The loop variables bound to the block's reduction iter vars among `used`."""
     return {value for iv, value in zip(node.block.iter_vars, node.iter_values)
             if iv.iter_type == tirx.IterVar.CommReduce and isinstance(value, tirx.Var)
             and iv.var in used}
 
 
-def _predicated(func, buffer, axis, lo, hi):
+def _predicated(func: tirx.PrimFunc, buffer: str, axis: int, lo: int,
+                hi: int) -> tirx.PrimFunc:
     """func whose blocks reading one element of `buffer` along `axis` per iteration get the
     condition that the index lies in [lo, hi) added to their predicate."""
 
@@ -152,7 +161,7 @@ def skip_padding_taps(func: tirx.PrimFunc, buffer: str, axis: int, lo: int, hi: 
     return func.with_body(tvm_ffi.structural_mutate(func.body, [(tirx.For, guard)]))
 
 
-def _tile_bytes(node, loops):
+def _tile_bytes(node: s_tir.SBlockRealize, loops: list[tirx.For]) -> int:
     """Bytes of the accumulator tile the block updates: its write region times the unrolled
     loops (a register tile's) the write moves with. unit_tvm.lowering keeps a tile of up to
     STACK_TILE_BYTES on the stack; from a workspace (TVM's place for anything larger), LLVM keeps
@@ -163,7 +172,7 @@ def _tile_bytes(node, loops):
     n = 1
     for r in write.region:
         n *= int(r.extent)
-    used = set()
+    used: set[tirx.Var] = set()
     for r in write.region:
         used |= _vars_of(_bound(node, r.min))
     for lp in loops:
