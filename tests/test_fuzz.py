@@ -142,12 +142,12 @@ def test_a_qdq_file_whose_pairs_lose_their_clamps_is_wrong(monkeypatch):
 def test_a_qoperator_file_that_unit_tvm_cannot_read_is_a_crash(monkeypatch):
     """Reading a QOperator file as QDQ is unit-tvm's work (onnx_qoperator.py): a failure
     there is a finding, not an invalid case."""
-    import unit_tvm.onnx_qoperator
+    from unit_tvm.fuzz import qdq_check
 
     def broken(model):
         raise ValueError("rewrite broke")
 
-    monkeypatch.setattr(unit_tvm.onnx_qoperator, "qoperator_as_qdq", broken)
+    monkeypatch.setattr(qdq_check, "qoperator_as_qdq", broken)  # the name the check calls
     case = fuzz.make_case(QDQ_SEED, 9, (fuzz.QDQ_KIND,))
     assert dict(case.params)["quantizer"] == "ort_qoperator"
     result = fuzz.run_case(case)
@@ -167,12 +167,12 @@ def test_qdq_cases_are_the_model_cases_with_a_quantizer():
 
 def test_a_model_case_that_quantize_fails_on_is_a_crash(monkeypatch):
     """quantize() is unit-tvm's: an exception there is a finding, not an invalid case."""
-    import unit_tvm.relax
+    from unit_tvm.fuzz import model_check
 
     def broken(*args, **kwargs):
         raise RuntimeError("quantize broke")
 
-    monkeypatch.setattr(unit_tvm.relax, "quantize", broken)
+    monkeypatch.setattr(model_check, "quantize", broken)  # the name the check calls
     result = fuzz.run_case(fuzz.make_case(3, 1, (fuzz.MODEL_KIND,)))
     assert result.outcome == "crash" and "quantize broke" in result.detail, result
 

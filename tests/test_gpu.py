@@ -11,10 +11,10 @@ import tvm
 import unit_tvm
 from unit_tvm import intrinsics, lowering, nvcc, ops
 from unit_tvm.relax.core.views import StridedView
-from unit_tvm.relax.gpu.pipeline import bmm as gpu_bmm
-from unit_tvm.relax.gpu.pipeline import conv as gpu_conv
-from unit_tvm.relax.gpu.pipeline import operands as gpu_operands
-from unit_tvm.relax.gpu.pipeline.pipeline import dense_te as gpu_dense_te
+from unit_tvm.relax.gpu import bmm as gpu_bmm
+from unit_tvm.relax.gpu import conv as gpu_conv
+from unit_tvm.relax.gpu import operands as gpu_operands
+from unit_tvm.relax.gpu.pipeline import dense_te as gpu_dense_te
 from unit_tvm.schedules import gpu
 from unit_tvm.te_expr import placeholders_of
 

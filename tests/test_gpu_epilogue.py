@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from tvm import relax
 
-from unit_tvm.relax.gpu.pipeline import epilogue as gpu_epilogue
+from unit_tvm.relax.gpu import epilogue as gpu_epilogue
 
 
 def _chain_after(steps, dtype="float16", shape=(1, 8, 16)):

@@ -10,8 +10,8 @@ import tvm
 
 import unit_tvm
 from unit_tvm import nvcc
-from unit_tvm.relax.gpu.pipeline import kernels as gpu_kernels
-from unit_tvm.relax.gpu.pipeline.pipeline import UnitTensorizeGPU, to_fp16_nhwc
+from unit_tvm.relax.gpu import kernels as gpu_kernels
+from unit_tvm.relax.gpu.pipeline import UnitTensorizeGPU, to_fp16_nhwc
 
 from .conftest import gpu_output, has_gpu
 
@@ -212,7 +212,7 @@ def test_gpu_database_record_decides_the_form(tmp_path):
     from tvm.script import relax as R
 
     from unit_tvm.prepare import prepare
-    from unit_tvm.relax.gpu.pipeline import conv as gpu_conv
+    from unit_tvm.relax.gpu import conv as gpu_conv
     from unit_tvm.schedules import gpu
     from unit_tvm.tuner import Database
     from unit_tvm.tuner.database import workload_key
@@ -274,8 +274,8 @@ def test_gpu_graph_around_the_kernels_is_exact_on_cpu(te_kernels, int8):
     from tvm import relax
 
     from unit_tvm.compiler import build_relax
-    from unit_tvm.relax.gpu.pipeline import pipeline as gpu
-    from unit_tvm.relax.gpu.pipeline import int8 as gpu_int8
+    from unit_tvm.relax.gpu import pipeline as gpu
+    from unit_tvm.relax.gpu import int8 as gpu_int8
     from unit_tvm.target import host
 
     module, x, mod = _odd_model()
@@ -331,7 +331,7 @@ def test_gpu_epilogue_chains_fold_into_the_kernels_exactly_on_cpu(te_kernels):
 
     from unit_tvm import frontends
     from unit_tvm.compiler import build_relax
-    from unit_tvm.relax.gpu.pipeline import pipeline as gpu
+    from unit_tvm.relax.gpu import pipeline as gpu
     from unit_tvm.target import host
 
     torch.manual_seed(0)

@@ -8,7 +8,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from unit_tvm.relax.gpu.pipeline import operands as gpu_operands
+from unit_tvm.relax.gpu import operands as gpu_operands
 from unit_tvm.target import host
 
 

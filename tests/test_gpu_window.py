@@ -8,7 +8,7 @@ import tvm
 from tvm import te
 
 from unit_tvm import nvcc
-from unit_tvm.relax.gpu.pipeline.window import MAX_WINDOW, THREADS, WindowReduction
+from unit_tvm.relax.gpu.window import MAX_WINDOW, THREADS, WindowReduction
 
 from .conftest import gpu_output, has_gpu
 
