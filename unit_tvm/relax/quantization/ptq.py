@@ -33,6 +33,7 @@ the op and float32 accumulation; no calibration is needed. Grouped convs stay fp
 bf16 instruction here fits a depthwise window, and bf16 would only lose precision).
 """
 
+import functools
 import json
 from typing import NamedTuple
 
@@ -139,59 +140,87 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     target = as_target(target)
     fused = attention or default_fused_attention(target, dtype)
     attention = attention or default_attention(target)
-    if params:
-        mod = relax.transform.BindParams("main", params)(mod)
-    mod = inference_form(mod)
     samples = list(calibration_data)
-    if fused == "int8" and dtype == "int8":  # one kernel per long attention
-        mod = _int8_attention_fused(mod, target, samples)
-    if "bf16" in (fused, attention):  # and the rest in bf16 where asked
-        mod = fuse_attention(mod, target, "bf16")
-    if dtype == "int8":  # a QDQ model's pairs: its own activation scales (quantization/qdq.py)
-        mod, model_scales = fake_quantization(mod)
-    else:
-        model_scales = {}
+    # the passes, in order: each below says what it decides
+    mod, model_scales = _graph_form(mod, params, target, dtype, fused, attention, samples)
     func = mod["main"]
-    found = find_chains(func)
-    bf16_bmms = [c for c in found if c.kind == "bmm" and attention == "bf16"]
-    chains = [c for c in found if c.kind != "bmm" or (attention == "int8" and dtype == "int8")]
+    chains, bf16_bmms = _chains(func, dtype, attention, model_scales, samples)
     if dtype == "bfloat16":
         return _to_bfloat16(mod, [c for c in chains if c.kind == "dense"
                                   or int(c.attrs.groups) == 1], bf16_bmms)
-    if model_scales and not samples:
-        # a QDQ model without calibration inputs: int8 where its pairs say, float32 elsewhere
-        chains = [c for c in chains if c.kind != "bmm" and c.x in model_scales]
     if not chains:
         return _to_bfloat16(mod, [], bf16_bmms)
     shortcuts = residual_only_ends(func, chains)
-    pair_bound = weight_pair_bound(target)  # a host without VNNI: weights for the pair form
-    seen = _calibrate(mod, chains, shortcuts, samples, target, model_scales,
-                      lambda v: _activation_qparams(v, method, percentile))
-    by_end = {}
-    for chain, vals in zip(chains, seen.x):
-        given = model_scales.get(chain.x)
-        x_scale, x_zp = given if given else _activation_qparams(vals, method, percentile)
-        chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
-        if chain.kind == "bmm":
-            op = qbmm.quantized_bmm(chain, vals, seen.y[chain], float(x_scale), int(x_zp))
-        else:
-            moments = _channel_moments(chain, vals, second=pair_bound is not None)
-            op = _quantized_op(chain, float(x_scale), int(x_zp), moments, pair_bound)
-        if op is not None:  # a bmm that fails its accuracy guard stays fp32
-            by_end[chain.end] = op
+    qparams = functools.partial(_activation_qparams, method=method, percentile=percentile)
+    seen = _calibrate(mod, chains, shortcuts, samples, target, model_scales, qparams)
+    by_end = _quantized_ops(func, chains, seen, model_scales, qparams, weight_pair_bound(target))
     chains = [c for c in chains if c.end in by_end]
-    requantize_edges(func, chains, by_end)
-    requantize_shared_edges(func, chains, by_end)
-    known = [(c, q) for c, q in zip(shortcuts, seen.shortcut_q) if q is not None]
-    requantize_shortcuts(chains, by_end, [c for c, _ in known], [q for _, q in known])
-    pools = requantize_through_pools(func, chains, by_end)
-    plan = u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools)
+    pools, plan = _uint8_edges(func, chains, by_end, shortcuts, seen.shortcut_q)
     if model_scales:  # a pair's cap on a ReLU; a float model's ReLU6 keeps its recipe (and
         for op in by_end.values():  # the tuned configs its databases hold)
             op.recipe = implied_clamps_dropped(op.recipe)
     # bf16 matmuls read and write float32: decided after the uint8 edges, which they keep out of
     return rewrite(mod, chains + bf16_bmms, {**by_end, **_bf16_bmm_ops(func, bf16_bmms, chains)},
                    pools, plan)
+
+
+def _graph_form(mod, params, target, dtype, fused, attention, samples):
+    """(module, the model's own activation quantizations): parameters bound, the inference
+    form, long attention fused (int8 where the kernel's guard allows, bf16 where asked), and a
+    QDQ model's pairs stripped (quantization/qdq.py)."""
+    if params:
+        mod = relax.transform.BindParams("main", params)(mod)
+    mod = inference_form(mod)
+    if fused == "int8" and dtype == "int8":  # one kernel per long attention
+        mod = _int8_attention_fused(mod, target, samples)
+    if "bf16" in (fused, attention):  # and the rest in bf16 where asked
+        mod = fuse_attention(mod, target, "bf16")
+    if dtype == "int8":
+        return fake_quantization(mod)
+    return mod, {}
+
+
+def _chains(func, dtype, attention, model_scales, samples):
+    """(chains to quantize, activation x activation matmuls to run in bf16): every chain
+    (core/chains.py) but the bmms `attention` leaves to fp32 or bf16; for a QDQ model without
+    calibration inputs, only the ops its pairs quantize."""
+    found = find_chains(func)
+    bf16_bmms = [c for c in found if c.kind == "bmm" and attention == "bf16"]
+    chains = [c for c in found if c.kind != "bmm" or (attention == "int8" and dtype == "int8")]
+    if model_scales and not samples:
+        # a QDQ model without calibration inputs: int8 where its pairs say, float32 elsewhere
+        chains = [c for c in chains if c.kind != "bmm" and c.x in model_scales]
+    return chains, bf16_bmms
+
+
+def _quantized_ops(func, chains, seen, model_scales, qparams, pair_bound):
+    """{chain end: QuantizedOp}: each chain's activation quantization (the model's own, or
+    from the values it took), its int8 weights (bounded in pairs on a pre-VNNI target) and
+    recipe; a bmm that fails its accuracy guard stays fp32 (left out)."""
+    by_end = {}
+    for chain, vals in zip(chains, seen.x):
+        x_scale, x_zp = model_scales.get(chain.x) or qparams(vals)
+        chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
+        if chain.kind == "bmm":
+            op = qbmm.quantized_bmm(chain, vals, seen.y[chain], float(x_scale), int(x_zp))
+        else:
+            moments = _channel_moments(chain, vals, second=pair_bound is not None)
+            op = _quantized_op(chain, float(x_scale), int(x_zp), moments, pair_bound)
+        if op is not None:
+            by_end[chain.end] = op
+    return by_end
+
+
+def _uint8_edges(func, chains, by_end, shortcuts, shortcut_q):
+    """Which edges carry uint8 (quantization/requantize.py, core/u8_values.py): between
+    quantized ops, shared inputs, residual shortcuts, through max-pools, concats and pools;
+    the recipes in by_end are updated. Returns (pools, the uint8 value plan)."""
+    requantize_edges(func, chains, by_end)
+    requantize_shared_edges(func, chains, by_end)
+    known = [(c, q) for c, q in zip(shortcuts, shortcut_q) if q is not None]
+    requantize_shortcuts(chains, by_end, [c for c, _ in known], [q for _, q in known])
+    pools = requantize_through_pools(func, chains, by_end)
+    return pools, u8_values.plan(dataflow_bindings(func), func, chains, by_end, pools)
 
 
 def _int8_attention_fused(mod, target, samples):
