@@ -33,17 +33,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING
 
 from tvm import s_tir, te, tirx
 
 from .. import fastmath
 from ..indexing import ravel
+# the kernel's shape, tiles and operand readers: public here too (callers name them
+# cpu_attention.AttentionShape, ...)
+from .attention_shapes import AttentionShape, AttentionTiles, Operands  # noqa: F401
 from .cpu_attention_int8 import Softmaxed, int8_stages
 from .cpu_stages import vectorize_partials
 
 if TYPE_CHECKING:
-    import tvm
     from tvm.s_tir.schedule import LoopRV, SBlockRV
 
     from unit_tvm.intrinsics import Intrinsic
@@ -72,28 +74,6 @@ MIN_SCORES_BYTES = 1 << 20
 
 
 OUT_STAGE = "attention_out"  # the result's rows unpadded and its axes permuted
-
-
-class AttentionShape(NamedTuple):
-    """softmax(Q x K^T) x V over `batch` independent (flattened) heads: Q [batch, rows, depth],
-    K^T [batch, depth, keys], V [batch, keys, v_depth]."""
-
-    batch: int
-    rows: int
-    depth: int
-    keys: int
-    v_depth: int
-
-
-class AttentionTiles(NamedTuple):
-    """How the kernel blocks its loops."""
-
-    rows_padded: int  # query rows computed: a multiple of row_tile
-    task_rows: int  # query rows per parallel task: divides rows_padded
-    row_tile: int
-    keys_padded: int  # a multiple of lanes x key_blocks
-    key_blocks: int  # blocks of `lanes` keys per S register tile
-    out_blocks: int  # blocks of `lanes` output columns per O register tile
 
 
 def _ceil_to(n: int, m: int) -> int:
@@ -131,26 +111,6 @@ def tiles_for(shape: AttentionShape, lanes: int) -> AttentionTiles:
     out = max(b for b in range(1, MAX_OUT_BLOCKS + 1) if (shape.v_depth // lanes) % b == 0)
     return AttentionTiles(rows_padded, per_task * ROW_TILE, ROW_TILE, padded[blocks], blocks,
                           out)
-
-
-class Operands(NamedTuple):
-    """How the kernel reads its operands: functions of a (flattened) head and two indices to a
-    float32 te expression: q(h, i, d), kt(h, d, j) (K^T: j a key), v(h, j, c); and mask(score,
-    h, i, j), the scaled score of row i and key j of head h as the mask leaves it (plus a bias,
-    or a fill value in its place; None: no mask)."""
-
-    q: Callable
-    kt: Callable
-    v: Callable
-    mask: Callable | None = None
-
-    def masked(self, score: tvm.ir.Expr, shape: "AttentionShape", h: tvm.ir.Expr, i: tvm.ir.Expr,
-               j: tvm.ir.Expr) -> tvm.ir.Expr:
-        """The scaled `score` of row i and key j of head h as the mask leaves it (a padded row
-        or key reads the last one: both products' operands do the same), or `score`."""
-        if self.mask is None:
-            return score
-        return self.mask(score, h, te.min(i, shape.rows - 1), te.min(j, shape.keys - 1))
 
 
 def attention_te(read: Operands, shape: AttentionShape, tiles: AttentionTiles, scale: float,

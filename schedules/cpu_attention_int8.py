@@ -29,11 +29,11 @@ from tvm import te, tirx
 
 from .. import fastmath
 from ..shift import SHIFT
+from .attention_shapes import AttentionShape, AttentionTiles, Operands
 
 if TYPE_CHECKING:
     import tvm
 
-    from .cpu_attention import AttentionShape, AttentionTiles, Operands
 
 LEVELS = 127.0  # s8 codes on each side of 0
 P_LEVELS = 255.0  # u8 codes of an exp in [0, 1]
