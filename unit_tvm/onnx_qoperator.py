@@ -27,8 +27,8 @@ scales only; another type there is refused with the op's name.
 import numpy as np
 from .relax.quantization.qdq import dequantized
 
-# float types a scale may have (TensorProto.FLOAT, FLOAT16, DOUBLE, BFLOAT16)
-_WIDE_FLOATS = (1, 10, 11, 16)
+# the float types other than float32 (TensorProto.FLOAT16, DOUBLE, BFLOAT16)
+_OTHER_FLOATS = (10, 11, 16)
 # ops that only move or select quantized values: wrapped with their input's quantization
 _VALUE_MOVERS = {"MaxPool", "Flatten", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice",
                  "Split", "Identity", "Gather"}
@@ -266,10 +266,9 @@ def _check_float32_scales(rw, node):
     if node.op_type == "QLinearMatMul":
         return
     for name in node.input:
-        if name and name in rw.elem_types and rw.elem_types[name] in _WIDE_FLOATS:
-            if not rw.scale_is_float32(name):
-                raise ValueError(f"{node.op_type} {node.name or node.output[0]}: scale "
-                                 f"{name} is not float32 (its schema takes float32 scales)")
+        if rw.elem_types.get(name) in _OTHER_FLOATS:
+            raise ValueError(f"{node.op_type} {node.name or node.output[0]}: scale "
+                             f"{name} is not float32 (its schema takes float32 scales)")
 
 
 def _rewrite_node(rw, node) -> bool:

@@ -74,7 +74,9 @@ def run_checked(lib, dev, arrays, expected, number, repeat, func="main") -> floa
     lib(*args)
     if expected is not None and not outputs_match(args[-1].numpy(), expected):
         raise AssertionError("output differs from the reference")
-    return min(evaluator_rounds(lib, args, dev, number=number, repeat=repeat, func=func))
+    # the checked call above was the warm-up: each tuning candidate runs once untimed, not twice
+    return min(evaluator_rounds(lib, args, dev, number=number, repeat=repeat, func=func,
+                                warmup=False))
 
 
 @functools.cache

@@ -77,10 +77,11 @@ def interleaved(calls, rounds=10, per_slot=3, warmup=2, gap_s=0.02, budget_s=Non
             for name, s in samples.items()}
 
 
-def evaluator_rounds(lib, args, dev, *, number=10, repeat=5, func="main") -> list:
+def evaluator_rounds(lib, args, dev, *, number=10, repeat=5, func="main", warmup=True) -> list:
     """Per-call seconds of each of `repeat` rounds of `number` calls of `lib[func]` on `dev`
-    (TVM's time_evaluator; one untimed call first)."""
-    lib(*args)
+    (TVM's time_evaluator; one untimed call first unless the caller has just made one)."""
+    if warmup:
+        lib(*args)
     timer = lib.time_evaluator(func, dev, number=number, repeat=repeat)
     return list(timer(*args).results)
 
