@@ -17,10 +17,10 @@ from typing import Any
 import tvm
 from unit_tvm.target import as_target
 
-from . import arm, cuda, x86, x86_amx, x86_pre_vnni
+from . import arm, cuda, fma, x86, x86_amx, x86_pre_vnni
 from .base import Intrinsic, PairSumBound, derive_desc, derive_impl, placeholders
 
-_MODULES = (x86_amx, x86, x86_pre_vnni, arm, cuda)
+_MODULES = (x86_amx, x86, x86_pre_vnni, arm, cuda, fma)
 ENTRY_POINTS = "unit_tvm.intrinsics"  # each names a module with an INTRINSICS list
 _REGISTRY: dict[str, Intrinsic] = {}
 

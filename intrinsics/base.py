@@ -105,7 +105,12 @@ def derive_desc(
     op = output.op
     body = op.body[0]
     is_reduce = isinstance(body, tirx.Reduce)
-    axes = list(op.axis) + (list(op.reduce_axis) if is_reduce else [])
+    all_axes = list(op.axis) + (list(op.reduce_axis) if is_reduce else [])
+    # an axis of extent 1 (the reduction of a float32 multiply-add) keeps its loop but is no
+    # block variable: a workload's block under a loop of extent 1 binds that axis to the
+    # outer block's variable, so the description binds it to 0
+    axes = [ax for ax in all_axes if int(ax.dom.extent) != 1]
+    unit_axes = [ax for ax in all_axes if int(ax.dom.extent) == 1]
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name(op.name + "_desc")
@@ -116,19 +121,20 @@ def derive_desc(
                 T.reads(([_full_region(out)] if is_reduce else [])
                         + [_full_region(b) for b in inputs])
                 T.writes([_full_region(out)])
-                loops = [T.serial(0, int(ax.dom.extent)) for ax in axes]
+                loops = [T.serial(0, int(ax.dom.extent)) for ax in all_axes]
                 loop_vars = [frame.__enter__() for frame in loops]
                 with T.sblock(op.name):
                     block_vars = [
                         (T.axis.reduce if ax.iter_type == ax.CommReduce else T.axis.spatial)(
                             int(ax.dom.extent), lv
                         )
-                        for ax, lv in zip(axes, loop_vars)
+                        for ax, lv in zip(all_axes, loop_vars) if int(ax.dom.extent) != 1
                     ]
                     var_map = [(ax.var, bv) for ax, bv in zip(axes, block_vars)]
+                    var_map += [(ax.var, tirx.const(0, "int32")) for ax in unit_axes]
                     src = body.source[0] if is_reduce else body
                     value = te_expr_to_tir(src, bufs, var_map)
-                    index = block_vars[: len(op.axis)]
+                    index = [next(e for v, e in var_map if v.same_as(ax.var)) for ax in op.axis]
                     if is_reduce:
                         value = tirx.BufferLoad(out, index) + value
                     T.reads(buffer_loads(value))

@@ -278,7 +278,9 @@ def _access(intrin, name, bind, f_inv, loop_extent, op_extents):
         # one: a tile whose rows run on across two op dimensions (a 128-wide reduction over
         # 64-channel blocks) has the right addresses but no such binding
         contiguous = False
-    broadcast = tuple(sorted(s_v - s_u))
+    # a loop of extent 1 (a float32 multiply-add's reduction) takes no step within a tile:
+    # reading one value along it is no broadcast
+    broadcast = tuple(sorted(il for il in s_v - s_u if loop_extent[il] > 1))
     if broadcast:
         contiguous = False
     return True, OperandAccess(tensor.op.name, name, contiguous, broadcast, tuple(strides)), None

@@ -183,7 +183,7 @@ def conv1d_ncw(c, w, k, s, a="uint8", b="int8"):
         name="conv1d")
 
 
-def conv2d_nchw(c, h, k, r, stride=1, dilation=1, groups=1, a="uint8", b="int8"):
+def conv2d_nchw(c, h, k, r, stride=1, dilation=1, groups=1, a="uint8", b="int8", acc="int32"):
     """conv2d, NCHW x KCRS (grouped when groups > 1), batch 1, square, no padding."""
     oh = (h - (r - 1) * dilation - 1) // stride + 1
     cg = c // groups
@@ -199,8 +199,8 @@ def conv2d_nchw(c, h, k, r, stride=1, dilation=1, groups=1, a="uint8", b="int8")
 
     return te.compute((1, k, oh, oh), lambda n, f, y, x: te.sum(
         data[n, channel(f, rc), y * stride + ry * dilation,
-             x * stride + rx * dilation].astype("int32")
-        * kern[f, rc, ry, rx].astype("int32"), axis=[rc, ry, rx]), name="conv2d")
+             x * stride + rx * dilation].astype(acc)
+        * kern[f, rc, ry, rx].astype(acc), axis=[rc, ry, rx]), name="conv2d")
 
 
 def conv2d_nhwc(c, h, k, r, a="uint8", b="int8", out="int32", stride=1):
