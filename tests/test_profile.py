@@ -144,10 +144,10 @@ def test_vm_call_timer_counts_every_call_of_a_run():
     assert out is not None
 
 
-def test_fp32_leftovers_report_their_flops():
-    """Attention left fp32: its matmuls (one kernel, called for both: the same shapes) show
-    GFLOPS (TVM's count of their flops over their time: 2 x 4 heads x 16 x 16 x 16 each) and
-    no % of an instruction's peak."""
+def test_fp32_attention_reports_flops_and_fma_peak():
+    """Attention kept fp32: its matmuls (one kernel, called for both: the same shapes) run on
+    the float32 multiply-add and show GFLOPS (2 x 4 heads x 16 x 16 x 16 each) and a % of
+    that instruction's measured peak."""
     require_host("x86.vpdpbusd")
     from .test_relax import TinyTransformer, _prepare
 
@@ -155,14 +155,15 @@ def test_fp32_leftovers_report_their_flops():
     cal, xs, _ = _prepare(model, (1, 16, 64), n_cal=2)
     mod = frontends.from_torch(model, [torch.tensor(xs[0])])
     prof = profile.profile_module(mod, cal, xs[0], name="block", repeats=2, attention="fp32")
-    matmuls = [k for k in prof.kernels if k.category == "fp32 compute"]
+    matmuls = [k for k in prof.kernels if k.category == "tensorized bmm"]
     assert sum(k.calls for k in matmuls) == 2, [(k.name, k.category) for k in prof.kernels]
     for k in matmuls:
         assert k.gops * k.us_per_call * 1e3 == pytest.approx(2 * 4 * 16 * 16 * 16, rel=1e-6)
-        assert not k.instruction and k.peak_pct == 0
+        assert k.instruction.startswith("x86.vfmadd231ps") and k.peak_pct > 0
+        assert k.peak_pct == pytest.approx(100 * k.gops / prof.peaks[k.instruction])
     row = next(line for line in profile.table(prof).splitlines()
                if line.startswith(matmuls[0].name + " "))
-    assert " - " in row
+    assert f"{matmuls[0].peak_pct:.0f}%" in row and matmuls[0].instruction in row
 
 
 _THREADS_SCRIPT = """

@@ -10,7 +10,9 @@ from . import checks, lowering
 from .relax import UnitTensorize
 from .relax import quantize as quantize_fn
 # build_relax, KernelBuildError: the CPU build, public here as before
+from .relax.core.graph import one_dataflow_block
 from .relax.core.leftovers import fp32_leftovers, summary
+from .relax.core.recipe import has_float32_instruction
 from .relax.cpu.build import KernelBuildError, build_relax  # noqa: F401
 from .relax.frontend.fixes import frontend_fixes
 from .relax.gpu.int8 import calibration_from
@@ -78,6 +80,11 @@ def compile(mod: tvm.IRModule, target=None, *, quantize: dict | None = None,  # 
         # quantize repairs the frontends' output itself (inference_form), as for any caller
         mod = quantize_fn(mod, target=target, **quantize)
         _report_leftovers(mod, report)
+    elif has_float32_instruction(target) and one_dataflow_block(mod["main"]):
+        # a float32 model: its convs, matmuls and attention as float32 ops on the target's
+        # multiply-add instruction (vfmadd231ps, fmla), epilogues fused as in the int8 form;
+        # a main the graph passes cannot read is left to TVM as it is
+        mod = quantize_fn(mod, target=target, dtype="float32")
     else:
         mod = frontend_fixes(mod)
     tensorize = UnitTensorize(target, database=database, tune=tune, trials=trials, runner=runner)

@@ -8,13 +8,18 @@ import tvm
 from tvm import relax
 
 
+def one_dataflow_block(func) -> bool:
+    """Whether `func` is what the graph passes read: a body of one dataflow block."""
+    blocks = func.body.blocks
+    return len(blocks) == 1 and isinstance(blocks[0], relax.DataflowBlock)
+
+
 def dataflow_bindings(func):
     """The bindings of main's one dataflow block (ValueError naming the fix otherwise)."""
-    blocks = func.body.blocks
-    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+    if not one_dataflow_block(func):
         raise ValueError("quantize expects a main function with one dataflow block (run "
                          "relax.transform.Normalize / the frontend's default output)")
-    return list(blocks[0].bindings)
+    return list(func.body.blocks[0].bindings)
 
 
 def op_name(expr) -> str:

@@ -49,7 +49,7 @@ class Recipe:
     nd_in_shape: Shape | None = None  # dense on more than 2 dims: the shapes around the kernel
     nd_out_shape: Shape | None = None
     # -- its quantization -----------------------------------------------------------------
-    dtype: str | None = None  # "bfloat16" for the bf16 form; None: int8
+    dtype: str | None = None  # a float form (FLOAT_FORMS): "bfloat16" or "float32"; None: int8
     x_scale: float | None = None  # the activation's uint8 quantization (int8)
     x_zp: int | None = None
     y_scale: float | None = None  # bmm: its second activation's symmetric int8 scale
@@ -130,22 +130,33 @@ class QuantizedOp:
         self.recipe = self.recipe.replace(**changes)
 
 
+# the float forms of an op: operands in that dtype (activations rounded to it in the kernel),
+# float32 sums, no quantization to undo
+FLOAT_FORMS = ("bfloat16", "float32")
+
+
 def is_bf16(recipe):
-    """Whether the recipe is the bfloat16 form of its op (else int8)."""
+    """Whether the recipe is the bfloat16 form of its op."""
     return recipe.dtype == "bfloat16"
+
+
+def is_float(recipe):
+    """Whether the recipe is a float form of its op (bfloat16 or float32 operands, float32
+    sums), else int8."""
+    return recipe.dtype in FLOAT_FORMS
 
 
 def pads_with_zero(recipe) -> bool:
     """Whether the padding the recipe's kernel reads is 0 in the instruction's arithmetic, so
     that a tap reading only padding adds nothing to the accumulator (its kernel may skip it)."""
-    return is_bf16(recipe) or (recipe.x_zp == 0 and not recipe.x_signed)
+    return is_float(recipe) or (recipe.x_zp == 0 and not recipe.x_signed)
 
 
 def dtypes(recipe):
     """(activation, weight, accumulator) dtypes the op's instruction takes: the activation is
     int8 when it is re-based for an s8 x s8 instruction (see for_instruction)."""
-    if is_bf16(recipe):
-        return ("bfloat16", "bfloat16", "float32")
+    if is_float(recipe):
+        return (recipe.dtype, recipe.dtype, "float32")
     return ("int8" if recipe.x_signed else "uint8", "int8", "int32")
 
 
@@ -154,7 +165,7 @@ def for_instruction(recipe, intrin):
     uint8 activation re-based, x - 128, with the zero point x_zp - 128: the same real values,
     so the kernel's int32 sums differ from the u8 x s8 ones by exactly 128 * sum(w) per output
     channel, which the zero-point term absorbs (weights.rebased_comp)."""
-    if is_bf16(recipe) or intrin.input_dtypes[0] != "int8" or recipe.x_signed:
+    if is_float(recipe) or intrin.input_dtypes[0] != "int8" or recipe.x_signed:
         return recipe
     return recipe.replace(x_signed=True)
 
@@ -261,7 +272,7 @@ def tuning_form(recipe):
     Clamps around 0 (clamp; clip_min with its clip_max: a hardtanh, or what a quantized
     model's pairs leave) are left out: two compares per vector do not change which loop nest
     is fastest, and a QDQ file's layers share the configs of its float32 model's."""
-    if is_bf16(recipe):
+    if is_float(recipe):
         return recipe  # no quantization constants
     pair_clamp = recipe.clip_min is not None
     return recipe.replace(w_pair_loss=None, x_scale=0.5, x_zp=1,
@@ -277,7 +288,7 @@ def implied_clamps_dropped(recipe: "Recipe") -> "Recipe":
     (scale, zp) it saturates at -zp * scale and (255 - zp) * scale, so a clip_max (clip_min)
     at or beyond that end cuts nothing more, bit for bit (a quantized model's pair capping a
     value that its readers read as uint8)."""
-    if not recipe.out_q or is_bf16(recipe):
+    if not recipe.out_q or is_float(recipe):
         return recipe
     scale, zp = recipe.out_q
     changes = {}
@@ -340,3 +351,11 @@ def candidates(recipe, target):
             # (a bmm's zero-point term is computed at run time for u8 x s8 sums only)
             rebased.append(cand)
     return [cand.intrinsic for cand in selection.with_rebased(usable, rebased)]
+
+
+def has_float32_instruction(target) -> bool:
+    """Whether `target` has an instruction for a float32 matmul or conv (a multiply-add such as
+    vfmadd231ps or fmla): then the float32 form of an op runs on it, not on TVM's loops."""
+    probe = Recipe(kind="dense", in_shape=(16, 64), w_shape=(64, 64), out_shape=(16, 64),
+                   out_channels=64, dtype="float32")
+    return bool(candidates(probe, target))

@@ -8,7 +8,7 @@ from tvm import te, tirx
 from ... import fastmath
 from ...shift import SHIFT
 from ..core import activations
-from ..core.recipe import blocked_index, dtypes, is_bf16, packed_shape
+from ..core.recipe import blocked_index, dtypes, is_bf16, is_float, packed_shape
 from ..core.views import StridedView
 
 
@@ -35,8 +35,8 @@ def round_to_bf16(v):
 
 def pad_value(recipe):
     """What padding holds in the instruction's activation dtype: real 0.0 (the zero point)."""
-    if is_bf16(recipe):
-        return tirx.const(0.0, "float32").astype("bfloat16")
+    if is_float(recipe):
+        return tirx.const(0.0, "float32").astype(recipe.dtype)
     if recipe.x_signed:
         return tirx.const(recipe.x_zp - SHIFT, "int8")
     return tirx.const(recipe.x_zp, "uint8")
@@ -44,11 +44,12 @@ def pad_value(recipe):
 
 def epilogue_fn(recipe, comp, mult, bias, residual):
     """acc (int32) -> fp32: (acc - zp*wsum[k]) * (s_x*s_w[k]) + bias[k] (+ residual), relu.
-    A bf16 op's acc is float32 already: acc + bias[k] (+ residual), relu; a bf16 bmm's scale
-    (attention's 1 / sqrt(d)) multiplies it first, since its run-time operand cannot hold it."""
+    A float (bf16 or float32) op's acc is float32 already: acc + bias[k] (+ residual), relu;
+    a float bmm's scale (attention's 1 / sqrt(d)) multiplies it first, since its run-time
+    operand cannot hold it."""
 
     def fn(acc, k, out_idx):
-        if is_bf16(recipe):
+        if is_float(recipe):
             v = (acc * mult[k] if mult is not None else acc) + bias[k]
         else:
             # a bmm's zero-point term depends on its run-time second operand: one per batch row
@@ -111,8 +112,8 @@ def quantized(value, recipe):
     """An activation read from the op's input as the instruction takes it: as is when the
     producer already requantized it, else quantized (or rounded to bf16) here; re-based to
     int8 (x - 128, an xor of the sign bit) for an s8 x s8 instruction."""
-    if is_bf16(recipe):
-        return value if recipe.in_u8 else round_to_bf16(value).astype("bfloat16")
+    if is_float(recipe):
+        return value if recipe.in_u8 else second_operand(value, recipe)
     q = value if recipe.in_u8 else quantize_value(value, recipe.x_scale, recipe.x_zp)
     if recipe.x_signed:
         return (q ^ tirx.const(SHIFT, "uint8")).astype("int8")  # u8 - 128 as s8
@@ -121,7 +122,7 @@ def quantized(value, recipe):
 
 def second_operand(value, recipe):
     """A bmm's second operand as the instruction takes it: the int8 values quantized_y made,
-    or (bf16) the float32 activation rounded to bf16 here."""
+    or (bf16) the float32 activation rounded to bf16 here (float32: as it is)."""
     return round_to_bf16(value).astype("bfloat16") if is_bf16(recipe) else value
 
 
@@ -189,7 +190,7 @@ def placeholders(recipe, x_shape, w_shape):
     """x, w, comp, mult, bias, residual: the op's arguments (comp None for bf16, which has no
     quantization to undo, and mult too but for a bmm's scale; residual None without one; x a
     GatedInput with recipe.x_gate)."""
-    bf16, bmm = is_bf16(recipe), recipe.kind == "bmm"
+    bf16, bmm = is_float(recipe), recipe.kind == "bmm"  # any float form, bf16 or float32
     x = te.placeholder(x_shape, "uint8" if recipe.in_u8 else "float32", name="x")
     if recipe.x_gate:
         gate = te.placeholder((recipe.in_shape[0], recipe.in_shape[1], 1, 1), "float32",

@@ -137,10 +137,11 @@ def quantized_bmm(chain, x_values, y_values, x_scale: float, x_zp: int) -> Quant
     return QuantizedOp(chain, _recipe(chain, fields), consts)
 
 
-def bf16_bmm(chain) -> QuantizedOp:
-    """The QuantizedOp of a bmm chain in bf16 (both operands rounded to bf16 in the kernel,
-    float32 sums; constants: the chain's scale and bias per output column). No guard: each
-    operand keeps 8 significant bits and the sum is float32, as in a bf16 dense layer."""
-    fields = dict(_bmm_fields(chain), dtype="bfloat16", **_view_fields(chain))
+def float_bmm(chain, dtype: str = "bfloat16") -> QuantizedOp:
+    """The QuantizedOp of a bmm chain in a float form: bf16 (both operands rounded to bf16 in
+    the kernel) or float32 (as they are), float32 sums; constants: the chain's scale and bias
+    per output column. No guard: a bf16 operand keeps 8 significant bits and the sum is
+    float32, as in a bf16 dense layer."""
+    fields = dict(_bmm_fields(chain), dtype=dtype, **_view_fields(chain))
     consts = [chain.scale.astype(np.float32), chain.shift.astype(np.float32)]
     return QuantizedOp(chain, _recipe(chain, fields), consts)

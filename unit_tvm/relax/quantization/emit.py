@@ -10,7 +10,7 @@ from tvm import relax
 from ..core import u8_values
 from ..core import views
 from ..core.graph import dataflow_bindings, max_pool_on, vars_in
-from ..core.recipe import out_dtype, out_shape
+from ..core.recipe import is_float, out_dtype, out_shape
 from ..cpu import qbmm
 from ..cpu import u8_pools
 from ..cpu.qops import plain_func
@@ -170,7 +170,7 @@ def _emit_chain(bb, chain, recipe, consts, remap, counter, var, u8_of):
             y_arg = views.emit_operand(bb, y_arg, chain.y_view, recipe.w_shape)
         elif [int(v) for v in chain.y.ty.shape] != list(recipe.w_shape):
             y_arg = bb.emit(relax.op.reshape(y_arg, recipe.w_shape))
-        if recipe.dtype == "bfloat16":
+        if is_float(recipe):
             args.append(y_arg)
         else:
             yq = bb.emit(qbmm.quantized_y(y_arg, recipe.y_scale))

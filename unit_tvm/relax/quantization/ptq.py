@@ -48,8 +48,8 @@ from ..core import views
 from ..core.chains import epilogue_fields, find_chains
 from ..core.graph import dataflow_bindings
 from ..core.graph import uses as count_uses
-from ..core.recipe import (ATTR, CONV_KINDS, QuantizedOp, Recipe, candidates,
-    implied_clamps_dropped, weight_pair_bound)
+from ..core.recipe import (ATTR, CONV_KINDS, FLOAT_FORMS, QuantizedOp, Recipe, candidates,
+    has_float32_instruction, implied_clamps_dropped, weight_pair_bound)
 from ..cpu import attention_check
 from ..cpu import qbmm
 from ..cpu.fused_attention import attention_plans, fuse_attention
@@ -133,23 +133,26 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     (and long attention the int8 kernel does not take) as `default_attention(target)`.
     """
 
-    if dtype not in ("int8", "bfloat16"):
-        raise ValueError(f"dtype must be 'int8' or 'bfloat16', got {dtype!r}")
+    if dtype not in ("int8", *FLOAT_FORMS):
+        raise ValueError(f"dtype must be 'int8', 'bfloat16' or 'float32', got {dtype!r}")
     if attention is not None and attention not in ATTENTION:
         raise ValueError(f"attention must be one of {ATTENTION} or None, got {attention!r}")
+    if dtype == "float32" and attention not in (None, "fp32"):
+        raise ValueError(f"a float32 model keeps float32 attention, not {attention!r}")
     target = as_target(target)
-    fused = attention or default_fused_attention(target, dtype)
-    attention = attention or default_attention(target)
+    fused = "fp32" if dtype == "float32" else attention or default_fused_attention(target, dtype)
+    attention = "fp32" if dtype == "float32" else attention or default_attention(target)
     samples = list(calibration_data)
     # the passes, in order: each below says what it decides
     mod, model_scales = _graph_form(mod, params, target, dtype, fused, attention, samples)
     func = mod["main"]
-    chains, bf16_bmms = _chains(func, dtype, attention, model_scales, samples)
-    if dtype == "bfloat16":
-        return _to_bfloat16(mod, [c for c in chains if c.kind == "dense"
-                                  or int(c.attrs.groups) == 1], bf16_bmms)
+    chains, float_bmms = _chains(func, dtype, attention, model_scales, samples, target)
+    bmm_dtype = "bfloat16" if attention == "bf16" else "float32"
+    if dtype in FLOAT_FORMS:
+        return _to_float(mod, [c for c in chains if c.kind == "dense"
+                               or int(c.attrs.groups) == 1], float_bmms, dtype, bmm_dtype)
     if not chains:
-        return _to_bfloat16(mod, [], bf16_bmms)
+        return _to_float(mod, [], float_bmms, dtype, bmm_dtype)
     shortcuts = residual_only_ends(func, chains)
     qparams = functools.partial(_activation_qparams, method=method, percentile=percentile)
     seen = _calibrate(mod, chains, shortcuts, samples, target, model_scales, qparams)
@@ -160,8 +163,8 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
         for op in by_end.values():  # the tuned configs its databases hold)
             op.recipe = implied_clamps_dropped(op.recipe)
     # bf16 matmuls read and write float32: decided after the uint8 edges, which they keep out of
-    return rewrite(mod, chains + bf16_bmms, {**by_end, **_bf16_bmm_ops(func, bf16_bmms, chains)},
-                   pools, plan)
+    return rewrite(mod, chains + float_bmms,
+                   {**by_end, **_float_bmm_ops(func, float_bmms, chains, bmm_dtype)}, pools, plan)
 
 
 def _graph_form(mod, params, target, dtype, fused, attention, samples):
@@ -180,17 +183,19 @@ def _graph_form(mod, params, target, dtype, fused, attention, samples):
     return mod, {}
 
 
-def _chains(func, dtype, attention, model_scales, samples):
-    """(chains to quantize, activation x activation matmuls to run in bf16): every chain
-    (core/chains.py) but the bmms `attention` leaves to fp32 or bf16; for a QDQ model without
+def _chains(func, dtype, attention, model_scales, samples, target):
+    """(chains to quantize, activation x activation matmuls to run in a float form): every
+    chain (core/chains.py) but the bmms `attention` leaves to bf16 or float32 (float32 ones
+    on the target's float32 instruction, where it has one); for a QDQ model without
     calibration inputs, only the ops its pairs quantize."""
     found = find_chains(func)
-    bf16_bmms = [c for c in found if c.kind == "bmm" and attention == "bf16"]
+    float_bmms = [c for c in found if c.kind == "bmm" and (
+        attention == "bf16" or (attention == "fp32" and has_float32_instruction(target)))]
     chains = [c for c in found if c.kind != "bmm" or (attention == "int8" and dtype == "int8")]
     if model_scales and not samples:
         # a QDQ model without calibration inputs: int8 where its pairs say, float32 elsewhere
         chains = [c for c in chains if c.kind != "bmm" and c.x in model_scales]
-    return chains, bf16_bmms
+    return chains, float_bmms
 
 
 def _quantized_ops(func, chains, seen, model_scales, qparams, pair_bound):
@@ -338,30 +343,32 @@ def _quantized_op(chain, x_scale, x_zp, x_moments, pair_bound=None):
     return QuantizedOp(chain, recipe, consts)
 
 
-def _bf16_bmm_ops(func, bmms, chains=()) -> dict:
-    """{end var: QuantizedOp} of bmm chains computed in bf16 (qbmm.bf16_bmm), with the layout
-    ops around them folded in (relax/core/views.py; `chains`: the model's other quantized ops)."""
+def _float_bmm_ops(func, bmms, chains=(), dtype="bfloat16") -> dict:
+    """{end var: QuantizedOp} of bmm chains computed in a float form (qbmm.float_bmm: bf16 for
+    bf16 attention, float32 for float32 attention), with the layout ops around them folded in
+    (relax/core/views.py; `chains`: the model's other quantized ops)."""
     bindings = dataflow_bindings(func)
     views.fold_bmm_layouts(bindings, count_uses(bindings, func), bmms, [*chains, *bmms])
     for chain in bmms:
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
-    return {chain.end: qbmm.bf16_bmm(chain) for chain in bmms}
+    return {chain.end: qbmm.float_bmm(chain, dtype) for chain in bmms}
 
 
-def _to_bfloat16(mod, chains, bmms=()):
-    """mod with every chain one bf16 op: weights (per-channel scale folded in) rounded to bf16,
-    the bias (shift) kept in float32; and every bmm chain of `bmms` one bf16 bmm; edges
-    between ops stay float32."""
+def _to_float(mod, chains, bmms=(), dtype="bfloat16", bmm_dtype="bfloat16"):
+    """mod with every chain one op in the float form `dtype`: weights (per-channel scale
+    folded in) in that dtype, the bias (shift) kept in float32; and every bmm chain of `bmms`
+    one bmm in the float form `bmm_dtype`; edges between ops stay float32."""
 
     if not chains and not bmms:
         return mod
     func = mod["main"]
-    by_end = _bf16_bmm_ops(func, bmms, chains)
+    by_end = _float_bmm_ops(func, bmms, chains, bmm_dtype)
     for chain in chains:
         w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
-        chain.wq = w.astype(np.float32).astype(ml_dtypes.bfloat16)
+        chain.wq = w.astype(np.float32).astype(ml_dtypes.bfloat16 if dtype == "bfloat16"
+                                               else np.float32)
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
-        by_end[chain.end] = QuantizedOp(chain, _recipe(chain, dtype="bfloat16"),
+        by_end[chain.end] = QuantizedOp(chain, _recipe(chain, dtype=dtype),
                                         [chain.wq, chain.shift.astype(np.float32)])
     return rewrite(mod, list(chains) + list(bmms), by_end)
 
