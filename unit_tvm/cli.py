@@ -279,6 +279,9 @@ def _add_model_commands(sub):
                    "graph) and TVM's own GPU build")
     p.add_argument("--bf16", action="store_true",
                    help="also unit-tvm bf16 (quantize dtype=bfloat16) and PyTorch bf16 (autocast)")
+    p.add_argument("--fp32", action="store_true",
+                   help="the float32 table instead: unit-tvm fp32 against PyTorch fp32 (eager "
+                   "and inductor), OpenVINO fp32 and ONNX Runtime fp32")
     _attention_arg(p, "unit-tvm int8: ")
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")
@@ -312,6 +315,8 @@ def _add_model_commands(sub):
     p.add_argument("--tune", action="store_true", help="tune what the database lacks")
     p.add_argument("--repeats", type=int, default=5, help="timed runs of each kernel call")
     p.add_argument("--top", type=int, default=25, help="kernels listed")
+    p.add_argument("--fp32", action="store_true", help="the float32 model as compile builds it "
+                   "without quantize (each kernel's %% of the float32 multiply-add's peak)")
     _attention_arg(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_profile)

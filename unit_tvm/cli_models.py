@@ -24,7 +24,8 @@ def cmd_bench_model(args):
     log = (lambda *a: None) if args.json else print
     if args.target == "cuda":
         return _bench_model_gpu(args, log)
-    engines = model.ENGINES + (model.BF16_ENGINES if args.bf16 else ())
+    engines = model.FP32_ENGINES if args.fp32 else model.ENGINES
+    engines += model.BF16_ENGINES if args.bf16 else ()
     if args.engines:
         engines = tuple(args.engines)
     engines = tuple(e for e in engines if e not in (args.skip or []))
@@ -135,7 +136,8 @@ def cmd_profile(args):
     """unit-tvm profile MODEL: per-kernel time, GOPS and % of peak of the compiled model."""
     prof = profile.profile_model(args.model, database=args.database, tune=args.tune,
                                  trials=args.trials, repeats=args.repeats,
-                                 attention=args.attention, batch=args.batch)
+                                 attention=args.attention, batch=args.batch,
+                                 dtype="float32" if args.fp32 else "int8")
     if args.json:
         print(json.dumps({"model": prof.model, "end_to_end_ms": prof.end_to_end_ms,
                           "kernel_ms": prof.kernel_ms, "in_run_ms": prof.in_run_ms,

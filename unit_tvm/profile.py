@@ -133,26 +133,27 @@ def _target():
 
 
 def profile_model(name, *, database=None, tune=False, trials=None, repeats=5,
-                  attention=None, batch=1) -> Profile:
-    """Compile the zoo model `name` (or an ONNX file) as bench-model does (int8, database
-    configs; tuned when tune=True; attention as quantize takes it; a zoo model at `batch`) and
-    profile its inferences kernel by kernel."""
+                  attention=None, batch=1, dtype="int8") -> Profile:
+    """Compile the zoo model `name` (or an ONNX file) as bench-model does (int8, or the
+    float32 form with dtype="float32"; database configs; tuned when tune=True; attention as
+    quantize takes it; a zoo model at `batch`) and profile its inferences kernel by kernel."""
     from .bench.model import make_case  # the engines import torch (optional extra)
 
     case = make_case(name, 2, batch=batch)
     mod = relax_module(case)  # a file that arrives quantized runs as bench-model runs it
     return profile_module(mod, calibration(case, mod), case.inputs[0], name=case.name,
                           database=database, tune=tune, trials=trials, repeats=repeats,
-                          attention=attention)
+                          attention=attention, dtype=dtype)
 
 
 def profile_module(mod, calibration, x, *, name="model", database=None, tune=False,
-                   trials=None, repeats=5, attention=None) -> Profile:
-    """Quantize (int8, with `calibration`; `attention` as quantize takes it), tensorize and
-    compile the Relax module `mod`, then profile three inferences on input `x` kernel by
-    kernel."""
+                   trials=None, repeats=5, attention=None, dtype="int8") -> Profile:
+    """Quantize (int8, with `calibration`; `attention` as quantize takes it; or dtype="float32":
+    the float32 form unit_tvm.compile builds without quantize), tensorize and compile the
+    Relax module `mod`, then profile three inferences on input `x` kernel by kernel."""
     target = _target()
-    qmod = quantize(mod, calibration_data=calibration, target=target, attention=attention)
+    qmod = quantize(mod, calibration_data=calibration, target=target, attention=attention,
+                    dtype=dtype)
     pass_ = UnitTensorize(target, database=Database(database or default_path()), tune=tune,
                           trials=trials)
     # legalized here once: build_relax then finds nothing left to legalize, and the fp32

@@ -1,6 +1,7 @@
 """OpenVINO int8: the model converted from PyTorch (or read from the user's ONNX file),
 quantized by NNCF post-training quantization on the same calibration inputs, compiled for the
-CPU with the latency hint."""
+CPU with the latency hint; OpenVINO fp32: the same converted model, INFERENCE_PRECISION_HINT
+f32 (without it OpenVINO runs bf16 on CPUs with a bf16 dot product)."""
 
 import contextlib
 import sys
@@ -57,6 +58,37 @@ def _quantized(case: ModelCase, model) -> dict:
     return out
 
 
+def _converted(case: ModelCase):
+    """The case's model as an OpenVINO model (from the torch module, or the ONNX file)."""
+    import openvino as ov
+
+    if case.onnx_path:
+        model = ov.convert_model(case.onnx_path)
+        model.reshape(list(case.shape))  # symbolic dimensions as the benchmark feeds them
+        return model
+    import torch
+
+    with attention_as_ops():
+        return ov.convert_model(case.model, example_input=torch.tensor(case.calibration[0]))
+
+
+def openvino_fp32(case: ModelCase) -> Engine:
+    """The model in float32 (INFERENCE_PRECISION_HINT f32), INFERENCE_NUM_THREADS =
+    case.threads, the latency hint."""
+    import openvino as ov
+
+    watch = Stopwatch()
+    compiled = ov.Core().compile_model(_converted(case), "CPU", {
+        "INFERENCE_NUM_THREADS": case.threads, "PERFORMANCE_HINT": "LATENCY",
+        "INFERENCE_PRECISION_HINT": "f32"})
+    request, x = compiled.create_infer_request(), case.inputs[0].copy()  # it writes its inputs
+    return Engine(
+        "OpenVINO fp32", "fp32", lambda: request.infer({0: x}),
+        lambda inp: first_output(compiled({0: inp.copy()})[0]).copy(),
+        threads=str(compiled.get_property("INFERENCE_NUM_THREADS")), compile_s=watch(),
+        variant="f32", extra=_layers(compiled))
+
+
 def openvino_int8(case: ModelCase, references) -> Engine:
     """NNCF int8 (default preset, and the transformer one for transformers),
     INFERENCE_NUM_THREADS = case.threads; the fastest of its presets and precision settings
@@ -64,15 +96,7 @@ def openvino_int8(case: ModelCase, references) -> Engine:
     import openvino as ov
 
     watch = Stopwatch()
-    if case.onnx_path:
-        model = ov.convert_model(case.onnx_path)
-        model.reshape(list(case.shape))  # symbolic dimensions as the benchmark feeds them
-    else:
-        import torch
-
-        with attention_as_ops():
-            model = ov.convert_model(case.model,
-                                     example_input=torch.tensor(case.calibration[0]))
+    model = _converted(case)
     # OpenVINO writes into the numpy arrays it is given (measured: the benchmark's inputs changed
     # after its first inferences), so it only ever sees copies
     x = case.inputs[0].copy()

@@ -117,6 +117,21 @@ def _preprocessed(case, tmp):
     return fp32
 
 
+def ort_fp32(case: ModelCase) -> Engine:
+    """The float32 model (the same pre-processed file the int8 variants start from), all graph
+    optimizations, intra-op threads = case.threads."""
+    watch = Stopwatch()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _preprocessed(case, tmp)
+        feed, sess = input_name(path), _session(path, case.threads)
+    x = case.inputs[0]
+    return Engine(
+        "ORT fp32", "fp32", lambda: sess.run(None, {feed: x}),
+        lambda inp: first_output(sess.run(None, {feed: inp})[0]),
+        threads=str(sess.get_session_options().intra_op_num_threads), compile_s=watch(),
+        variant="ORT_ENABLE_ALL")
+
+
 def ort_int8(case: ModelCase, references) -> Engine:
     """The fastest accurate ORT int8 variant; references: fp32 outputs of case.inputs."""
     watch = Stopwatch()

@@ -37,6 +37,29 @@ def torch_fp32(case: ModelCase) -> Engine:
     return _engine("PyTorch fp32", "fp32", case.model, case, watch, "eager")
 
 
+def torch_inductor_fp32(case: ModelCase) -> Engine:
+    """The fp32 module through torch.compile (inductor, freezing on), with and without
+    max-autotune: the faster of the two (both are fp32: their outputs are not compared)."""
+    import torch
+    import torch._inductor.config as inductor_config
+
+    watch = Stopwatch()
+    torch.set_num_threads(case.threads)
+    inductor_config.freezing = True
+    x = torch.tensor(case.inputs[0])
+    built = {}
+    for mode in ("default", "max-autotune"):
+        torch._dynamo.reset()
+        fn = torch.compile(copy.deepcopy(case.model), mode=mode)
+        _no_grad(fn, x)  # compiles
+        built[mode] = fn
+    times = interleaved({m: (lambda f=f: _no_grad(f, x)) for m, f in built.items()},
+                        rounds=6, warmup=2)
+    best = min(times, key=lambda m: times[m].min_ms)
+    return _engine("PyTorch inductor fp32", "fp32", built[best], case, watch, f"inductor, {best}",
+                   {"variants": {m: {"min_ms": t.min_ms} for m, t in times.items()}})
+
+
 def torch_fx_int8(case: ModelCase) -> Engine:
     """FX post-training quantization with the x86 backend's default qconfig."""
     import torch

@@ -69,6 +69,14 @@ def unit_tvm_bf16(case: ModelCase) -> Engine:
     return _unit_tvm(case, qmod, "unit-tvm bf16", "bf16", watch)
 
 
+def unit_tvm_fp32(case: ModelCase) -> Engine:
+    """The float32 model as unit_tvm.compile builds it without quantize: convs, dense layers
+    and attention on the target's float32 multiply-add, epilogues fused."""
+    watch = Stopwatch()
+    qmod = quantize(relax_module(case), dtype="float32", target=_target(case))
+    return _unit_tvm(case, qmod, "unit-tvm fp32", "fp32", watch)
+
+
 def _unit_tvm(case, qmod, name, precision, watch):
     opts, target = case.options, _target(case)
     database = Database(opts.get("database") or default_path())

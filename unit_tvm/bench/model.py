@@ -38,11 +38,20 @@ BUILDERS = {
     "TVM fp32": (engine_tvm.tvm_fp32, False),
     "unit-tvm bf16": (engine_tvm.unit_tvm_bf16, False),
     "PyTorch bf16": (engine_torch.torch_bf16, False),
+    "unit-tvm fp32": (engine_tvm.unit_tvm_fp32, False),
+    "PyTorch inductor fp32": (engine_torch.torch_inductor_fp32, False),
+    "OpenVINO fp32": (engine_openvino.openvino_fp32, False),
+    "ORT fp32": (engine_ort.ort_fp32, False),
 }
-ENGINES = tuple(k for k in BUILDERS if "bf16" not in k)
 BF16_ENGINES = ("unit-tvm bf16", "PyTorch bf16")
+# bench-model --fp32: the float32 table (every engine in float32, same protocol)
+FP32_ENGINES = ("unit-tvm fp32", "PyTorch fp32", "PyTorch inductor fp32", "OpenVINO fp32",
+                "ORT fp32")
+ENGINES = tuple(k for k in BUILDERS if k not in BF16_ENGINES
+                and (k not in FP32_ENGINES or k == "PyTorch fp32"))
 SLOW = ("TVM int8", "TVM fp32")  # untensorized: seconds per call
-TORCH_ONLY = ("PyTorch PT2E int8", "PyTorch int8", "PyTorch fp32", "PyTorch bf16")
+TORCH_ONLY = ("PyTorch PT2E int8", "PyTorch int8", "PyTorch fp32", "PyTorch bf16",
+              "PyTorch inductor fp32")
 MIN_COSINE = 0.99
 # Inputs for the accuracy check (calibration uses others). Top-1 agreement needs many: a random-
 # weight encoder gives every token of a sequence the same argmax hidden unit, so each input is
@@ -92,9 +101,10 @@ def _references(case):
         return [case.model(torch.tensor(x)).numpy() for x in case.inputs]
 
 
-def strongest(engines: dict) -> str:
-    """The fastest int8 engine other than unit-tvm that keeps cosine >= MIN_COSINE, or ''."""
-    rivals = [n for n, e in engines.items() if e["precision"] == "int8"
+def strongest(engines: dict, precision: str = "int8") -> str:
+    """The fastest `precision` engine other than unit-tvm that keeps cosine >= MIN_COSINE,
+    or ''."""
+    rivals = [n for n, e in engines.items() if e["precision"] == precision
               and not n.startswith("unit-tvm") and n not in SLOW
               and (e["cosine"] or 0) >= MIN_COSINE]
     return min(rivals, key=lambda n: engines[n]["min_ms"]) if rivals else ""
@@ -148,17 +158,20 @@ def run_model(name, *, engines=ENGINES, n_inputs=ACCURACY_INPUTS, rounds=10, log
 def _speedups(result, log):
     e = result["engines"]
     result["strongest"] = strongest(e)
-    for ours, key in (("unit-tvm int8", "speedup"), ("unit-tvm bf16", "bf16_speedup")):
+    result["strongest_fp32"] = strongest(e, "fp32")
+    for ours, key in (("unit-tvm int8", "speedup"), ("unit-tvm bf16", "bf16_speedup"),
+                      ("unit-tvm fp32", "fp32_speedup")):
         if ours not in e:
             continue
         base = e[ours]["min_ms"]
         result[key] = {k: v["min_ms"] / base for k, v in e.items()
                        if not k.startswith("unit-tvm") and v["precision"] in (
                            e[ours]["precision"], "fp32")}
-        if key == "speedup" and result["strongest"]:
-            result["vs_strongest"] = result[key][result["strongest"]]
+        rival = {"speedup": "strongest", "fp32_speedup": "strongest_fp32"}.get(key)
+        if rival and result[rival]:
+            result["vs_" + rival] = result[key][result[rival]]
         log(f"  {ours}: " + ", ".join(f"{v:.2f}x vs {k}" for k, v in result[key].items())
-            + (f"; strongest: {result['strongest']}" if key == "speedup" else ""))
+            + (f"; strongest: {result[rival]}" if rival else ""))
 
 
 def geomean(values) -> float:
@@ -173,6 +186,7 @@ def geomean_speedups(results, key="speedup") -> dict:
     engines = {k for r in results for k in r.get(key, {})}
     for engine in sorted(engines):
         out[engine] = geomean([r[key][engine] for r in results if engine in r.get(key, {})])
-    if key == "speedup":
-        out["strongest"] = geomean([r.get("vs_strongest") for r in results])
+    if key in ("speedup", "fp32_speedup"):
+        rival = "strongest" if key == "speedup" else "strongest_fp32"
+        out["strongest"] = geomean([r.get("vs_" + rival) for r in results])
     return out

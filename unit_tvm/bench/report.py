@@ -17,7 +17,8 @@ def write_outputs(results, out_dir, host_info=None) -> list:
     with open(os.path.join(out_dir, "bench_model.json"), "w") as f:
         json.dump({"host": host_info or {}, "results": results,
                    "geomean_speedup": geomean_speedups(results),
-                   "geomean_bf16_speedup": geomean_speedups(results, "bf16_speedup")}, f,
+                   "geomean_bf16_speedup": geomean_speedups(results, "bf16_speedup"),
+                   "geomean_fp32_speedup": geomean_speedups(results, "fp32_speedup")}, f,
                   indent=1, default=str)
     csv_path = os.path.join(out_dir, "bench_model.csv")
     with open(csv_path, "w", newline="") as f:
@@ -74,8 +75,15 @@ def summary(results) -> str:
     if len(results) > 1 and geo:
         lines.append("geomean speedup of unit-tvm int8: " + ", ".join(
             f"{v:.2f}x over {k}" for k, v in geo.items()))
-    geo_bf16 = geomean_speedups(results, "bf16_speedup")
-    if len(results) > 1 and geo_bf16:
-        lines.append("geomean speedup of unit-tvm bf16: " + ", ".join(
-            f"{v:.2f}x over {k}" for k, v in geo_bf16.items()))
+    for r in results:
+        if r.get("strongest_fp32") and "vs_strongest_fp32" in r:
+            ours, theirs = r["engines"]["unit-tvm fp32"], r["engines"][r["strongest_fp32"]]
+            lines.append(f"{r['model']}: strongest other fp32 engine {r['strongest_fp32']}, "
+                         f"unit-tvm fp32 {r['vs_strongest_fp32']:.2f}x; cosine "
+                         f"{ours['cosine']:.7f} vs {theirs['cosine']:.7f}")
+    for key, label in (("bf16_speedup", "bf16"), ("fp32_speedup", "fp32")):
+        geo_other = geomean_speedups(results, key)
+        if len(results) > 1 and geo_other:
+            lines.append(f"geomean speedup of unit-tvm {label}: " + ", ".join(
+                f"{v:.2f}x over {k}" for k, v in geo_other.items()))
     return "\n".join(lines)
