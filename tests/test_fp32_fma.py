@@ -41,6 +41,9 @@ def test_fma_descriptions_read_off_their_semantics():
         assert intrin.broadcast_operand == "a" and not intrin.tile and not intrin.lanewise
         assert intrin.channel_blocks == (1, lanes)
         assert intrin.ops_per_instruction == 2 * lanes
+        wise = intrinsics.get(name + ".lanewise")
+        assert wise.lanewise and not wise.broadcast_operand and wise.lanes == lanes
+        assert wise.channel_blocks == (lanes, lanes) and wise.reduction_width == 1
 
 
 def _check_dense(target, rng, want_intrin):
@@ -139,6 +142,38 @@ def test_float32_model_compiles_onto_fma_within_1e4(level, rng):
     used = {row[1] for row in report}
     assert used == {WIDEST if level is None and intrinsics.get(WIDEST).supported() else AVX2}, \
         report
+
+
+class _InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expand, 3x3 depthwise, 1x1 project, residual; then a strided
+    depthwise conv with a channel count no block divides."""
+
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(
+            nn.Conv2d(16, 96, 1), nn.BatchNorm2d(96), nn.ReLU6(),
+            nn.Conv2d(96, 96, 3, padding=1, groups=96), nn.BatchNorm2d(96), nn.ReLU6(),
+            nn.Conv2d(96, 16, 1), nn.BatchNorm2d(16))
+        self.tail = nn.Conv2d(16, 20, 1)
+        self.down = nn.Conv2d(20, 20, 3, stride=2, padding=1, groups=20)
+
+    def forward(self, x):
+        return self.down(self.tail(x + self.block(x)))
+
+
+def test_float32_depthwise_convs_run_lanewise(rng):
+    """Depthwise convs take the multiply-add's lanewise form (one window tap per instruction on
+    NCHW[y]c), the other convs the broadcast one; within 1e-4 of PyTorch fp32."""
+    require_host(AVX2)
+    torch.manual_seed(0)
+    model = _InvertedResidual().eval()
+    x = _f32(rng, (1, 16, 14, 14))
+    got, report = _compiled_output(model, x)
+    with torch.no_grad():
+        want = model(torch.tensor(x)).numpy()
+    assert _relative(got, want) < 1e-4
+    lanewise = [row for row in report if row[1] and row[1].endswith(".lanewise")]
+    assert len(lanewise) == 2 and all(row[1] for row in report), report
 
 
 class _Attention(nn.Module):

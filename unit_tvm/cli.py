@@ -116,9 +116,17 @@ def _cmd_inspect(args):
 
 
 def _cmd_bench_op(args):
-    from .bench import op_level  # CLI start-up: each subcommand loads its own module
+    from .bench import op_fp32, op_level  # CLI start-up: each subcommand loads its own module
 
     quiet = args.json
+    if args.dtype == "float32":
+        rows, meta = op_fp32.run(quick=args.quick, trials=args.trials, database=args.database,
+                                 log=(lambda *a: None) if quiet else print, only=args.only)
+        paths = op_level.write_outputs(rows, meta, args.out, name="bench_ops_fp32",
+                                       baseline="PyTorch fp32")
+        print(json.dumps({"meta": meta, "rows": rows}, indent=1) if quiet
+              else "wrote " + ", ".join(paths))
+        return 0
     rows, meta = op_level.run(quick=args.quick, with_tvm_default=not args.no_tvm,
                               with_torch=not args.no_torch, trials=args.trials,
                               database=args.database, log=(lambda *a: None) if quiet else print,
@@ -239,6 +247,9 @@ def _add_op_commands(sub):
                    help="Table I convs, the GEMMs, or the ResNet-18-3D convs (UNIT Fig. 13)")
     p.add_argument("--no-tvm", action="store_true", help="skip TVM's untensorized build")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch")
+    p.add_argument("--dtype", choices=("int8", "float32"), default="int8",
+                   help="float32: on the float32 multiply-add vs PyTorch fp32 (the default "
+                   "configs' and the tuned ones' %% of its peak)")
     _tuning_args(p, "per workload")
     p.add_argument("--out", default="bench_out", help="folder for CSV/JSON/PNG")
     p.add_argument("--json", action="store_true")

@@ -238,9 +238,9 @@ def write_csv(path, rows):
     return path
 
 
-def write_outputs(rows, meta, out_dir, name="bench_ops"):
-    """CSV, JSON and a PNG bar chart (speedup over PyTorch per workload) in out_dir, as
-    NAME.csv / .json / .png."""
+def write_outputs(rows, meta, out_dir, name="bench_ops", baseline="PyTorch int8"):
+    """CSV, JSON and a PNG bar chart (speedup over `baseline`, PyTorch, per workload) in
+    out_dir, as NAME.csv / .json / .png."""
     os.makedirs(out_dir, exist_ok=True)
     csv_path = write_csv(os.path.join(out_dir, f"{name}.csv"), rows)
     with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
@@ -259,8 +259,8 @@ def write_outputs(rows, meta, out_dir, name="bench_ops"):
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(range(len(vals)))
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("speedup over PyTorch int8")
-        ax.set_title(f"unit-tvm tuned ({meta['threads']} threads) vs PyTorch int8 (oneDNN)")
+        ax.set_ylabel(f"speedup over {baseline}")
+        ax.set_title(f"unit-tvm tuned ({meta['threads']} threads) vs {baseline} (oneDNN)")
         fig.tight_layout()
         png = os.path.join(out_dir, f"{name}.png")
         fig.savefig(png, dpi=120)

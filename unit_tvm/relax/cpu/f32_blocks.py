@@ -19,7 +19,7 @@ from tvm import relax
 
 from ..core.graph import readers as binding_readers
 from ..core.graph import static_shape, vars_in
-from ..core.recipe import candidates
+from ..core.recipe import candidates, is_bf16
 from .edge_layouts import producers
 from .qarith import round_up
 
@@ -126,7 +126,7 @@ def _producer_block(recipe, target):
     already channel vectors, and a per-channel operand would have the region's shape. Channels
     need not fill the last block: its padding lanes start at 0.0 (qarith.packed_output), stay
     finite through the region's ops (_finite_on_padding) and are left out by every reader."""
-    if (recipe.kind != "conv2d" or recipe.out_q or recipe.dtype is not None
+    if (recipe.kind != "conv2d" or recipe.out_q or is_bf16(recipe)
             or len(recipe.out_shape) != 4 or recipe.out_shape[0] != 1
             or recipe.out_shape[2] * recipe.out_shape[3] == 1):
         return None
@@ -178,7 +178,7 @@ def _conv_roles(var, call, recipe):
     blocks (not a conv2d, or var in another argument)."""
     fields = list(call.args[1].fields)
     # (a bf16 conv could round the blocks as well; no model has needed it, so it is not tested)
-    if recipe.kind != "conv2d" or recipe.in_u8 or recipe.x_view or recipe.dtype is not None:
+    if recipe.kind != "conv2d" or recipe.in_u8 or recipe.x_view or is_bf16(recipe):
         return []
     roles = []
     if fields[0].same_as(var):

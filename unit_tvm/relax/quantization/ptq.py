@@ -149,8 +149,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     chains, float_bmms = _chains(func, dtype, attention, model_scales, samples, target)
     bmm_dtype = "bfloat16" if attention == "bf16" else "float32"
     if dtype in FLOAT_FORMS:
-        return _to_float(mod, [c for c in chains if c.kind == "dense"
-                               or int(c.attrs.groups) == 1], float_bmms, dtype, bmm_dtype)
+        return _to_float(mod, chains, float_bmms, dtype, bmm_dtype, target)
     if not chains:
         return _to_float(mod, [], float_bmms, dtype, bmm_dtype)
     shortcuts = residual_only_ends(func, chains)
@@ -343,6 +342,14 @@ def _quantized_op(chain, x_scale, x_zp, x_moments, pair_bound=None):
     return QuantizedOp(chain, recipe, consts)
 
 
+def _float_form_fits(recipe, target) -> bool:
+    """Whether an op takes its float form: dense layers and ungrouped convs always (without an
+    instruction they keep a plain loop nest, with a warning); grouped and depthwise convs only
+    where an instruction runs them (the float32 multiply-add's lanewise form runs depthwise
+    windows; no bf16 instruction here does)."""
+    return recipe.groups == 1 or bool(candidates(recipe, target))
+
+
 def _float_bmm_ops(func, bmms, chains=(), dtype="bfloat16") -> dict:
     """{end var: QuantizedOp} of bmm chains computed in a float form (qbmm.float_bmm: bf16 for
     bf16 attention, float32 for float32 attention), with the layout ops around them folded in
@@ -354,23 +361,28 @@ def _float_bmm_ops(func, bmms, chains=(), dtype="bfloat16") -> dict:
     return {chain.end: qbmm.float_bmm(chain, dtype) for chain in bmms}
 
 
-def _to_float(mod, chains, bmms=(), dtype="bfloat16", bmm_dtype="bfloat16"):
-    """mod with every chain one op in the float form `dtype`: weights (per-channel scale
-    folded in) in that dtype, the bias (shift) kept in float32; and every bmm chain of `bmms`
-    one bmm in the float form `bmm_dtype`; edges between ops stay float32."""
+def _to_float(mod, chains, bmms=(), dtype="bfloat16", bmm_dtype="bfloat16", target=None):
+    """mod with every chain one op in the float form `dtype` where it fits (_float_form_fits):
+    weights (per-channel scale folded in) in that dtype, the bias (shift) kept in float32;
+    and every bmm chain of `bmms` one bmm in the float form `bmm_dtype`; edges between ops
+    stay float32."""
 
     if not chains and not bmms:
         return mod
     func = mod["main"]
-    by_end = _float_bmm_ops(func, bmms, chains, bmm_dtype)
+    by_end, taken = {}, []
     for chain in chains:
         w = chain.weight * chain.scale.reshape((-1,) + (1,) * (chain.weight.ndim - 1))
         chain.wq = w.astype(np.float32).astype(ml_dtypes.bfloat16 if dtype == "bfloat16"
                                                else np.float32)
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
-        by_end[chain.end] = QuantizedOp(chain, _recipe(chain, dtype=dtype),
-                                        [chain.wq, chain.shift.astype(np.float32)])
-    return rewrite(mod, list(chains) + list(bmms), by_end)
+        recipe = _recipe(chain, dtype=dtype)
+        if _float_form_fits(recipe, as_target(target)):
+            taken.append(chain)
+            by_end[chain.end] = QuantizedOp(chain, recipe,
+                                            [chain.wq, chain.shift.astype(np.float32)])
+    by_end.update(_float_bmm_ops(func, bmms, taken, bmm_dtype))
+    return rewrite(mod, taken + list(bmms), by_end)
 
 
 def _struct_shape(func, var):
