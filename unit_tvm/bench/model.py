@@ -186,7 +186,7 @@ def geomean_speedups(results, key="speedup") -> dict:
     engines = {k for r in results for k in r.get(key, {})}
     for engine in sorted(engines):
         out[engine] = geomean([r[key][engine] for r in results if engine in r.get(key, {})])
-    if key in ("speedup", "fp32_speedup"):
-        rival = "strongest" if key == "speedup" else "strongest_fp32"
-        out["strongest"] = geomean([r.get("vs_" + rival) for r in results])
+    rival = {"speedup": "vs_strongest", "fp32_speedup": "vs_strongest_fp32"}.get(key)
+    if rival and any(r.get(rival) for r in results):
+        out["strongest"] = geomean([r.get(rival) for r in results])
     return out
