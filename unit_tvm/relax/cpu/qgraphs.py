@@ -87,10 +87,12 @@ def _producer_blocks(recipe, x, x_blk, padded_width):
     # and the producer's padding lanes hold real 0 (packed_output) against zero weights
     if not (ib and ib % x_blk == 0):
         return None
-    if (recipe.in_u8 and not any(recipe.padding) and padded_width == extents[-1]
-            and not recipe.x_signed):
-        # the producer's NC..[ib]c uint8 already holds every x_blk channels of a pixel
-        # together: the instruction reads it in place, no pass over the input
+    as_taken = (recipe.in_u8 and not recipe.x_signed) or (
+        recipe.dtype == "float32" and not recipe.x_gate)
+    if as_taken and not any(recipe.padding) and padded_width == extents[-1]:
+        # the producer's NC..[ib]c (uint8, or float32 for the float32 form) already holds
+        # every x_blk channels of a pixel as the instruction takes them: it reads them in
+        # place, no pass over the input
         return x, ib
     rank = len(extents)
     before, after = recipe.padding[:rank], recipe.padding[rank:]
