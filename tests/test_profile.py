@@ -166,6 +166,22 @@ def test_fp32_attention_reports_flops_and_fma_peak():
     assert f"{matmuls[0].peak_pct:.0f}%" in row and matmuls[0].instruction in row
 
 
+def test_float32_model_profile_shows_the_multiply_add_peak():
+    """profile --fp32: the float32 model as compile builds it without quantize; every dense
+    layer and attention matmul on the multiply-add, each with its % of that peak."""
+    require_host("x86.vfmadd231ps")
+    from .test_relax import TinyTransformer, _prepare
+
+    model = TinyTransformer()
+    _, xs, _ = _prepare(model, (1, 16, 64), n_cal=1)
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    prof = profile.profile_module(mod, (), xs[0], name="block", repeats=2, dtype="float32")
+    compute = [k for k in prof.kernels if k.category.startswith("tensorized")]
+    assert len(compute) >= 4 and not [k for k in prof.kernels if k.category == "fp32 compute"]
+    for k in compute:
+        assert k.instruction.startswith("x86.vfmadd231ps") and 0 < k.peak_pct <= 110
+
+
 _THREADS_SCRIPT = """
 import sys
 import numpy as np
