@@ -290,4 +290,4 @@ def test_pre_vnni_forms_are_superseded_where_vnni_runs():
     assert intrinsics.get("x86.vpmaddwd.256").supported(vnni)
     avx2 = [i.name for i in intrinsics.for_target(unit_tvm.target.restricted("avx2"))]
     assert avx2 == ["x86.vpmaddubsw.256", "x86.vpmaddwd.256", "x86.vpunpck.vpmaddwd.256",
-                    "x86.vfmadd231ps"]
+                    "x86.vfmadd231ps", "x86.vfmadd231ps.lanewise"]
