@@ -24,30 +24,17 @@ from .base import Intrinsic
 from .x86 import dot_semantics, lanewise_semantics
 
 
-def _fma_emit(lanes: int) -> Callable[[dict[str, tirx.Buffer]], None]:
+def _fma_emit(lanes: int, lanewise: bool) -> Callable[[dict[str, tirx.Buffer]], None]:
     def emit(bufs: dict[str, tirx.Buffer]) -> None:
         a, b, d = bufs["a"], bufs["b"], bufs["d"]
         vec = f"float32x{lanes}"
+        # lanewise: each lane's own activation; else one activation broadcast to every lane
+        a_vec = a.vload([0, 0], vec) if lanewise else tirx.Broadcast(a[0], lanes)
         # llvm.fma: always fused (never a separate multiply and add), lowered to vfmadd231ps /
-        # fmla with the broadcast folded into the instruction's memory operand where it can
+        # fmla with a broadcast or a load folded into the instruction's memory operand
         T.buffer_store(
             d,
-            tirx.call_llvm_pure_intrin(vec, f"llvm.fma.v{lanes}f32",
-                                       tirx.Broadcast(a[0], lanes), b.vload([0, 0], vec),
-                                       d.vload([0], vec)),
-            [tirx.Ramp(0, 1, lanes)],
-        )
-
-    return emit
-
-
-def _lanewise_fma_emit(lanes: int) -> Callable[[dict[str, tirx.Buffer]], None]:
-    def emit(bufs: dict[str, tirx.Buffer]) -> None:
-        a, b, d = bufs["a"], bufs["b"], bufs["d"]
-        vec = f"float32x{lanes}"
-        T.buffer_store(
-            d,
-            tirx.call_llvm_pure_intrin(vec, f"llvm.fma.v{lanes}f32", a.vload([0, 0], vec),
+            tirx.call_llvm_pure_intrin(vec, f"llvm.fma.v{lanes}f32", a_vec,
                                        b.vload([0, 0], vec), d.vload([0], vec)),
             [tirx.Ramp(0, 1, lanes)],
         )
@@ -55,65 +42,28 @@ def _lanewise_fma_emit(lanes: int) -> Callable[[dict[str, tirx.Buffer]], None]:
     return emit
 
 
-VFMADD231PS_512 = Intrinsic(
-    "x86.vfmadd231ps.512",
-    arch="x86_64",
-    requires=(("avx512f",),),
-    semantics=dot_semantics(16, 1, "float32", "float32", "float32"),
-    emit=_fma_emit(16),
-    doc="AVX512F vfmadd231ps zmm: 16 float32 lanes += one broadcast float32 x 16 weights, fused "
-    "(one rounding).",
-)
+def _forms(name: str, arch: str, requires: tuple[tuple[str, ...], ...], lanes: int,
+           what: str) -> tuple[Intrinsic, Intrinsic]:
+    """(broadcast form, lanewise form) of a float32 multiply-add of `lanes` lanes."""
+    f32 = ("float32", "float32", "float32")
+    broadcast = Intrinsic(
+        name, arch=arch, requires=requires, semantics=dot_semantics(lanes, 1, *f32),
+        emit=_fma_emit(lanes, lanewise=False),
+        doc=f"{what}: {lanes} float32 lanes += one broadcast float32 x {lanes} weights, fused "
+        "(one rounding).")
+    lanewise = Intrinsic(
+        name + ".lanewise", arch=arch, requires=requires,
+        semantics=lanewise_semantics(lanes, 1, *f32), emit=_fma_emit(lanes, lanewise=True),
+        doc=f"{what}, lanewise: {lanes} channels each += its own pixel x its own weight (one "
+        f"tap of a depthwise window on NCHW{lanes}c), fused.")
+    return broadcast, lanewise
 
-VFMADD231PS = Intrinsic(
-    "x86.vfmadd231ps",
-    arch="x86_64",
-    requires=(("fma", "avx2"),),
-    semantics=dot_semantics(8, 1, "float32", "float32", "float32"),
-    emit=_fma_emit(8),
-    doc="AVX2 + FMA vfmadd231ps ymm: 8 float32 lanes += one broadcast float32 x 8 weights, fused "
-    "(one rounding).",
-)
 
-FMLA = Intrinsic(
-    "arm.fmla",
-    arch="aarch64",
-    requires=(("neon",),),
-    semantics=dot_semantics(4, 1, "float32", "float32", "float32"),
-    emit=_fma_emit(4),
-    doc="NEON fmla v.4s (by-element form): 4 float32 lanes += one broadcast float32 x 4 weights, "
-    "fused.",
-)
-
-VFMADD231PS_512_LANEWISE = Intrinsic(
-    "x86.vfmadd231ps.512.lanewise",
-    arch="x86_64",
-    requires=(("avx512f",),),
-    semantics=lanewise_semantics(16, 1, "float32", "float32", "float32"),
-    emit=_lanewise_fma_emit(16),
-    doc="AVX512F vfmadd231ps zmm, lanewise: 16 channels each += its own pixel x its own weight "
-    "(one tap of a depthwise window on NCHW16c), fused.",
-)
-
-VFMADD231PS_LANEWISE = Intrinsic(
-    "x86.vfmadd231ps.lanewise",
-    arch="x86_64",
-    requires=(("fma", "avx2"),),
-    semantics=lanewise_semantics(8, 1, "float32", "float32", "float32"),
-    emit=_lanewise_fma_emit(8),
-    doc="AVX2 + FMA vfmadd231ps ymm, lanewise: 8 channels each += its own pixel x its own "
-    "weight (one tap of a depthwise window on NCHW8c), fused.",
-)
-
-FMLA_LANEWISE = Intrinsic(
-    "arm.fmla.lanewise",
-    arch="aarch64",
-    requires=(("neon",),),
-    semantics=lanewise_semantics(4, 1, "float32", "float32", "float32"),
-    emit=_lanewise_fma_emit(4),
-    doc="NEON fmla v.4s (vector form), lanewise: 4 channels each += its own pixel x its own "
-    "weight (a depthwise window's tap), fused.",
-)
+VFMADD231PS_512, VFMADD231PS_512_LANEWISE = _forms(
+    "x86.vfmadd231ps.512", "x86_64", (("avx512f",),), 16, "AVX512F vfmadd231ps zmm")
+VFMADD231PS, VFMADD231PS_LANEWISE = _forms(
+    "x86.vfmadd231ps", "x86_64", (("fma", "avx2"),), 8, "AVX2 + FMA vfmadd231ps ymm")
+FMLA, FMLA_LANEWISE = _forms("arm.fmla", "aarch64", (("neon",),), 4, "NEON fmla v.4s")
 
 # registry order is preference order (unit_tvm.selection): the widest first
 INTRINSICS = [VFMADD231PS_512, VFMADD231PS, FMLA, VFMADD231PS_512_LANEWISE,
