@@ -187,21 +187,22 @@ class GatedInput:
 
 
 def placeholders(recipe, x_shape, w_shape):
-    """x, w, comp, mult, bias, residual: the op's arguments (comp None for bf16, which has no
-    quantization to undo, and mult too but for a bmm's scale; residual None without one; x a
-    GatedInput with recipe.x_gate)."""
-    bf16, bmm = is_float(recipe), recipe.kind == "bmm"  # any float form, bf16 or float32
+    """x, w, comp, mult, bias, residual: the op's arguments (comp None for a float form, which
+    has no quantization to undo, and mult too but for a bmm's scale; residual None without
+    one; x a GatedInput with recipe.x_gate)."""
+    float_form, bmm = is_float(recipe), recipe.kind == "bmm"  # bf16 or float32
     x = te.placeholder(x_shape, "uint8" if recipe.in_u8 else "float32", name="x")
     if recipe.x_gate:
         gate = te.placeholder((recipe.in_shape[0], recipe.in_shape[1], 1, 1), "float32",
                               name="gate")
         x = GatedInput(x, gate, recipe.in_block)
     # a bmm's w is its second operand: int8 (quantized_y), or float32 rounded in the kernel
-    w = te.placeholder(w_shape, "float32" if bf16 and bmm else dtypes(recipe)[1], name="w")
+    w = te.placeholder(w_shape, "float32" if float_form and bmm else dtypes(recipe)[1],
+                       name="w")
     k = recipe.out_channels
     comp_shape = (recipe.in_shape[0], k) if bmm else (k,)
-    comp = None if bf16 else te.placeholder(comp_shape, "int32", name="comp")
-    mult = None if bf16 and not bmm else te.placeholder((k,), "float32", name="mult")
+    comp = None if float_form else te.placeholder(comp_shape, "int32", name="comp")
+    mult = None if float_form and not bmm else te.placeholder((k,), "float32", name="mult")
     bias = te.placeholder((k,), "float32", name="bias")
     rb = recipe.residual_block
     residual = te.placeholder(packed_shape(recipe.out_shape, rb) if rb else recipe.out_shape,
