@@ -31,6 +31,9 @@ dtype="bfloat16" prepares the model for bf16 dot products (x86.vdpbf16ps): the s
 fused epilogues, with weights rounded to bf16 after folding, activations rounded to bf16 inside
 the op and float32 accumulation; no calibration is needed. Grouped convs stay fp32 there (no
 bf16 instruction here fits a depthwise window, and bf16 would only lose precision).
+dtype="float32" is the same pass keeping float32 (what unit_tvm.compile runs on a float32
+model): batch norms folded into float32 weights, epilogues fused, depthwise convs too where
+an instruction runs them (the multiply-add's lanewise form), attention matmuls float32.
 """
 
 import functools
