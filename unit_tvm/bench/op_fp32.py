@@ -21,7 +21,7 @@ from ..schedules import for_target
 from ..testing.workloads import ops_count, workloads
 from ..timing import call_rounds
 from ..tuner import Database, default_path, tune
-from .op_level import ROUNDS, build_kernel, time_kernel
+from .op_level import ROUNDS, build_kernel, interleaved_seconds
 
 
 def default_config(prepared, target):
@@ -94,11 +94,8 @@ def run(quick=False, trials=None, database=None, log=print, only=None):
         libs = [build_kernel(kind, p, prepared, intrin, config, target)
                 for config in (res.config, None)]
         number = 3 if n_ops > 2e10 else 10
-        best = [math.inf, math.inf, math.inf]
-        for _ in range(ROUNDS):
-            for i, lib in enumerate(libs):
-                best[i] = min(best[i], time_kernel(lib, tensors, rng, number, 3, runner))
-            best[2] = min(best[2], torch_fp32_seconds(kind, p, threads))
+        best = interleaved_seconds(kind, p, libs, tensors, rng, number, threads, runner, True,
+                                   torch_fp32_seconds)
         tuned, default, torch_g = (n_ops / t / 1e9 for t in best)
         rows.append({"workload": label, "kind": kind, "shape": list(p),
                      "intrinsic": intrin.name, "gops_tuned": tuned, "gops_default": default,

@@ -176,8 +176,8 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
         _, intrin, prepared, tensors, res = best
         libs = [build_kernel(kind, p, prepared, intrin, config, target)
                 for config in (res.config, None)]
-        t_tuned, t_default, t_torch = _interleaved(kind, p, libs, tensors, rng, number,
-                                                   threads, runner, with_torch)
+        t_tuned, t_default, t_torch = interleaved_seconds(kind, p, libs, tensors, rng, number,
+                                                          threads, runner, with_torch)
         t_tvm = None
         if with_tvm_default:
             plain = tvm.tirx.build(te.create_prim_func(tensors), target=target)
@@ -204,17 +204,20 @@ def run(quick=False, with_tvm_default=True, with_torch=True, trials=None, databa
     return rows, meta
 
 
-def _interleaved(kind, p, libs, tensors, rng, number, threads, runner, with_torch):
+def interleaved_seconds(kind, p, libs, tensors, rng, number, threads, runner, with_torch,
+                        torch_time=None):
     """(tuned, default, PyTorch) seconds: unit-tvm's kernels and PyTorch's op timed in turn for
     ROUNDS rounds, the minimum of each (a burst of noise on a shared machine hits all alike);
-    PyTorch's is None when it is not run or absent."""
+    PyTorch's is None when it is not run or absent. torch_time: (kind, p, threads) -> seconds
+    of PyTorch's op (default: its int8 op, torch_seconds)."""
     best = [math.inf, math.inf]
     torch_best = math.inf if with_torch else None
     for _ in range(ROUNDS):
         for i, lib in enumerate(libs):
             best[i] = min(best[i], time_kernel(lib, tensors, rng, number, 3, runner))
         if torch_best is not None:
-            t = torch_seconds(kind, p, threads, runner, repeat=3)
+            t = (torch_time(kind, p, threads) if torch_time
+                 else torch_seconds(kind, p, threads, runner, repeat=3))
             torch_best = None if t is None else min(torch_best, t)
     return best[0], best[1], torch_best
 
