@@ -24,6 +24,15 @@ def _np(expr):
     return expr.value.numpy()
 
 
+def _weight(expr) -> np.ndarray:
+    """A constant weight without a copy where it is float32 (every use multiplies it by a
+    float64 per-channel scale first, so its values are exact either way); other dtypes as
+    float64. A chain is found for every layer before any is quantized: float64 copies of a
+    billion-parameter model's weights would not fit in memory."""
+    w = _np(expr)
+    return w if w.dtype == np.float32 else w.astype(np.float64)
+
+
 def _channel_vector(c, channels, axis, ndim):
     """A constant that is one value per output channel (or a scalar): its [channels] vector."""
     arr = np.asarray(c, np.float64)
@@ -106,15 +115,14 @@ def _match_start(binding):
             return None
         if kind == "conv3d" and int(a.groups) != 1:
             return None  # grouped conv3d: no quantized form (it stays fp32, reported as such)
-        weight = _np(value.args[1]).astype(np.float64)
-        return _Chain(binding.var, kind, value.args[0], weight, a)
+        return _Chain(binding.var, kind, value.args[0], _weight(value.args[1]), a)
     if name == "relax.matmul" and not _const(value.args[1]):
         return _match_bmm(binding)
     if name == "relax.matmul" and _const(value.args[1]) and len(value.args[1].ty.shape) == 2:
         x = value.args[0]
         if len(x.ty.shape) < 2 or str(x.ty.dtype) != "float32":
             return None
-        return _Chain(binding.var, "dense", x, _np(value.args[1]).astype(np.float64).T, None)
+        return _Chain(binding.var, "dense", x, _weight(value.args[1]).T, None)
     return None
 
 

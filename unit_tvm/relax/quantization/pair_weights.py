@@ -71,7 +71,11 @@ def pairs_obey(wq: np.ndarray, bound: PairSumBound) -> bool:
 def quantized(w: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """w rounded to int8 on per-output-channel `scales` (clipped to +-127)."""
     per_channel = (-1,) + (1,) * (w.ndim - 1)
-    return np.clip(np.round(w / scales.reshape(per_channel)), -127, 127).astype(np.int8)
+    q = w / scales.reshape(per_channel)
+    # in place: one weight-sized temporary, not three
+    np.round(q, out=q)
+    np.clip(q, -127, 127, out=q)
+    return q.astype(np.int8)
 
 
 def estimated_cosine(w: np.ndarray, approx: np.ndarray, moments: np.ndarray) -> float:

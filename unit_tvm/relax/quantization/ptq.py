@@ -313,6 +313,8 @@ def _per_output_channel(values, k, groups):
     """Per-input-channel `values` [C] as [K, C per group]: the input channel each output
     channel's weights meet."""
     per_group = np.asarray(values, np.float64).reshape(groups, -1)
+    if groups == 1:  # every output channel meets the same vector: a view, not K copies
+        return np.broadcast_to(per_group, (k, per_group.shape[1]))
     return per_group[np.arange(k) // (k // groups)]
 
 
@@ -336,10 +338,14 @@ def _quantized_op(chain, x_scale, x_zp, x_moments, pair_bound=None):
     w_scale, chain.wq = choice.scales, choice.wq
     recipe = _recipe(chain, x_scale=x_scale, x_zp=x_zp, w_pair_bound=choice.pair_bound,
                      w_pair_loss=choice.pair_loss)
-    wsum = chain.wq.reshape(chain.wq.shape[0], -1).astype(np.int64).sum(axis=1)
+    wsum = chain.wq.reshape(chain.wq.shape[0], -1).sum(axis=1, dtype=np.int64)
     # [K, C per group]: each output channel's rounding error per input channel of its group
-    lost = (w - chain.wq * w_scale.reshape(per_channel)).reshape(w.shape[0], w.shape[1], -1)
-    shift = chain.shift + (lost.sum(axis=2) * means).sum(axis=1)
+    # (computed in place: weight-sized temporaries add up for an LLM's LM head)
+    lost = chain.wq * w_scale.reshape(per_channel)
+    np.subtract(w, lost, out=lost)
+    lost = lost.reshape(w.shape[0], w.shape[1], -1)
+    lost = lost[..., 0] if lost.shape[2] == 1 else lost.sum(axis=2)
+    shift = chain.shift + np.einsum("kc,kc->k", lost, means)
     consts = [chain.wq, (x_zp * wsum).astype(np.int32),
               (x_scale * w_scale).astype(np.float32), shift.astype(np.float32)]
     return QuantizedOp(chain, recipe, consts)

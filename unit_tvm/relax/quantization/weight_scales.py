@@ -16,13 +16,16 @@ import numpy as np
 _TOLERANCE = 1e-3
 # values per channel tried against each candidate grid before a full check
 _SAMPLE = 16
+# output channels checked per block (bounds the temporaries' memory)
+_ROWS = 1024
 
 
 def int8_weight_scales(w: np.ndarray) -> np.ndarray:
     """Scale per output channel (axis 0) of `w`: the step of the coarsest int8 grid (at most
     127 steps from 0 to max|w|) every value of the channel lies on, else max|w| / 127."""
-    flat = w.reshape(w.shape[0], -1).astype(np.float64)
-    top = np.maximum(np.abs(flat).max(axis=1), 1e-12)
+    flat = w.reshape(w.shape[0], -1).astype(np.float64, copy=False)
+    # max |w| without an |w| copy (an LLM's LM head holds a quarter of a billion weights)
+    top = np.maximum(np.maximum(flat.max(axis=1), -flat.min(axis=1)), 1e-12)
     scales = top / 127.0
     sample = flat[:, :_SAMPLE] / top[:, None]
     found = np.zeros(len(top), bool)
@@ -42,5 +45,10 @@ def on_grid(w: np.ndarray, scales: np.ndarray) -> bool:
     """Whether every value of `w` lies on its channel's int8 grid of step `scales` (a weight
     that arrived quantized: its integers are the file's)."""
     per_channel = (-1,) + (1,) * (w.ndim - 1)
-    q = w.astype(np.float64) / scales.reshape(per_channel)
-    return bool((np.abs(q - np.round(q)) < _TOLERANCE).all())
+    scales = scales.reshape(per_channel)
+    # in blocks of output channels: the temporaries of a whole LM head would not fit in memory
+    for start in range(0, w.shape[0], _ROWS):
+        q = w[start:start + _ROWS].astype(np.float64) / scales[start:start + _ROWS]
+        if not (np.abs(q - np.round(q)) < _TOLERANCE).all():
+            return False
+    return True
