@@ -303,6 +303,14 @@ PAD_COLUMNS = 16  # one zmm of float32 (197 -> 208)
 PAD_ROWS = 8  # the register tile's rows (197 -> 200)
 
 
+def _static_shapes(func) -> bool:
+    """Whether every buffer of `func` has a shape known at compile time (the schedules here
+    read extents as integers)."""
+    # a parameter without a shape is a scalar: a shape variable passed at run time
+    shapes = [getattr(p, "shape", None) for p in func.params]
+    return all(s is not None and all(isinstance(d, tvm.tirx.IntImm) for d in s) for s in shapes)
+
+
 def _schedule(func, widths=X86):
     rows = row_fused(func, widths, MIN_PARALLEL,
                      lambda sch, loop, extent: _vectorize(sch, loop, extent, widths))
@@ -416,6 +424,8 @@ class DefaultCPUSchedule:
                 continue
             if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
                 continue  # tensorized kernels (and anything scheduled before us)
+            if not _static_shapes(func):
+                continue  # shapes known only at run time (a slice up to an input): TVM's own
             # exp/erf become vector arithmetic whether or not the loops below can be scheduled
             func = fastmath.vectorizable(func)
             updates[gv] = func  # TVM's loop nest for anything unusual

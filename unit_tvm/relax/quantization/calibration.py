@@ -31,7 +31,9 @@ def observe(mod, outputs, calibration_data, target):
                 bb.emit_normalized(b)
             out = bb.emit_output(relax.Tuple(outputs))
         bb.emit_func_output(out)
-    cal = as_main(bb.get())
+    # what the observed values do not need goes first: an op TVM cannot build for
+    # calibration (a slice whose bounds are inputs, after the quantized ops) is not run
+    cal = relax.transform.DeadCodeElimination()(as_main(bb.get()))
     # Calibration runs here: a model compiled for another machine (aarch64, a wider x86) is
     # observed in fp32 on this one, so both builds of one model get the same quantization.
     run_on = target if is_host(target) else host()

@@ -76,8 +76,21 @@ def inference_form(mod: tvm.IRModule) -> tvm.IRModule:
     the value itself; the frontends' output repaired as unit_tvm.compile does (frontend_fixes),
     so that every caller of quantize sees the same graph."""
     mod = relax.transform.DecomposeOpsForInference()(frontend_fixes(mod))
-    mod = clamps_as_clips(relax.transform.FoldConstant()(mod))
+    mod = clamps_as_clips(_folded(mod))
     return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
+
+
+def _folded(mod: tvm.IRModule) -> tvm.IRModule:
+    """TVM's FoldConstant, unless its result calls a function the module does not define
+    (it half-legalizes a dynamic_strided_slice with constant steps into a call of a
+    `shape_func` it never adds): then the module as it was, whose slice TVM builds itself."""
+    folded = relax.transform.FoldConstant()(mod)
+    defined = set(folded.get_global_vars())
+    for func in folded.functions.values():
+        if isinstance(func, relax.Function) and not set(
+                relax.analysis.all_global_vars(func)) <= defined:
+            return mod
+    return folded
 
 
 def _activation_qparams(values, method, percentile):
