@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
-from tvm import relax, te
+from tvm import relax
 from tvm.s_tir.analysis import estimate_tir_flops
 
-from . import lowering
+from .bandwidth import copy_bandwidth
 from .compiler import build_relax
 from .peak import host_threads, peak
 from .relax import UnitTensorize, quantize
@@ -31,7 +31,7 @@ from .relax.core.recipe import ATTR, Recipe
 from .relax.cpu.fused_attention import kernel_infos
 from .relax.cpu.tensorize import KernelInfo, macs
 from .target import host
-from .timing import CallTimer, evaluator_rounds, interleaved
+from .timing import CallTimer, interleaved
 from .tuner import Database, default_path
 from .bench.engine_tvm import calibration, relax_module
 
@@ -110,24 +110,6 @@ def _computes(low):
                for part in (p.strip("0123456789") for p in rest.split("_")))
 
 
-def copy_bandwidth(threads=None, mbytes=64) -> float:
-    """GB/s (read + write) of a parallel vectorised fp32 copy of `mbytes` MB with TVM."""
-    n = mbytes * (1 << 20) // 4
-    a = te.placeholder((n // 64, 64), "float32", name="a")
-    b = te.compute(a.shape, lambda i, j: a[i, j], name="b")
-    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b]))
-    i, j = sch.get_loops(sch.get_sblock("b"))
-    sch.parallel(i)
-    sch.vectorize(j)
-    lib = lowering.build(sch.mod, _target())
-    dev = tvm.cpu()
-    shape = (n // 64, 64)
-    args = [tvm.runtime.tensor(np.ones(shape, np.float32), dev),
-            tvm.runtime.tensor(np.zeros(shape, np.float32), dev)]
-    secs = min(evaluator_rounds(lib, args, dev, number=3, repeat=5))
-    return 2 * 4 * n / secs / 1e9
-
-
 def _target():
     return host()
 
@@ -167,7 +149,7 @@ def profile_module(mod, calibration, x, *, name="model", database=None, tune=Fal
     arg = tvm.runtime.tensor(np.asarray(x), tvm.cpu())
     e2e = interleaved({name: lambda: vm["main"](arg)}, rounds=5)[name].min_ms
     recorder = _timed_runs(vm, arg, repeats)
-    copy = copy_bandwidth()
+    copy = copy_bandwidth(target)
     peaks, kernels, flops = {}, [], _fp32_flops(tmod)
     for sym, secs in recorder.times.items():
         info = pass_.kernels.get(sym)
