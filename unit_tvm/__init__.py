@@ -2,7 +2,8 @@
 
 Public API (README.md; design: docs/ARCHITECTURE.md): unit_tvm.compile, unit_tvm.load,
 unit_tvm.intrinsics, unit_tvm.target.host(), unit_tvm.inspect, unit_tvm.explain,
-unit_tvm.rewrite, unit_tvm.tune, unit_tvm.build.
+unit_tvm.rewrite, unit_tvm.tune, unit_tvm.build; unit_tvm.llm (decoder LLMs with a key/value
+cache).
 """
 
 from ._pins import TVM_FFI_VERSION, TVM_VERSION, DependencyError, check_versions
@@ -33,9 +34,18 @@ def load(path: str, device: str = "cpu"):
     return _load(path, device)
 
 
+def __getattr__(name: str):
+    """unit_tvm.llm (decoder LLMs) on first use, like compile: `import unit_tvm` stays light."""
+    if name == "llm":
+        import importlib
+
+        return importlib.import_module(".llm", __name__)
+    raise AttributeError(f"module 'unit_tvm' has no attribute {name!r}")
+
+
 __version__ = "0.1.0"
 __all__ = ["intrinsics", "target", "inspect", "explain", "rewrite", "build", "build_report",
            "BuildReport", "tune", "compile", "load",
            "Mapping",
            "LoopMatch", "OperandAccess", "FallbackWarning", "DependencyError", "TVM_VERSION",
-           "TVM_FFI_VERSION"]
+           "TVM_FFI_VERSION", "llm"]

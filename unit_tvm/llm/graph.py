@@ -1,0 +1,180 @@
+"""One step of a decoder as a Relax function: T new tokens at positions pos[0..T), attending the
+key/value cache's first kv_len slots and themselves (causally).
+
+The same function serves prefill (T = a prompt chunk, padded) and decode (T = 1): shapes are
+fixed per T, so each T is compiled once. Inputs, in order: the tokens' embeddings [T, hidden],
+their positions [T] (int32), kv_len [1] (int32: valid cache slots), last [1] (int32: the row
+whose logits are returned), then every layer's key cache, then every layer's value cache
+([kv_heads, context, head_dim] each). Output: (logits [1, vocab], new keys and new values
+[layers, kv_heads, T, head_dim]); the runtime writes them into the cache (runtime.py), so the
+cache is never copied by the step.
+
+Matmuls with weights are `matmul(x, W^T)` on float32 constants — the form unit_tvm.compile
+tensorizes; with `ActivationQuantization` each one reads its input through a uint8 quantize /
+dequantize pair: the QDQ form relax/quantization/qdq.py computes in int8 with exactly that
+activation scale, the weights quantized per output channel by the quantizer's own policy (the
+host's instruction decides their form, as for any model).
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .config import DecoderConfig
+from .weights import DecoderWeights, Linear
+
+_NEG = -1e30  # additive mask: exp underflows to 0, and no row is ever fully masked
+
+
+class ActivationQuantization(NamedTuple):
+    """uint8 quantization of one matmul input (scale, zero point), per tensor."""
+
+    scale: float
+    zero_point: int
+
+
+def _const(value, dtype="float32") -> relax.Expr:
+    return relax.const(np.ascontiguousarray(np.asarray(value, dtype)), dtype)
+
+
+class _Builder:
+    """Emits one step's bindings into a BlockBuilder."""
+
+    def __init__(self, bb, config: DecoderConfig, weights: DecoderWeights, tokens: int,
+                 context: int, act_q: dict | None):
+        self.bb, self.c, self.w, self.t, self.ctx = bb, config, weights, tokens, context
+        self.act_q = act_q  # input name -> ActivationQuantization; None: float32 matmuls
+
+    def emit(self, expr):
+        return self.bb.emit(expr)
+
+    def linear(self, x, lin: Linear, name: str):
+        """x [rows, in] @ W^T (+ bias), the weight a float32 constant; its input through a
+        uint8 quantize / dequantize pair in the int8 form."""
+        op = relax.op
+        q = None if self.act_q is None else self.act_q[name]
+        if q is not None:
+            scale, zero_point = _const(q.scale), _const(q.zero_point, "int32")
+            x = self.emit(op.quantize(x, scale, zero_point, -1, "uint8"))
+            x = self.emit(op.dequantize(x, scale, zero_point, -1, "float32"))
+        y = self.emit(op.matmul(x, _const(lin.weight.T)))
+        if lin.bias is not None:
+            y = self.emit(op.add(y, _const(lin.bias)))
+        return y
+
+    def rope_tables(self, pos):
+        """cos, sin [T, 1, head_dim / 2] of the positions (Hugging Face's float32 math)."""
+        op = relax.op
+        angles = self.emit(op.multiply(
+            op.expand_dims(op.astype(pos, "float32"), 1),
+            _const(np.asarray(self.c.inv_freq, np.float32)[None, :])))
+        cos, sin = self.emit(op.cos(angles)), self.emit(op.sin(angles))
+        if self.c.rope_scale != 1.0:
+            cos = self.emit(op.multiply(cos, _const(self.c.rope_scale)))
+            sin = self.emit(op.multiply(sin, _const(self.c.rope_scale)))
+        return (self.emit(op.expand_dims(cos, 1)), self.emit(op.expand_dims(sin, 1)))
+
+    def rope(self, x, heads, cos, sin):
+        """x [T, heads * head_dim] rotated, as [T, heads, head_dim]."""
+        op, t, d = relax.op, self.t, self.c.head_dim
+        if self.c.rope_layout == "half":
+            x = self.emit(op.reshape(x, (t, heads, d)))
+            parts = self.emit(op.split(x, 2, axis=2))
+            x1, x2 = (self.emit(relax.TupleGetItem(parts, i)) for i in (0, 1))
+            first = op.subtract(op.multiply(x1, cos), op.multiply(x2, sin))
+            second = op.add(op.multiply(x2, cos), op.multiply(x1, sin))
+            return self.emit(op.concat([first, second], axis=2))
+        x = self.emit(op.reshape(x, (t, heads, d // 2, 2)))
+        parts = self.emit(op.split(x, 2, axis=3))
+        x1 = self.emit(op.squeeze(relax.TupleGetItem(parts, 0), [3]))
+        x2 = self.emit(op.squeeze(relax.TupleGetItem(parts, 1), [3]))
+        first = op.expand_dims(op.subtract(op.multiply(x1, cos), op.multiply(x2, sin)), 3)
+        second = op.expand_dims(op.add(op.multiply(x2, cos), op.multiply(x1, sin)), 3)
+        return self.emit(op.reshape(op.concat([first, second], axis=3), (t, heads, d)))
+
+    def masks(self, kv_len):
+        """Additive masks: cache slots [context] (< kv_len visible) and the step's own tokens
+        [group * T, T] (causal)."""
+        op = relax.op
+        visible = op.less(_const(np.arange(self.ctx), "int32"), kv_len)
+        cache = self.emit(op.where(visible, _const(0.0), _const(_NEG)))
+        causal = np.where(np.tril(np.ones((self.t, self.t), bool)), 0.0, _NEG)
+        return cache, _const(np.tile(causal, (self.c.group, 1)))
+
+    def attention(self, x, layer, tables, masks, k_cache, v_cache):
+        """(output [T, hidden], new keys, new values [kv_heads, T, head_dim])."""
+        op, c, t = relax.op, self.c, self.t
+        lw = self.w.layers[layer]
+        key = f"{layer}.qkv"
+        q = self.rope(self.linear(x, lw.q, key), c.heads, *tables)
+        k = self.rope(self.linear(x, lw.k, key), c.kv_heads, *tables)
+        v = self.emit(op.reshape(self.linear(x, lw.v, key), (t, c.kv_heads, c.head_dim)))
+        new_k = self.emit(op.permute_dims(k, [1, 0, 2]))
+        new_v = self.emit(op.permute_dims(v, [1, 0, 2]))
+        # query rows of one key/value head together: [kv_heads, group * T, head_dim]
+        q = op.permute_dims(op.reshape(q, (t, c.kv_heads, c.group, c.head_dim)), [1, 2, 0, 3])
+        q = self.emit(op.reshape(q, (c.kv_heads, c.group * t, c.head_dim)))
+        scale = _const(c.head_dim ** -0.5)
+        cached = op.matmul(q, op.permute_dims(k_cache, [0, 2, 1]))
+        cached = self.emit(op.add(op.multiply(cached, scale), masks[0]))
+        own = op.matmul(q, op.permute_dims(new_k, [0, 2, 1]))
+        own = self.emit(op.add(op.multiply(own, scale), masks[1]))
+        probs = self.emit(op.nn.softmax(op.concat([cached, own], axis=2), axis=2))
+        parts = self.emit(op.split(probs, [self.ctx], axis=2))
+        out = op.add(op.matmul(relax.TupleGetItem(parts, 0), v_cache),
+                     op.matmul(relax.TupleGetItem(parts, 1), new_v))
+        out = op.permute_dims(op.reshape(out, (c.kv_heads, c.group, t, c.head_dim)),
+                              [2, 0, 1, 3])
+        out = self.emit(op.reshape(out, (t, c.heads * c.head_dim)))
+        return self.linear(out, lw.o, f"{layer}.o"), new_k, new_v
+
+    def mlp(self, x, layer):
+        op, lw = relax.op, self.w.layers[layer]
+        gate = self.linear(x, lw.gate, f"{layer}.gate_up")
+        up = self.linear(x, lw.up, f"{layer}.gate_up")
+        return self.linear(self.emit(op.multiply(op.nn.silu(gate), up)), lw.down,
+                           f"{layer}.down")
+
+    def norm(self, x, weight):
+        return self.emit(relax.op.nn.rms_norm(x, _const(weight), axes=[-1],
+                                              epsilon=self.c.rms_eps))
+
+    def body(self, hidden, pos, kv_len, last, k_caches, v_caches):
+        op = relax.op
+        tables, masks = self.rope_tables(pos), self.masks(kv_len)
+        new_ks, new_vs = [], []
+        for i, lw in enumerate(self.w.layers):
+            attn, nk, nv = self.attention(self.norm(hidden, lw.attn_norm), i, tables, masks,
+                                          k_caches[i], v_caches[i])
+            hidden = self.emit(op.add(hidden, attn))
+            hidden = self.emit(op.add(hidden, self.mlp(self.norm(hidden, lw.mlp_norm), i)))
+            new_ks.append(op.expand_dims(nk, 0))
+            new_vs.append(op.expand_dims(nv, 0))
+        row = self.norm(self.emit(op.take(hidden, last, axis=0)), self.w.final_norm)
+        logits = self.linear(row, self.w.lm_head, "lm_head")
+        return relax.Tuple([logits, self.emit(op.concat(new_ks, axis=0)),
+                            self.emit(op.concat(new_vs, axis=0))])
+
+
+def step_module(config: DecoderConfig, weights: DecoderWeights, tokens: int, context: int,
+                act_q: dict | None = None) -> tvm.IRModule:
+    """The IRModule whose main computes one step of `tokens` tokens with a cache of `context`
+    slots (see the module docstring). act_q: {input name: ActivationQuantization} for the int8
+    form (names: weights.INPUT_NAMES), None for float32."""
+    c = config
+    cache = relax.TensorType((c.kv_heads, context, c.head_dim), "float32")
+    hidden = relax.Var("hidden", relax.TensorType((tokens, c.hidden), "float32"))
+    pos = relax.Var("pos", relax.TensorType((tokens,), "int32"))
+    kv_len = relax.Var("kv_len", relax.TensorType((1,), "int32"))
+    last = relax.Var("last", relax.TensorType((1,), "int32"))
+    k_caches = [relax.Var(f"k_cache{i}", cache) for i in range(c.layers)]
+    v_caches = [relax.Var(f"v_cache{i}", cache) for i in range(c.layers)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", [hidden, pos, kv_len, last, *k_caches, *v_caches]):
+        with bb.dataflow():
+            builder = _Builder(bb, c, weights, tokens, context, act_q)
+            out = bb.emit_output(builder.body(hidden, pos, kv_len, last, k_caches, v_caches))
+        bb.emit_func_output(out)
+    return bb.get()
