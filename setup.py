@@ -19,7 +19,7 @@ setup(
                                   "unit_tvm.relax.core", "unit_tvm.relax.frontend",
                                   "unit_tvm.relax.quantization", "unit_tvm.relax.cpu",
                                   "unit_tvm.relax.gpu", "unit_tvm.fuzz", "unit_tvm.bench",
-                                  "unit_tvm.fleet", "unit_tvm.testing"],
+                                  "unit_tvm.fleet", "unit_tvm.testing", "unit_tvm.llm"],
     package_dir=PACKAGE_DIR,
     package_data={"unit_tvm.intrinsics": ["README.md"], "unit_tvm.cross": ["*.c"]},
     install_requires=[
@@ -42,12 +42,17 @@ setup(
         # and ONNX Runtime as the reference for ONNX files (and the folding from_onnx uses)
         # pytest-xdist: `make test` runs two workers (LLVM builds are single-threaded); mypy:
         # the extension points' signatures (mypy.ini)
+        # transformers: unit_tvm.llm's tests build Hugging Face decoders from a config
         "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "torch==2.13.0", "onnxscript==0.7.2",
-                 "matplotlib==3.11.2", "ruff==0.14.0", "onnxruntime==1.31.1", "mypy==2.4.1"],
+                 "matplotlib==3.11.2", "ruff==0.14.0", "onnxruntime==1.31.1", "mypy==2.4.1",
+                 "transformers==5.25.0"],
         # the engines bench-model compares: OpenVINO + NNCF, ONNX Runtime, PyTorch FX and PT2E
         # (torchao's X86InductorQuantizer)
+        # bench-llm: Hugging Face decoders, GGUF files (gguf) and llama.cpp (llama-cpp-python:
+        # PyPI has its source only, built for this CPU on install, about 6 minutes on 2 cores)
         "bench": ["torch==2.13.0", "matplotlib==3.11.2", "onnxruntime==1.31.1", "onnxscript==0.7.2",
-                  "openvino==2026.4.1", "nncf==3.4.0", "torchao==0.18.0"],
+                  "openvino==2026.4.1", "nncf==3.4.0", "torchao==0.18.0", "transformers==5.25.0",
+                  "gguf==0.19.0", "llama-cpp-python==0.3.36"],
     },
     entry_points={"console_scripts": ["unit-tvm=unit_tvm.cli:main"]},
 )

@@ -152,3 +152,19 @@ def test_decode_profile_accounts_for_the_step(llama_fp32):
     assert all(c.us > 0 and c.gbs > 0 and c.calls >= 1 for c in costs)
     assert costs[0].name in table(costs)
 
+
+def test_llama_cpp_runs_the_same_weights(tmp_path, llama):
+    # bench-llm's baseline is only fair if the GGUF file holds this model: llama.cpp's logits
+    # on it (Q8_0) stay close to Hugging Face's (skipped without the benchmark extra)
+    pytest.importorskip("gguf")
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from unit_tvm.bench import gguf_export
+
+    path = gguf_export.write(llama, tmp_path / "m.gguf", "q8_0")
+    engine = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=2, logits_all=True,
+                             verbose=False)
+    ids = [int(t) for t in IDS[:9]]
+    engine.eval(ids)
+    got = np.asarray(engine.scores[:len(ids)], np.float32)
+    want = _hf_logits(llama, IDS[:9])
+    assert min(_cosine(g, w) for g, w in zip(got, want)) > 0.99

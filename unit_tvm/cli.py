@@ -7,6 +7,7 @@ import os
 import sys
 
 from . import intrinsics, ops
+from .cli_llm import cmd_bench_llm
 from .cli_models import cmd_bench_model, cmd_compile, cmd_profile, cmd_reproduce, cmd_run
 from .fleet.cli import add_rpc_arguments, runner_from_args
 from .inspector import explain, inspect
@@ -298,6 +299,27 @@ def _add_model_commands(sub):
     p.add_argument("--json", action="store_true")
     add_rpc_arguments(p)
     p.set_defaults(fn=cmd_bench_model)
+    p = sub.add_parser("bench-llm", help="decoder LLM text generation (prefill / decode "
+                       "tokens/s, batch 1) vs llama.cpp on the same weights")
+    p.add_argument("model", help="an LLM shape of unit_tvm.testing.llm_zoo (llama-3.2-1b, "
+                   "qwen2-1b, tiny-llama)")
+    p.add_argument("--precisions", nargs="+", default=["int8"], choices=("int8", "fp32"),
+                   help="unit-tvm's forms to run (default int8)")
+    p.add_argument("--gguf", nargs="*", default=["q8_0"], choices=("q8_0", "q4_0"),
+                   help="llama.cpp engines, one per GGUF weight type (default q8_0; none: "
+                   "unit-tvm alone)")
+    p.add_argument("--gguf-dir", help="folder for the GGUF files (default: a temporary one)")
+    p.add_argument("--context", type=int, default=1024, help="cache positions (default 1024)")
+    p.add_argument("--prefill-lengths", type=int, nargs="+", default=[128],
+                   help="prompt chunk lengths compiled (default 128: longer prompts run in "
+                   "chunks)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    p.add_argument("--database", help="tuning database for unit-tvm's kernels")
+    p.add_argument("--profile", action="store_true",
+                   help="also unit-tvm's decode step kernel by kernel (time, GB/s, %% of the "
+                   "read bandwidth)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_bench_llm)
     p = sub.add_parser("compile", help="compile a model (zoo name, .onnx, torch.export .pt2) "
                        "to one shared library")
     p.add_argument("model", help="zoo name, ONNX file or torch.export program file (.pt2)")

@@ -1,0 +1,54 @@
+"""Handler of `unit-tvm bench-llm`: a decoder LLM from the zoo compiled by unit_tvm.llm and run
+against llama.cpp on the same weights (the parser is in unit_tvm.cli)."""
+
+import json
+import os
+
+from .target import host
+
+
+def _unit_tvm_engines(model, args) -> list:
+    from . import llm
+    from .bench.llm import UnitTvmEngine
+
+    engines = []
+    for precision in args.precisions:
+        lm = llm.compile(model, {} if precision == "int8" else None, context=args.context,
+                         prefill_lengths=tuple(args.prefill_lengths), database=args.database)
+        per_weight = 1 if precision == "int8" else 4
+        engines.append(UnitTvmEngine(f"unit-tvm {precision}", lm,
+                                     lm.config.weight_bytes(per_weight)))
+    return engines
+
+
+def cmd_bench_llm(args):
+    """unit-tvm bench-llm MODEL: tokens/s table (and --json)."""
+    from .bandwidth import read_bandwidth
+    from .bench.llm import gguf_engines, measure, table
+    from .testing import llm_zoo
+
+    model = llm_zoo.get(args.model)
+    threads = int(os.environ.get("TVM_NUM_THREADS", "0")) or int(host().attrs["num-cores"])
+    engines = _unit_tvm_engines(model, args)
+    if args.gguf:
+        engines += gguf_engines(model, args.gguf, threads, args.context, args.gguf_dir)
+    del model  # the engines hold what they need
+    bandwidth = read_bandwidth()
+    rates = measure(engines, llm_zoo.MODELS[args.model].vocab, rounds=args.rounds)
+    reference = next((e.name for e in engines if e.name.startswith("llama.cpp")), "")
+    print(f"{args.model}, batch 1, {threads} threads, median tokens/s of {args.rounds} "
+          "interleaved rounds (best in brackets); llama.cpp is built for this host and "
+          "ignores --isa")
+    print(table(rates, engines, bandwidth, reference))
+    if args.profile:
+        from .llm.profile import decode_profile, table as profile_table
+
+        for e in engines:
+            if e.name.startswith("unit-tvm"):
+                print(f"\n{e.name} decode step, kernels by time (after a 16-token prompt):")
+                print(profile_table(decode_profile(e.lm, bandwidth)))
+    if args.json:
+        print(json.dumps({"model": args.model, "threads": threads, "bandwidth_gbs": bandwidth,
+                          "rates": {w: {n: r._asdict() if hasattr(r, "_asdict") else vars(r)
+                                        for n, r in by.items()} for w, by in rates.items()}}))
+    return 0
