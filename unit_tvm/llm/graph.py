@@ -4,8 +4,9 @@ key/value cache's first kv_len slots and themselves (causally).
 The same function serves prefill (T = a prompt chunk, padded) and decode (T = 1): shapes are
 fixed per T, so each T is compiled once. Inputs, in order: the tokens' embeddings [T, hidden],
 their positions [T] (int32), kv_len [1] (int32: valid cache slots), last [1] (int32: the row
-whose logits are returned), then every layer's key cache, then every layer's value cache
-([kv_heads, context, head_dim] each). Output: (logits [1, vocab], new keys and new values
+whose logits are returned), then every layer's key cache ([kv_heads, head_dim, context]: the
+scores' right operand as it lies), then every layer's value cache ([kv_heads, context,
+head_dim]). Output: (logits [1, vocab], new keys [layers, kv_heads, head_dim, T], new values
 [layers, kv_heads, T, head_dim]); the runtime writes them into the cache (runtime.py), so the
 cache is never copied by the step.
 
@@ -104,22 +105,25 @@ class _Builder:
         return cache, _const(np.tile(causal, (self.c.group, 1)))
 
     def attention(self, x, layer, tables, masks, k_cache, v_cache):
-        """(output [T, hidden], new keys, new values [kv_heads, T, head_dim])."""
+        """(output [T, hidden], new keys [kv_heads, head_dim, T], new values
+        [kv_heads, T, head_dim])."""
         op, c, t = relax.op, self.c, self.t
         lw = self.w.layers[layer]
         key = f"{layer}.qkv"
         q = self.rope(self.linear(x, lw.q, key), c.heads, *tables)
         k = self.rope(self.linear(x, lw.k, key), c.kv_heads, *tables)
         v = self.emit(op.reshape(self.linear(x, lw.v, key), (t, c.kv_heads, c.head_dim)))
-        new_k = self.emit(op.permute_dims(k, [1, 0, 2]))
+        # keys as [kv_heads, head_dim, T]: the cache holds them that way, so that the scores
+        # read it as the matmul's right operand as it lies (no transposed copy per step)
+        new_k = self.emit(op.permute_dims(k, [1, 2, 0]))
         new_v = self.emit(op.permute_dims(v, [1, 0, 2]))
         # query rows of one key/value head together: [kv_heads, group * T, head_dim]
         q = op.permute_dims(op.reshape(q, (t, c.kv_heads, c.group, c.head_dim)), [1, 2, 0, 3])
         q = self.emit(op.reshape(q, (c.kv_heads, c.group * t, c.head_dim)))
         scale = _const(c.head_dim ** -0.5)
-        cached = op.matmul(q, op.permute_dims(k_cache, [0, 2, 1]))
+        cached = op.matmul(q, k_cache)
         cached = self.emit(op.add(op.multiply(cached, scale), masks[0]))
-        own = op.matmul(q, op.permute_dims(new_k, [0, 2, 1]))
+        own = op.matmul(q, new_k)
         own = self.emit(op.add(op.multiply(own, scale), masks[1]))
         probs = self.emit(op.nn.softmax(op.concat([cached, own], axis=2), axis=2))
         parts = self.emit(op.split(probs, [self.ctx], axis=2))
@@ -164,13 +168,14 @@ def step_module(config: DecoderConfig, weights: DecoderWeights, tokens: int, con
     slots (see the module docstring). act_q: {input name: ActivationQuantization} for the int8
     form (names: weights.INPUT_NAMES), None for float32."""
     c = config
-    cache = relax.TensorType((c.kv_heads, context, c.head_dim), "float32")
+    k_cache = relax.TensorType((c.kv_heads, c.head_dim, context), "float32")
+    v_cache = relax.TensorType((c.kv_heads, context, c.head_dim), "float32")
     hidden = relax.Var("hidden", relax.TensorType((tokens, c.hidden), "float32"))
     pos = relax.Var("pos", relax.TensorType((tokens,), "int32"))
     kv_len = relax.Var("kv_len", relax.TensorType((1,), "int32"))
     last = relax.Var("last", relax.TensorType((1,), "int32"))
-    k_caches = [relax.Var(f"k_cache{i}", cache) for i in range(c.layers)]
-    v_caches = [relax.Var(f"v_cache{i}", cache) for i in range(c.layers)]
+    k_caches = [relax.Var(f"k_cache{i}", k_cache) for i in range(c.layers)]
+    v_caches = [relax.Var(f"v_cache{i}", v_cache) for i in range(c.layers)]
     bb = relax.BlockBuilder()
     with bb.function("main", [hidden, pos, kv_len, last, *k_caches, *v_caches]):
         with bb.dataflow():

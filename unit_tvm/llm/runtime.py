@@ -30,10 +30,12 @@ class DecoderLM:
         self._device = device or tvm.cpu()
         # tokens per step -> VirtualMachine; 1 is the decode step, the others prefill chunks
         self._steps = {t: relax.VirtualMachine(ex, self._device) for t, ex in executables.items()}
-        shape = (config.kv_heads, context, config.head_dim)
-        self._k = [tvm.runtime.tensor(np.zeros(shape, np.float32), self._device)
+        # keys [kv_heads, head_dim, context], values [kv_heads, context, head_dim] (graph.py)
+        k_shape = (config.kv_heads, config.head_dim, context)
+        v_shape = (config.kv_heads, context, config.head_dim)
+        self._k = [tvm.runtime.tensor(np.zeros(k_shape, np.float32), self._device)
                    for _ in range(config.layers)]
-        self._v = [tvm.runtime.tensor(np.zeros(shape, np.float32), self._device)
+        self._v = [tvm.runtime.tensor(np.zeros(v_shape, np.float32), self._device)
                    for _ in range(config.layers)]
         # numpy views of the same memory: new keys / values are written in place
         self._k_np = [np.from_dlpack(t) for t in self._k]
@@ -65,7 +67,7 @@ class DecoderLM:
         logits, new_k, new_v = self._steps[tokens]["main"](*args, *self._k, *self._v)
         new_k, new_v = new_k.numpy(), new_v.numpy()
         for i in range(self.config.layers):
-            self._k_np[i][:, start:start + n] = new_k[i, :, :n]
+            self._k_np[i][:, :, start:start + n] = new_k[i, :, :, :n]
             self._v_np[i][:, start:start + n] = new_v[i, :, :n]
         self.length = start + n
         return logits.numpy()[0]
