@@ -134,6 +134,11 @@ def test_refusals_are_clear(llama, llama_fp32):
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2))
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported"):
         llm.compile(gpt2)
+    mistral = transformers.MistralForCausalLM(transformers.MistralConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=VOCAB, sliding_window=8))
+    with pytest.raises(ValueError, match="sliding window of 8"):
+        llm.compile(mistral, context=16)
     llama_fp32.reset()
     with pytest.raises(ValueError, match="exceed the context"):
         llama_fp32.prefill(np.zeros(33, np.int64))

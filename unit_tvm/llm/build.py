@@ -43,6 +43,10 @@ def compile(model, quantize: dict | None = None, *, target=None,  # noqa: A001
     prefill_lengths = tuple(prefill_lengths)
     _check(quantize, context, prefill_lengths)
     cfg = config_mod.from_hf(model, rope_layout)
+    if cfg.sliding_window is not None and context > cfg.sliding_window:
+        # within the window, sliding-window attention is full attention; past it, it is not
+        raise ValueError(f"unit_tvm.llm: context {context} exceeds the model's sliding window "
+                         f"of {cfg.sliding_window} (sliding-window attention is not built)")
     weights = weights_mod.from_hf(model)
     act_q = None
     if quantize is not None:

@@ -34,6 +34,8 @@ class DecoderConfig:
     qkv_bias: bool = False
     tied_embeddings: bool = False
     eos_token_id: tuple[int, ...] = ()
+    # attention limited to this many past positions (Mistral's sliding window), None: all
+    sliding_window: int | None = None
 
     def __post_init__(self):
         if self.heads % self.kv_heads:
@@ -83,8 +85,8 @@ def from_hf(model, rope_layout: str = "half") -> DecoderConfig:
     if getattr(config, "mlp_bias", False):
         raise ValueError("unit_tvm.llm: mlp_bias=True is not supported")
     window = getattr(config, "sliding_window", None)
-    if window is not None and getattr(config, "use_sliding_window", kind == "mistral"):
-        raise ValueError("unit_tvm.llm: sliding-window attention is not supported")
+    if not getattr(config, "use_sliding_window", kind == "mistral"):
+        window = None  # Qwen2 declares a window it does not use unless told
     rotary = model.model.rotary_emb
     rope_type = getattr(rotary, "rope_type", "default")
     if rope_type == "dynamic":
@@ -101,4 +103,5 @@ def from_hf(model, rope_layout: str = "half") -> DecoderConfig:
         rope_scale=float(getattr(rotary, "attention_scaling", 1.0)), rope_layout=rope_layout,
         qkv_bias=attn.q_proj.bias is not None,
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-        eos_token_id=_eos(getattr(model, "generation_config", None) or config))
+        eos_token_id=_eos(getattr(model, "generation_config", None) or config),
+        sliding_window=None if window is None else int(window))
