@@ -86,15 +86,18 @@ def test_generate_is_hugging_face_greedy_generate(llama, llama_fp32):
     assert isinstance(as_numpy, np.ndarray) and as_numpy.shape == (1, 9)
 
 
-def test_int8_stays_close_to_hugging_face_fp32(llama):
+@pytest.mark.parametrize("activations", ["per_token", "per_tensor"])
+def test_int8_stays_close_to_hugging_face_fp32(llama, activations):
     report = []
-    lm = llm.compile(llama, {}, context=32, prefill_lengths=(8,), report=report)
+    lm = llm.compile(llama, {"activations": activations}, context=32, prefill_lengths=(8,),
+                     report=report)
     dense = [r for r in report if r[0].startswith("dense")]
     assert dense and all(r[1] for r in dense), dense  # every matmul with a weight tensorized
     want = _hf_logits(llama, IDS)[4:]
     got = _teacher_forced(lm, IDS, 5)
     cosines = [_cosine(g, w) for g, w in zip(got, want)]
-    assert min(cosines) > 0.999, cosines
+    # measured: per token 0.99992-0.99995, per tensor 0.9998-0.9999
+    assert min(cosines) > (0.9998 if activations == "per_token" else 0.999), cosines
     # greedy tokens agree wherever Hugging Face's top two logits are not a near-tie
     top2 = np.sort(want, axis=1)[:, -2:]
     clear = (top2[:, 1] - top2[:, 0]) > 0.02 * np.abs(want).max(axis=1)
@@ -129,6 +132,8 @@ def test_interleaved_rope_weights_give_the_same_logits():
 def test_refusals_are_clear(llama, llama_fp32):
     with pytest.raises(TypeError, match="unknown quantize keys"):
         llm.compile(llama, {"bits": 4})
+    with pytest.raises(ValueError, match="activations must be one of"):
+        llm.compile(llama, {"activations": "per_block"})
     with pytest.raises(ValueError, match="rope_layout"):
         llm.compile(llama, rope_layout="spiral", context=8, prefill_lengths=())
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2))

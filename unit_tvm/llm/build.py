@@ -4,10 +4,11 @@ int8 instruction, attention and the rest on TVM's schedules)."""
 
 from .. import compiler
 from . import calibration, config as config_mod, weights as weights_mod
-from .graph import step_module
+from .graph import PER_TOKEN, step_module
 from .runtime import DecoderLM
 
-QUANTIZE_KEYS = ("calibration_data",)
+QUANTIZE_KEYS = ("calibration_data", "activations")
+ACTIVATIONS = ("per_token", "per_tensor")
 DEFAULT_PREFILL = (128,)
 
 
@@ -19,6 +20,10 @@ def _check(quantize, context, prefill_lengths):
     if unknown:
         raise TypeError(f"unit_tvm.llm.compile: unknown quantize keys {sorted(unknown)} "
                         f"(known: {QUANTIZE_KEYS})")
+    activations = (quantize or {}).get("activations", "per_token")
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"unit_tvm.llm.compile: activations must be one of {ACTIVATIONS}, "
+                         f"got {activations!r}")
     if not isinstance(context, int) or context < 2:
         raise ValueError(f"context must be an int >= 2, got {context!r}")
     if any(not isinstance(t, int) or t < 2 for t in prefill_lengths):
@@ -31,9 +36,11 @@ def compile(model, quantize: dict | None = None, *, target=None,  # noqa: A001
             report: list | None = None) -> DecoderLM:
     """Compile a Hugging Face LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM.
 
-    quantize: None computes in float32; a dict ({} or {"calibration_data": [token id arrays]})
-    quantizes every matmul with a weight to int8: weights per output channel, activations per
-    tensor with uint8 scales observed on the calibration prompts (random ones by default).
+    quantize: None computes in float32; a dict quantizes every matmul with a weight to int8,
+    weights per output channel, activations as {"activations": ...} says: "per_token" (the
+    default: each token's row scaled to [-127, 127] at run time) or "per_tensor" (one uint8
+    scale per input, observed on {"calibration_data": [token id arrays]}, random prompts by
+    default).
     context: cache positions (prompt + generated tokens); prefill_lengths: the prompt chunk
     lengths compiled besides the one-token decode step (those longer than context are
     dropped). rope_layout: "half" (Hugging Face's) or "interleaved" (pairs 2i, 2i+1: weights
@@ -49,7 +56,9 @@ def compile(model, quantize: dict | None = None, *, target=None,  # noqa: A001
                          f"of {cfg.sliding_window} (sliding-window attention is not built)")
     weights = weights_mod.from_hf(model)
     act_q = None
-    if quantize is not None:
+    if quantize is not None and quantize.get("activations", "per_token") == "per_token":
+        act_q = dict.fromkeys(weights_mod.input_names(cfg.layers), PER_TOKEN)
+    elif quantize is not None:
         prompts = quantize.get("calibration_data") or calibration.default_prompts(
             cfg.vocab, min(64, context))
         act_q = calibration.activation_quantization(model, prompts)

@@ -36,6 +36,10 @@ class ActivationQuantization(NamedTuple):
     zero_point: int
 
 
+# an input quantized per token at run time (its scale is the row's largest magnitude / 127)
+PER_TOKEN = ActivationQuantization(0.0, 128)
+
+
 def _const(value, dtype="float32") -> relax.Expr:
     return relax.const(np.ascontiguousarray(np.asarray(value, dtype)), dtype)
 
@@ -46,7 +50,9 @@ class _Builder:
     def __init__(self, bb, config: DecoderConfig, weights: DecoderWeights, tokens: int,
                  context: int, act_q: dict | None):
         self.bb, self.c, self.w, self.t, self.ctx = bb, config, weights, tokens, context
-        self.act_q = act_q  # input name -> ActivationQuantization; None: float32 matmuls
+        # input name -> ActivationQuantization, or PER_TOKEN; None: float32 matmuls
+        self.act_q = act_q
+        self._per_token: dict = {}  # input name -> (its integers as a QDQ pair, row scales)
 
     def emit(self, expr):
         return self.bb.emit(expr)
@@ -56,14 +62,34 @@ class _Builder:
         uint8 quantize / dequantize pair in the int8 form."""
         op = relax.op
         q = None if self.act_q is None else self.act_q[name]
-        if q is not None:
+        rows = None
+        if q is PER_TOKEN:
+            x, rows = self.per_token(x, name)
+        elif q is not None:
             scale, zero_point = _const(q.scale), _const(q.zero_point, "int32")
             x = self.emit(op.quantize(x, scale, zero_point, -1, "uint8"))
             x = self.emit(op.dequantize(x, scale, zero_point, -1, "float32"))
         y = self.emit(op.matmul(x, _const(lin.weight.T)))
+        if rows is not None:
+            y = self.emit(op.multiply(y, rows))
         if lin.bias is not None:
             y = self.emit(op.add(y, _const(lin.bias)))
         return y
+
+    def per_token(self, x, name: str):
+        """(x / its row's scale through an exact uint8 pair, the row scales [rows, 1]): each
+        token quantized symmetrically to [-127, 127] at run time (as llama.cpp quantizes its
+        activations) — the pair's scale 1 and zero point 128 are constants, so the int8
+        kernel takes it as any QDQ input; the matmul's result is multiplied back per row.
+        Computed once per input (q / k / v, gate / up share theirs)."""
+        if name not in self._per_token:
+            op = relax.op
+            peak = op.max(op.abs(x), axis=[-1], keepdims=True)
+            rows = self.emit(op.divide(op.maximum(peak, _const(1e-30)), _const(127.0)))
+            one, mid = _const(1.0), _const(128, "int32")
+            q = self.emit(op.quantize(op.divide(x, rows), one, mid, -1, "uint8"))
+            self._per_token[name] = (self.emit(op.dequantize(q, one, mid, -1, "float32")), rows)
+        return self._per_token[name]
 
     def rope_tables(self, pos):
         """cos, sin [T, 1, head_dim / 2] of the positions (Hugging Face's float32 math)."""
@@ -165,8 +191,8 @@ class _Builder:
 def step_module(config: DecoderConfig, weights: DecoderWeights, tokens: int, context: int,
                 act_q: dict | None = None) -> tvm.IRModule:
     """The IRModule whose main computes one step of `tokens` tokens with a cache of `context`
-    slots (see the module docstring). act_q: {input name: ActivationQuantization} for the int8
-    form (names: weights.INPUT_NAMES), None for float32."""
+    slots (see the module docstring). act_q: {input name: ActivationQuantization or PER_TOKEN}
+    for the int8 form (names: weights.input_names), None for float32."""
     c = config
     k_cache = relax.TensorType((c.kv_heads, c.head_dim, context), "float32")
     v_cache = relax.TensorType((c.kv_heads, context, c.head_dim), "float32")
