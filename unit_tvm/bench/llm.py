@@ -108,11 +108,12 @@ def table(rates: dict, engines, bandwidth_gbs: float, reference: str) -> str:
     """The results as text: tokens/s (median of the rounds, best in brackets), unit-tvm's ratio
     to `reference`, and decode's GB/s of weights read and its % of the read bandwidth."""
     names = [e.name for e in engines]
-    lines = ["workload     " + "".join(f"{n:>24}" for n in names) + f"   unit-tvm/{reference}"]
+    ratio_head = f"   unit-tvm/{reference}" if reference else ""  # no baseline: no ratio
+    lines = ["workload     " + "".join(f"{n:>24}" for n in names) + ratio_head]
     for w, by in rates.items():
         cells = "".join(f"{by[n].median:>15.1f} ({by[n].best:6.1f})" for n in names)
-        ratio = by[names[0]].median / by[reference].median if reference in by else float("nan")
-        lines.append(f"{w:<13}{cells}   {ratio:.2f}x")
+        ratio = f"   {by[names[0]].median / by[reference].median:.2f}x" if reference in by else ""
+        lines.append(f"{w:<13}{cells}{ratio}")
     lines.append(f"decode weights read per token, GB/s at tg128's median (read bandwidth "
                  f"{bandwidth_gbs:.1f} GB/s):")
     for e in engines:
