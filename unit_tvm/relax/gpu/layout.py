@@ -4,7 +4,7 @@ clips as a maximum and a minimum) and its values made fp16 by TVM's own passes."
 import tvm
 from tvm import relax
 
-from ..core.graph import const_value, op_name, rewrite_functions, static_shape
+from ..core.graph import const_value, fold_constants, op_name, rewrite_functions, static_shape
 
 
 def _scalar(prim_value):
@@ -111,14 +111,14 @@ def to_nhwc(mod: tvm.IRModule) -> tvm.IRModule:
         # with the relu or residual add that follows
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant(),
+        fold_constants,
         # ConvertLayout has no rule for clip: a ReLU6 stayed NCHW between two transposes, a
         # kernel of its own after each of mobilenet_v2's convs; a maximum and a minimum follow
         # the layout and fuse with the conv's bias
         _clip_as_min_max,
         _squeeze_axes_counted,
         relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]}),
-        relax.transform.FoldConstant(),  # the weights' layout transforms
+        fold_constants,  # the weights' layout transforms
     ])(mod)
 
 
@@ -131,7 +131,7 @@ def to_fp16(mod: tvm.IRModule) -> tvm.IRModule:
         _clip_as_min_max,
         _keep_kernel_inputs,
         relax.transform.ToMixedPrecision(out_dtype="float16"),
-        relax.transform.FoldConstant(),
+        fold_constants,
         _cast_constants,
         relax.transform.CanonicalizeBindings(),  # the constants in place of their variables
         relax.transform.DeadCodeElimination(),

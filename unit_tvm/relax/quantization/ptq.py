@@ -49,7 +49,7 @@ from ...target import as_target
 from ..core import u8_values
 from ..core import views
 from ..core.chains import epilogue_fields, find_chains
-from ..core.graph import dataflow_bindings
+from ..core.graph import dataflow_bindings, fold_constants
 from ..core.graph import uses as count_uses
 from ..core.recipe import (ATTR, CONV_KINDS, FLOAT_FORMS, QuantizedOp, Recipe, candidates,
     has_float32_instruction, implied_clamps_dropped, weight_pair_bound)
@@ -76,21 +76,8 @@ def inference_form(mod: tvm.IRModule) -> tvm.IRModule:
     the value itself; the frontends' output repaired as unit_tvm.compile does (frontend_fixes),
     so that every caller of quantize sees the same graph."""
     mod = relax.transform.DecomposeOpsForInference()(frontend_fixes(mod))
-    mod = clamps_as_clips(_folded(mod))
+    mod = clamps_as_clips(fold_constants(mod))
     return relax.transform.DeadCodeElimination()(relax.transform.CanonicalizeBindings()(mod))
-
-
-def _folded(mod: tvm.IRModule) -> tvm.IRModule:
-    """TVM's FoldConstant, unless its result calls a function the module does not define
-    (it half-legalizes a dynamic_strided_slice with constant steps into a call of a
-    `shape_func` it never adds): then the module as it was, whose slice TVM builds itself."""
-    folded = relax.transform.FoldConstant()(mod)
-    defined = set(folded.get_global_vars())
-    for func in folded.functions.values():
-        if isinstance(func, relax.Function) and not set(
-                relax.analysis.all_global_vars(func)) <= defined:
-            return mod
-    return folded
 
 
 def _activation_qparams(values, method, percentile):
