@@ -2,9 +2,8 @@
 against llama.cpp on the same weights (the parser is in unit_tvm.cli)."""
 
 import json
-import os
 
-from .target import host
+from .peak import host_threads
 
 
 def _unit_tvm_engines(model, args) -> list:
@@ -28,7 +27,7 @@ def cmd_bench_llm(args):
     from .testing import llm_zoo
 
     model = llm_zoo.get(args.model)
-    threads = int(os.environ.get("TVM_NUM_THREADS", "0")) or int(host().attrs["num-cores"])
+    threads = host_threads()
     engines = _unit_tvm_engines(model, args)
     if args.gguf:
         engines += gguf_engines(model, args.gguf, threads, args.context, args.gguf_dir)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..timing import quiesce
+
 # (name, prompt tokens, generated tokens): llama-bench's pp / tg, and decode at a depth
 WORKLOADS = (("pp128", 128, 0), ("pp512", 512, 0), ("tg128", 1, 128), ("tg128@512", 512, 128))
 
@@ -83,6 +85,7 @@ def measure(engines, vocab: int, rounds: int = 3, workloads=WORKLOADS, seed: int
         order = engines[r % len(engines):] + engines[:r % len(engines)]
         for w, _, gen in workloads:
             for e in order:
+                quiesce()  # the other engine's worker threads stop spinning first
                 samples[w][e.name].append(_once(e, prompts[w], gen))
     return {w: {n: Rate(statistics.median(s), max(s), len(s)) for n, s in by.items()}
             for w, by in samples.items()}

@@ -4,16 +4,16 @@ itself (PyTorch, float32) on calibration prompts: the int8 form's per-tensor uin
 import numpy as np
 
 from .graph import ActivationQuantization
+from .weights import LAYER_INPUTS, LM_HEAD_INPUT, input_name
 
 
 def _hooked_modules(model) -> dict:
     """input name (weights.input_names) -> the nn.Linear reading that input."""
-    modules = {"lm_head": model.lm_head}
+    modules = {LM_HEAD_INPUT: model.lm_head}
     for i, layer in enumerate(model.model.layers):
-        modules[f"{i}.qkv"] = layer.self_attn.q_proj
-        modules[f"{i}.o"] = layer.self_attn.o_proj
-        modules[f"{i}.gate_up"] = layer.mlp.gate_proj
-        modules[f"{i}.down"] = layer.mlp.down_proj
+        readers = (layer.self_attn.q_proj, layer.self_attn.o_proj, layer.mlp.gate_proj,
+                   layer.mlp.down_proj)
+        modules.update({input_name(i, r): m for r, m in zip(LAYER_INPUTS, readers)})
     return modules
 
 

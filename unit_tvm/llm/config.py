@@ -59,10 +59,6 @@ class DecoderConfig:
                      + 3 * self.hidden * self.ffn)
         return (self.layers * per_layer + self.vocab * self.hidden) * bytes_per_weight
 
-    def macs_per_token(self) -> int:
-        """Multiply-adds of the matmuls with weights, per token (attention's excluded)."""
-        return int(self.weight_bytes(1))
-
 
 def _eos(config) -> tuple[int, ...]:
     eos = getattr(config, "eos_token_id", None)

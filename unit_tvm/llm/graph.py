@@ -24,7 +24,7 @@ import tvm
 from tvm import relax
 
 from .config import DecoderConfig
-from .weights import DecoderWeights, Linear
+from .weights import LM_HEAD_INPUT, DecoderWeights, Linear, input_name
 
 _NEG = -1e30  # additive mask: exp underflows to 0, and no row is ever fully masked
 
@@ -135,7 +135,7 @@ class _Builder:
         [kv_heads, T, head_dim])."""
         op, c, t = relax.op, self.c, self.t
         lw = self.w.layers[layer]
-        key = f"{layer}.qkv"
+        key = input_name(layer, "qkv")
         q = self.rope(self.linear(x, lw.q, key), c.heads, *tables)
         k = self.rope(self.linear(x, lw.k, key), c.kv_heads, *tables)
         v = self.emit(op.reshape(self.linear(x, lw.v, key), (t, c.kv_heads, c.head_dim)))
@@ -158,14 +158,14 @@ class _Builder:
         out = op.permute_dims(op.reshape(out, (c.kv_heads, c.group, t, c.head_dim)),
                               [2, 0, 1, 3])
         out = self.emit(op.reshape(out, (t, c.heads * c.head_dim)))
-        return self.linear(out, lw.o, f"{layer}.o"), new_k, new_v
+        return self.linear(out, lw.o, input_name(layer, "o")), new_k, new_v
 
     def mlp(self, x, layer):
         op, lw = relax.op, self.w.layers[layer]
-        gate = self.linear(x, lw.gate, f"{layer}.gate_up")
-        up = self.linear(x, lw.up, f"{layer}.gate_up")
+        gate = self.linear(x, lw.gate, input_name(layer, "gate_up"))
+        up = self.linear(x, lw.up, input_name(layer, "gate_up"))
         return self.linear(self.emit(op.multiply(op.nn.silu(gate), up)), lw.down,
-                           f"{layer}.down")
+                           input_name(layer, "down"))
 
     def norm(self, x, weight):
         return self.emit(relax.op.nn.rms_norm(x, _const(weight), axes=[-1],
@@ -183,7 +183,7 @@ class _Builder:
             new_ks.append(op.expand_dims(nk, 0))
             new_vs.append(op.expand_dims(nv, 0))
         row = self.norm(self.emit(op.take(hidden, last, axis=0)), self.w.final_norm)
-        logits = self.linear(row, self.w.lm_head, "lm_head")
+        logits = self.linear(row, self.w.lm_head, LM_HEAD_INPUT)
         return relax.Tuple([logits, self.emit(op.concat(new_ks, axis=0)),
                             self.emit(op.concat(new_vs, axis=0))])
 

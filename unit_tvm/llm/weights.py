@@ -44,11 +44,20 @@ def _linear(module) -> Linear:
     return Linear(_np(module.weight), None if module.bias is None else _np(module.bias))
 
 
+# the matmul inputs of one layer the int8 form quantizes (one scale each): q/k/v's, o_proj's,
+# gate/up's, down_proj's; and the LM head's
+LAYER_INPUTS = ("qkv", "o", "gate_up", "down")
+LM_HEAD_INPUT = "lm_head"
+
+
+def input_name(layer: int, role: str) -> str:
+    """The name of layer `layer`'s matmul input `role` (one of LAYER_INPUTS)."""
+    return f"{layer}.{role}"
+
+
 def input_names(layers: int) -> list[str]:
-    """The names of the matmul inputs the int8 form quantizes (one scale each): per layer its
-    q/k/v input, o_proj's, gate/up's, down_proj's; the LM head's."""
-    return [f"{i}.{n}" for i in range(layers) for n in ("qkv", "o", "gate_up", "down")] + [
-        "lm_head"]
+    """Every quantized matmul input's name, layer by layer, then the LM head's."""
+    return [input_name(i, r) for i in range(layers) for r in LAYER_INPUTS] + [LM_HEAD_INPUT]
 
 
 def from_hf(model) -> DecoderWeights:
