@@ -179,21 +179,56 @@ def derive_impl(
 @dataclass(frozen=True)
 class PairSumBound:
     """A precondition on the weight operand that makes a saturating instruction exact on every
-    activation: each pair of adjacent reduction elements of one output lane obeys
-    |w0| + |w1| <= bound. vpmaddubsw sums u8 x s8 pairs in int16: with the bound 128 a pair sum
-    is at most 255 * 128 = 32640 <= 32767, so it never saturates."""
+    activation: every int16 sum of u8 x s8 products the instruction forms has weights whose
+    magnitudes add up to at most `bound`. vpmaddubsw sums each adjacent pair of products in
+    int16: with the bound 128 a sum is at most 255 * 128 = 32640 <= 32767, so it never
+    saturates. words=1: the pairs alone (|w0| + |w1|). words=2: the pair form's int16 results
+    of two consecutive 4-byte words added by vpaddw before widening (the quad form), so the
+    bound holds over the pair at one place in both words (|w0| + |w1| + |w4| + |w5| and
+    |w2| + |w3| + |w6| + |w7| of every 8 reduction elements)."""
 
     bound: int = 128
+    words: int = 1
 
     def __post_init__(self) -> None:
         if not 0 < self.bound <= 128:
             raise ValueError(f"a pair-sum bound is in (0, 128] for int8 weights, not {self.bound}")
+        if self.words not in (1, 2):
+            raise ValueError(f"a pair-sum bound adds the pairs of 1 or 2 words, not {self.words}")
 
-    def holds(self, pairs: np.ndarray) -> bool:
-        """Whether every adjacent pair along the last axis of `pairs` (an even extent) obeys
-        the bound."""
-        v = np.abs(np.asarray(pairs, np.int32))
-        return bool((v[..., 0::2] + v[..., 1::2] <= self.bound).all())
+    @property
+    def period(self) -> int:
+        """Reduction elements whose groups repeat: 2 for pairs, 8 for two 4-byte words."""
+        return 2 if self.words == 1 else 4 * self.words
+
+    def group_sums(self, v: np.ndarray) -> np.ndarray:
+        """Sum of |v| over each int16 group along v's last axis (the reduction in the order a
+        packed weight holds it, zero-padded to whole periods): [..., groups]."""
+        a = np.abs(np.asarray(v, np.float64))
+        pad = -a.shape[-1] % self.period
+        if pad:
+            a = np.concatenate([a, np.zeros(a.shape[:-1] + (pad,))], axis=-1)
+        pairs = a[..., 0::2] + a[..., 1::2]  # [..., n/2]: word h's pair p at 2h + p
+        if self.words == 1:
+            return pairs
+        # [..., n/8, word, pair]: the same pair of both words added
+        return pairs.reshape(a.shape[:-1] + (-1, self.words, 2)).sum(axis=-2)
+
+    def holds(self, v: np.ndarray) -> bool:
+        """Whether every group along the last axis of `v` (reduction order) obeys the bound."""
+        return bool((self.group_sums(v) <= self.bound).all())
+
+    def holds_packed(self, packed: np.ndarray) -> bool:
+        """holds() on weights in a packed layout [..., words, lanes, word] (the instruction's
+        operand: consecutive words of each lane's reduction on axis -3)."""
+        p = np.asarray(packed)
+        lanes_first = np.swapaxes(p, -3, -2)
+        return self.holds(lanes_first.reshape(lanes_first.shape[:-2] + (-1,)))
+
+    def implies(self, other: "PairSumBound") -> bool:
+        """Whether weights under this bound obey `other` too (a group of more words contains
+        the pairs of fewer)."""
+        return self.bound <= other.bound and self.words >= other.words
 
 
 @dataclass(frozen=True, eq=False, repr=False, kw_only=True)
