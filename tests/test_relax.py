@@ -1383,10 +1383,13 @@ class SmallMobileBlock(nn.Module):
 ])
 def test_pre_vnni_hosts_tensorize_every_int8_op_exactly(level, pair, depthwise):
     """Held to Skylake-SP's level (AVX512BW, no VNNI) or to AVX2, an int8 model's convs and
-    dense run on the vpmaddubsw pair form over weights the quantizer bounded in pairs (it
-    would saturate on 8-bit ones), its depthwise conv on the exact lanewise int16 form; the
-    kernels equal the plain int8 loop nest of the same quantized module, and the model stays
-    within cosine 0.999 of float32."""
+    dense run on vpmaddubsw over weights the quantizer bounded for it (it would saturate on
+    8-bit ones): the quad form where 8 input channels fill its block (weights bounded in
+    quads), the pair form on the 3-channel stem (bounded in pairs: quads would pad it past
+    selection's limit); its depthwise conv on the exact lanewise int16 form. The kernels equal
+    the plain int8 loop nest of the same quantized module, and the model stays within cosine
+    0.999 of float32."""
+    quad = pair.replace("vpmaddubsw", "vpmaddubsw.quad")
     target = unit_tvm.target.restricted(level)
     if not intrinsics.get(pair).supported(target):
         pytest.skip(f"this CPU has no {pair} ({level} is above it)")
@@ -1394,12 +1397,14 @@ def test_pre_vnni_hosts_tensorize_every_int8_op_exactly(level, pair, depthwise):
     cal, xs, refs = _prepare(model, (1, 3, 12, 12))
     mod = frontends.from_torch(model, [torch.tensor(xs[0])])
     qmod = quantize(mod, calibration_data=cal, target=target)
-    forms = {r["kind"] + str(r.get("groups", 1)): r.get("w_pair_bound") for _, r in recipes(qmod)}
-    assert forms == {"conv2d1": 128, "conv2d48": None, "dense1": 128}
+    forms = [(r.get("groups", 1), r.get("w_pair_bound"), r.get("w_pair_words"))
+             for _, r in recipes(qmod)]
+    assert forms == [(1, 128, None), (1, 128, 2), (48, None, None), (1, 128, 2)]
     tpass = UnitTensorize(target)
     got = _run(build_relax(tpass(qmod), target), xs)
-    assert [instr for _, instr, _ in tpass.report] == [pair, pair, depthwise, pair], tpass.report
-    assert all("est. cosine loss" in note for _, instr, note in tpass.report if instr == pair)
+    assert [instr for _, instr, _ in tpass.report] == [pair, quad, depthwise, quad], tpass.report
+    assert all("est. cosine loss" in note for _, instr, note in tpass.report
+               if instr in (pair, quad))
     want = _run(build_relax(qmod, target), xs)  # TVM's loops over the same int8 weights
     for g, w, r in zip(got, want, refs):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from ... import intrinsics, selection
+from ...intrinsics import PairSumBound
 from ...shift import rebased_dtype
 
 ATTR = "unit_tvm.recipe"
@@ -58,8 +59,11 @@ class Recipe:
     out_q: QScale | None = None  # writes uint8 for its readers (requantization)
     residual_q: QScale | None = None  # a uint8 residual's quantization
     # int8 weights checked to obey |w0| + |w1| <= this in every adjacent pair a packed word
-    # holds (pair_weights.py): a pre-VNNI pair form (vpmaddubsw) is exact on them
+    # holds (pair_weights.py): a pre-VNNI pair form (vpmaddubsw) is exact on them; with
+    # w_pair_words = 2 the bound holds over the same pair of two consecutive words (the quad
+    # form, which adds two vpmaddubsw results in int16)
     w_pair_bound: int | None = None
+    w_pair_words: int | None = None
     # the output cosine the pair-bounded weights lose against 8-bit ones, estimated (reported)
     w_pair_loss: float | None = None
     # -- its fused epilogue -----------------------------------------------------------------
@@ -300,24 +304,52 @@ def implied_clamps_dropped(recipe: "Recipe") -> "Recipe":
     return recipe.replace(**changes) if changes else recipe
 
 
+def weight_bound(recipe) -> PairSumBound | None:
+    """The PairSumBound the quantizer checked the recipe's weights under, or None."""
+    if recipe.w_pair_bound is None:
+        return None
+    return PairSumBound(recipe.w_pair_bound, recipe.w_pair_words or 1)
+
+
 def pair_form_exact(recipe, intrin) -> bool:
     """Whether `intrin`, exact only under a weight pair bound, is exact on the recipe's
-    weights: the quantizer checked them under a bound at least as tight, and the activation
-    is the uint8 the instruction takes (not re-based)."""
-    bound = intrin.weight_bound
-    return (bound is not None and recipe.w_pair_bound is not None
-            and recipe.w_pair_bound <= bound.bound and not recipe.x_signed)
+    weights: the quantizer checked them under a bound that implies the instruction's (quad
+    bounded weights obey the pair bound too), and the activation is the uint8 the instruction
+    takes (not re-based)."""
+    needed, checked = intrin.weight_bound, weight_bound(recipe)
+    return (needed is not None and checked is not None and checked.implies(needed)
+            and not recipe.x_signed)
 
 
-def weight_pair_bound(target):
-    """The PairSumBound the quantizer gives int8 weights on `target`: that of the first u8 x s8
-    vector instruction it can run, when that is a pair form (a host without VNNI), else None
-    (vpdpbusd, AMX and the rest are exact on any weights)."""
+def weight_pair_bounds(target) -> list[PairSumBound]:
+    """The PairSumBounds the quantizer may give int8 weights on `target`, fastest instruction
+    first: those of the u8 x s8 vector instructions it can run that are exact only under one
+    (the quad and pair forms of a host without VNNI); [] where the first such instruction is
+    exact on any weights (vpdpbusd, AMX and the rest)."""
+    bounds = []
     for intrin in intrinsics.for_target(target):
         if (intrin.input_dtypes == ("uint8", "int8") and intrin.broadcast_operand
                 and not intrin.lanewise):
-            return intrin.weight_bound
-    return None
+            if intrin.weight_bound is None:
+                break
+            if intrin.weight_bound not in bounds:
+                bounds.append(intrin.weight_bound)
+    return bounds
+
+
+def bounds_that_run(recipe, bounds, target) -> list[PairSumBound]:
+    """The bounds (of weight_pair_bounds, fastest first) whose own instruction selection would
+    run the recipe on, were its weights under them: a bound's precision is worth spending only
+    there (a 3-channel stem pads the quad form's 8-channel block past selection's limit and
+    runs the pair form)."""
+    kept = []
+    for bound in bounds:
+        bounded = recipe.replace(w_pair_bound=bound.bound,
+                                 w_pair_words=bound.words if bound.words > 1 else None)
+        found = candidates(bounded, target)
+        if found and found[0].weight_bound == bound:
+            kept.append(bound)
+    return kept
 
 
 def candidates(recipe, target):

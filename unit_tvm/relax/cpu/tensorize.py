@@ -285,15 +285,16 @@ class UnitTensorize:
 
 
 def _weight_form(recipe, intrin) -> str:
-    """A note on the weights' form where the quantizer weighed the pair form ("" elsewhere):
-    what bounding them in pairs cost, or why the layer kept 8-bit weights."""
+    """A note on the weights' form where the quantizer weighed the bounded forms ("" elsewhere):
+    what bounding them cost, or why the layer kept 8-bit weights."""
     loss = recipe.w_pair_loss
     if loss is None:
         return ""
+    groups = "quads" if (recipe.w_pair_words or 1) > 1 else "pairs"
     if intrin.weight_bound is not None:
-        return f"weights bounded in pairs for {intrin.name}: est. cosine loss {loss:.1e}"
+        return f"weights bounded in {groups} for {intrin.name}: est. cosine loss {loss:.1e}"
     if recipe.w_pair_bound is not None:
-        return f"weights bounded in pairs (est. cosine loss {loss:.1e}), not needed here"
+        return f"weights bounded in {groups} (est. cosine loss {loss:.1e}), not needed here"
     return f"8-bit weights: bounding them in pairs would lose est. cosine {loss:.1e}"
 
 
@@ -311,15 +312,15 @@ def _kernel_arguments(args, recipe, blocks, weight_bound=None):
     """A quantized call's arguments as its tensorized kernel reads them: the weight packed for
     the instruction, and with an activation the kernel re-bases to int8 (x_signed) the
     zero-point term re-based too. A bmm's operands are activations: its kernel packs them.
-    weight_bound: the instruction's PairSumBound, checked on the packed words (the pair form
-    would saturate on weights that break it: never a wrong answer)."""
+    weight_bound: the instruction's PairSumBound, checked on the packed words (the pair and
+    quad forms would saturate on weights that break it: never a wrong answer)."""
     if recipe.kind == "bmm":
         return args
     weight = args[1].value.numpy()
     packed = pack_weight(recipe, weight, blocks)
-    if weight_bound is not None and not weight_bound.holds(packed):
+    if weight_bound is not None and not weight_bound.holds_packed(packed):
         raise RuntimeError(f"UnitTensorize: the weights of {recipe.kind} {list(recipe.w_shape)} "
-                           f"break the pair bound {weight_bound.bound} of the instruction "
+                           f"break the pair-sum bound {weight_bound} of the instruction "
                            "chosen for them; it would saturate")
     args[1] = relax.const(packed)
     if recipe.x_signed:

@@ -1,4 +1,4 @@
-"""int8 weights for the pre-VNNI pair form: adjacent pairs bounded so vpmaddubsw is exact.
+"""int8 weights for the pre-VNNI pair and quad forms: bounded so vpmaddubsw is exact.
 
 On a host without VNNI the fast int8 instruction is vpmaddubsw, which sums each pair of u8 x s8
 products in int16 and saturates. Other engines shrink the activations or the weights to 7 bits
@@ -9,32 +9,38 @@ instead: max(|w0| + |w1|) / (bound - 1), so that after rounding (at most half a 
 holds: neighbouring input channels, and for a conv also neighbouring window columns (the
 layout recipe.folds_width picks for an RGB stem), so either packing is exact.
 
-The coarser grid costs some precision (up to 2x the step of max|w| / 127). Per layer it is kept
-only where its estimated output cosine to the float32 layer stays within PAIR_MAX_COSINE_LOSS
-of the 8-bit weights'; elsewhere the layer keeps its 8-bit weights and runs on the exact int16
-form (vpmaddwd).
+The quad form adds two vpmaddubsw results in int16 before widening: there the bound holds over
+the same pair of two consecutive words (|w0| + |w1| + |w4| + |w5| <= 128), a grid up to 4x the
+8-bit one. The coarser grids cost some precision. Per layer the fastest bound is kept whose
+estimated output cosine to the float32 layer stays within MAX_COSINE_LOSS of the 8-bit
+weights'; where none does, the layer keeps its 8-bit weights and runs on the exact int16 form
+(vpmaddwd).
 """
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
 
 from ...intrinsics import PairSumBound
 
-# The most output cosine (to the float32 layer, estimated) a layer may give up for the pair
-# form's speed (1.8x the int16 form's peak on Zen 4 held to AVX2). Gaussian weights lose ~2e-5.
-PAIR_MAX_COSINE_LOSS = 1e-4
+# The most output cosine (to the float32 layer, estimated) a layer may give up for a bounded
+# form's speed, by the words its bound spans: the pair form (1.8x the int16 form's peak on Zen 4
+# held to AVX2; Gaussian weights lose ~2e-5) and the quad form (1.33x the pair form's; Gaussian
+# weights lose ~1e-4: its grid is ~2x the 8-bit one's).
+MAX_COSINE_LOSS = {1: 1e-4, 2: 3e-4}
 
 
 class WeightChoice(NamedTuple):
-    """The int8 weights a layer keeps: their per-channel scales and integers, the pair bound
-    they were checked under (None: 8-bit weights, any instruction), and the estimated output
-    cosine the pair-bounded weights lose against the 8-bit ones (None: not considered)."""
+    """The int8 weights a layer keeps: their per-channel scales and integers, the bound they
+    were checked under (None: 8-bit weights, any instruction), and the estimated output cosine
+    the bounded weights lose against the 8-bit ones (None: not considered; for 8-bit weights
+    kept where bounds were weighed, what the last bound tried would have lost)."""
 
     scales: np.ndarray
     wq: np.ndarray
-    pair_bound: int | None
-    pair_loss: float | None
+    bound: PairSumBound | None
+    loss: float | None
 
 
 def _even(v: np.ndarray) -> np.ndarray:
@@ -44,28 +50,28 @@ def _even(v: np.ndarray) -> np.ndarray:
     return np.concatenate([v, np.zeros(v.shape[:-1] + (1,), v.dtype)], axis=-1)
 
 
-def pair_views(w: np.ndarray) -> list[np.ndarray]:
-    """w [K, C, *window] (or [N, K]) as arrays whose last axis runs along elements that a packed
-    word holds together: input channels, and for a conv also its window's columns; each [K,
-    ..., even extent]."""
-    views = [_even(np.moveaxis(w, 1, -1))]
+def group_views(w: np.ndarray, bound: PairSumBound) -> list[tuple[np.ndarray, PairSumBound]]:
+    """w [K, C, *window] (or [N, K]) as (array, bound) whose last axis runs along elements that
+    packed words hold together, and the bound that holds there: input channels (the bound
+    itself), and for a conv also its window's columns (pairs: the layout a pair form folds an
+    RGB stem's window into; quad-bounded weights obey it too, so any form may run them)."""
+    views = [(np.moveaxis(w, 1, -1), bound)]
     if w.ndim > 2:
-        views.append(_even(w))
+        views.append((_even(w), PairSumBound(bound.bound)))
     return views
 
 
-def max_pair_sums(w: np.ndarray) -> np.ndarray:
-    """Per output channel (axis 0): the largest |w0| + |w1| over the adjacent pairs."""
+def max_group_sums(w: np.ndarray, bound: PairSumBound) -> np.ndarray:
+    """Per output channel (axis 0): the largest sum of |w| over a group the bound limits."""
     out = np.zeros(w.shape[0])
-    for v in pair_views(np.abs(w.astype(np.float64))):
-        sums = (v[..., 0::2] + v[..., 1::2]).reshape(w.shape[0], -1)
-        out = np.maximum(out, sums.max(axis=1))
+    for v, b in group_views(w, bound):
+        out = np.maximum(out, b.group_sums(v).reshape(w.shape[0], -1).max(axis=1))
     return out
 
 
-def pairs_obey(wq: np.ndarray, bound: PairSumBound) -> bool:
-    """Whether every adjacent pair of the int8 weights `wq`, in either packing, obeys `bound`."""
-    return all(bound.holds(v) for v in pair_views(wq))
+def obey(wq: np.ndarray, bound: PairSumBound) -> bool:
+    """Whether the int8 weights `wq` obey `bound` in every packing (group_views)."""
+    return all(b.holds(v) for v, b in group_views(wq, bound))
 
 
 def quantized(w: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -89,27 +95,31 @@ def estimated_cosine(w: np.ndarray, approx: np.ndarray, moments: np.ndarray) -> 
     return 1.0 / np.sqrt(1.0 + noise / max(signal, 1e-300))
 
 
-def choose(w: np.ndarray, scales: np.ndarray, bound: PairSumBound | None,
+def choose(w: np.ndarray, scales: np.ndarray, bounds: Sequence[PairSumBound],
            moments: np.ndarray, given: bool = False) -> WeightChoice:
     """The int8 weights of a layer whose 8-bit scales are `scales` on a target whose fast
-    instruction needs `bound` (None: any weights): the 8-bit integers when they obey it already,
-    else the pair-bounded ones where they lose at most PAIR_MAX_COSINE_LOSS, else the 8-bit
-    ones without the bound. `given`: the weights arrived quantized (a QDQ file's): their
-    integers are the model's and are kept, bounded or not."""
+    instructions need `bounds` (fastest first; none: any weights): under the first bound that
+    the 8-bit integers obey already, or whose bounded integers lose at most MAX_COSINE_LOSS
+    against them; else the 8-bit integers without a bound. `given`: the weights arrived
+    quantized (a QDQ file's): their integers are the model's and are kept, bounded or not."""
     wq = quantized(w, scales)
-    if bound is None:
+    loss = None
+    if not bounds:
         return WeightChoice(scales, wq, None, None)
-    if pairs_obey(wq, bound):
-        return WeightChoice(scales, wq, bound.bound, 0.0)
+    for bound in bounds:
+        if obey(wq, bound):
+            return WeightChoice(scales, wq, bound, 0.0)
     if given:
         return WeightChoice(scales, wq, None, None)
     per_channel = (-1,) + (1,) * (w.ndim - 1)
-    pair_scales = np.maximum(max_pair_sums(w), 1e-12) / (bound.bound - 1)
-    pq = quantized(w, pair_scales)
-    if not pairs_obey(pq, bound):  # the rounding argument above says never; checked anyway
-        return WeightChoice(scales, wq, None, None)
-    loss = (estimated_cosine(w, wq * scales.reshape(per_channel), moments)
-            - estimated_cosine(w, pq * pair_scales.reshape(per_channel), moments))
-    if loss <= PAIR_MAX_COSINE_LOSS:
-        return WeightChoice(pair_scales, pq, bound.bound, float(loss))
-    return WeightChoice(scales, wq, None, float(loss))
+    eight_bit = estimated_cosine(w, wq * scales.reshape(per_channel), moments)
+    for bound in bounds:
+        # rounding adds at most half a step to each of a group's 2 (4) values: 127 + 1 (126 + 2)
+        b_scales = np.maximum(max_group_sums(w, bound), 1e-12) / (bound.bound - bound.words)
+        bq = quantized(w, b_scales)
+        if not obey(bq, bound):  # the rounding argument above says never; checked anyway
+            continue
+        loss = eight_bit - estimated_cosine(w, bq * b_scales.reshape(per_channel), moments)
+        if loss <= MAX_COSINE_LOSS[bound.words]:
+            return WeightChoice(b_scales, bq, bound, float(loss))
+    return WeightChoice(scales, wq, None, None if loss is None else float(loss))

@@ -51,8 +51,8 @@ from ..core import views
 from ..core.chains import epilogue_fields, find_chains
 from ..core.graph import dataflow_bindings, fold_constants
 from ..core.graph import uses as count_uses
-from ..core.recipe import (ATTR, CONV_KINDS, FLOAT_FORMS, QuantizedOp, Recipe, candidates,
-    has_float32_instruction, implied_clamps_dropped, weight_pair_bound)
+from ..core.recipe import (ATTR, CONV_KINDS, FLOAT_FORMS, QuantizedOp, Recipe, bounds_that_run,
+    candidates, has_float32_instruction, implied_clamps_dropped, weight_pair_bounds)
 from ..cpu import attention_check
 from ..cpu import qbmm
 from ..cpu.fused_attention import attention_plans, fuse_attention
@@ -93,13 +93,14 @@ def _activation_qparams(values, method, percentile):
     return scale, zp
 
 
-def _recipe(chain, **quantization):
+def _recipe(chain, w_shape=None, **quantization):
     """The op's recipe: shapes, fused epilogue and `quantization` (x_scale and x_zp for int8,
-    dtype="bfloat16" for bf16)."""
+    dtype="bfloat16" for bf16). w_shape: the weight's (default: that of chain.wq)."""
     x_shape = [int(s) for s in chain.x.ty.shape]
     out_shape = [int(s) for s in chain.end_shape]
-    fields = dict(kind=chain.kind, in_shape=x_shape, w_shape=list(chain.wq.shape),
-                  out_shape=out_shape, out_channels=int(chain.wq.shape[0]), **quantization,
+    w_shape = chain.wq.shape if w_shape is None else w_shape
+    fields = dict(kind=chain.kind, in_shape=x_shape, w_shape=[int(s) for s in w_shape],
+                  out_shape=out_shape, out_channels=int(w_shape[0]), **quantization,
                   **epilogue_fields(chain), residual=chain.residual is not None)
     if chain.kind == "dense":  # leading dims flattened into rows around the kernel
         rows = int(np.prod(x_shape[:-1]))
@@ -158,7 +159,7 @@ def quantize(mod, params=None, calibration_data=(), *, dtype="int8", method="min
     shortcuts = residual_only_ends(func, chains)
     qparams = functools.partial(_activation_qparams, method=method, percentile=percentile)
     seen = _calibrate(mod, chains, shortcuts, samples, target, model_scales, qparams)
-    by_end = _quantized_ops(func, chains, seen, model_scales, qparams, weight_pair_bound(target))
+    by_end = _quantized_ops(func, chains, seen, model_scales, qparams, target)
     chains = [c for c in chains if c.end in by_end]
     pools, plan = _uint8_edges(func, chains, by_end, shortcuts, seen.shortcut_q)
     if model_scales:  # a pair's cap on a ReLU; a float model's ReLU6 keeps its recipe (and
@@ -200,19 +201,20 @@ def _chains(func, dtype, attention, model_scales, samples, target):
     return chains, float_bmms
 
 
-def _quantized_ops(func, chains, seen, model_scales, qparams, pair_bound):
+def _quantized_ops(func, chains, seen, model_scales, qparams, target):
     """{chain end: QuantizedOp}: each chain's activation quantization (the model's own, or
-    from the values it took), its int8 weights (bounded in pairs on a pre-VNNI target) and
+    from the values it took), its int8 weights (bounded on a pre-VNNI target) and
     recipe; a bmm that fails its accuracy guard stays fp32 (left out)."""
     by_end = {}
+    pair_bounds = weight_pair_bounds(target)
     for chain, vals in zip(chains, seen.x):
         x_scale, x_zp = model_scales.get(chain.x) or qparams(vals)
         chain.end_shape = [int(s) for s in _struct_shape(func, chain.end)]
         if chain.kind == "bmm":
             op = qbmm.quantized_bmm(chain, vals, seen.y[chain], float(x_scale), int(x_zp))
         else:
-            moments = _channel_moments(chain, vals, second=pair_bound is not None)
-            op = _quantized_op(chain, float(x_scale), int(x_zp), moments, pair_bound)
+            moments = _channel_moments(chain, vals, second=bool(pair_bounds))
+            op = _quantized_op(chain, float(x_scale), int(x_zp), moments, pair_bounds, target)
         if op is not None:
             by_end[chain.end] = op
     return by_end
@@ -318,9 +320,9 @@ def _per_output_channel(values, k, groups):
     return per_group[np.arange(k) // (k // groups)]
 
 
-def _quantized_op(chain, x_scale, x_zp, x_moments, pair_bound=None):
+def _quantized_op(chain, x_scale, x_zp, x_moments, pair_bounds=(), target=None):
     """The QuantizedOp of a chain with a constant weight: per-channel int8 weights (the chain's
-    scale folded in; weight_scales.py; bounded in pairs for a pre-VNNI pair form where that
+    scale folded in; weight_scales.py; bounded for a pre-VNNI quad or pair form where that
     costs little: pair_weights.py), the zero-point term, the dequantization multiplier and
     the bias. The bias also takes the mean of what rounding the weights loses (bias correction,
     as NNCF's and oneDNN's calibrations do): the input mean (per input channel) times the
@@ -332,12 +334,18 @@ def _quantized_op(chain, x_scale, x_zp, x_moments, pair_bound=None):
     means, m2 = (None if v is None else _per_output_channel(v, w.shape[0], groups)
                  for v in x_moments)
     if groups > 1 and w.shape[1] == 1:
-        pair_bound = None  # a depthwise conv runs on a lanewise form, exact on any weights
+        pair_bounds = ()  # a depthwise conv runs on a lanewise form, exact on any weights
+    if pair_bounds:  # a bound's precision is spent only where its instruction would run
+        probe = _recipe(chain, w_shape=w.shape, x_scale=x_scale, x_zp=x_zp)
+        pair_bounds = bounds_that_run(probe, pair_bounds, target)
     scales = int8_weight_scales(w)
-    choice = pair_weights.choose(w, scales, pair_bound, m2, given=on_grid(w, scales))
+    choice = pair_weights.choose(w, scales, pair_bounds, m2, given=on_grid(w, scales))
     w_scale, chain.wq = choice.scales, choice.wq
-    recipe = _recipe(chain, x_scale=x_scale, x_zp=x_zp, w_pair_bound=choice.pair_bound,
-                     w_pair_loss=choice.pair_loss)
+    bound = choice.bound
+    recipe = _recipe(chain, x_scale=x_scale, x_zp=x_zp,
+                     w_pair_bound=bound.bound if bound else None,
+                     w_pair_words=bound.words if bound and bound.words > 1 else None,
+                     w_pair_loss=choice.loss)
     wsum = chain.wq.reshape(chain.wq.shape[0], -1).sum(axis=1, dtype=np.int64)
     # [K, C per group]: each output channel's rounding error per input channel of its group
     # (computed in place: weight-sized temporaries add up for an LLM's LM head)
