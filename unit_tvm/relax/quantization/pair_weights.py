@@ -95,15 +95,17 @@ def estimated_cosine(w: np.ndarray, approx: np.ndarray, moments: np.ndarray) -> 
     return 1.0 / np.sqrt(1.0 + noise / max(signal, 1e-300))
 
 
-def choose(w: np.ndarray, scales: np.ndarray, bounds: Sequence[PairSumBound],
-           moments: np.ndarray, given: bool = False) -> WeightChoice:
+def choose(w: np.ndarray, scales: np.ndarray,
+           bounds: Sequence[PairSumBound] | PairSumBound | None, moments: np.ndarray,
+           given: bool = False) -> WeightChoice:
     """The int8 weights of a layer whose 8-bit scales are `scales` on a target whose fast
-    instructions need `bounds` (fastest first; none: any weights): under the first bound that
+    instructions need `bounds` (fastest first, or one; none: any weights): under the first that
     the 8-bit integers obey already, or whose bounded integers lose at most MAX_COSINE_LOSS
     against them; else the 8-bit integers without a bound. `given`: the weights arrived
     quantized (a QDQ file's): their integers are the model's and are kept, bounded or not."""
     wq = quantized(w, scales)
     loss = None
+    bounds = [bounds] if isinstance(bounds, PairSumBound) else list(bounds or ())
     if not bounds:
         return WeightChoice(scales, wq, None, None)
     for bound in bounds:
