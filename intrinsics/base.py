@@ -204,10 +204,13 @@ class PairSumBound:
     def group_sums(self, v: np.ndarray) -> np.ndarray:
         """Sum of |v| over each int16 group along v's last axis (the reduction in the order a
         packed weight holds it, zero-padded to whole periods): [..., groups]."""
-        a = np.abs(np.asarray(v, np.float64))
+        v = np.asarray(v)
+        # integers as int32 (|-128| must fit; half float64's memory on an LLM's largest
+        # weights), floats in float64
+        a = np.abs(v.astype(np.int32 if v.dtype.kind in "iu" else np.float64))
         pad = -a.shape[-1] % self.period
         if pad:
-            a = np.concatenate([a, np.zeros(a.shape[:-1] + (pad,))], axis=-1)
+            a = np.concatenate([a, np.zeros(a.shape[:-1] + (pad,), a.dtype)], axis=-1)
         pairs = a[..., 0::2] + a[..., 1::2]  # [..., n/2]: word h's pair p at 2h + p
         if self.words == 1:
             return pairs

@@ -43,21 +43,15 @@ class WeightChoice(NamedTuple):
     loss: float | None
 
 
-def _even(v: np.ndarray) -> np.ndarray:
-    """v zero-padded along its last axis to an even length."""
-    if v.shape[-1] % 2 == 0:
-        return v
-    return np.concatenate([v, np.zeros(v.shape[:-1] + (1,), v.dtype)], axis=-1)
-
-
 def group_views(w: np.ndarray, bound: PairSumBound) -> list[tuple[np.ndarray, PairSumBound]]:
     """w [K, C, *window] (or [N, K]) as (array, bound) whose last axis runs along elements that
-    packed words hold together, and the bound that holds there: input channels (the bound
-    itself), and for a conv also its window's columns (pairs: the layout a pair form folds an
-    RGB stem's window into; quad-bounded weights obey it too, so any form may run them)."""
+    packed words hold together (PairSumBound.group_sums zero-pads it to whole groups), and the
+    bound that holds there: input channels (the bound itself), and for a conv also its
+    window's columns (pairs: the layout a pair form folds an RGB stem's window into;
+    quad-bounded weights obey it too, so any form may run them)."""
     views = [(np.moveaxis(w, 1, -1), bound)]
     if w.ndim > 2:
-        views.append((_even(w), PairSumBound(bound.bound)))
+        views.append((w, PairSumBound(bound.bound)))
     return views
 
 
