@@ -8,7 +8,12 @@ from .graph import PER_TOKEN, step_module
 from .runtime import DecoderLM
 
 QUANTIZE_KEYS = ("calibration_data", "activations")
-ACTIVATIONS = ("per_token", "per_tensor")
+ACTIVATIONS = ("per_token", "per_tensor")  # the first is the default
+
+
+def _activations(quantize: dict | None) -> str:
+    """How the int8 form quantizes activations: quantize's "activations", or the default."""
+    return (quantize or {}).get("activations", ACTIVATIONS[0])
 DEFAULT_PREFILL = (128,)
 
 
@@ -20,7 +25,7 @@ def _check(quantize, context, prefill_lengths):
     if unknown:
         raise TypeError(f"unit_tvm.llm.compile: unknown quantize keys {sorted(unknown)} "
                         f"(known: {QUANTIZE_KEYS})")
-    activations = (quantize or {}).get("activations", "per_token")
+    activations = _activations(quantize)
     if activations not in ACTIVATIONS:
         raise ValueError(f"unit_tvm.llm.compile: activations must be one of {ACTIVATIONS}, "
                          f"got {activations!r}")
@@ -56,7 +61,7 @@ def compile(model, quantize: dict | None = None, *, target=None,  # noqa: A001
                          f"of {cfg.sliding_window} (sliding-window attention is not built)")
     weights = weights_mod.from_hf(model)
     act_q = None
-    if quantize is not None and quantize.get("activations", "per_token") == "per_token":
+    if quantize is not None and _activations(quantize) == "per_token":
         act_q = dict.fromkeys(weights_mod.input_names(cfg.layers), PER_TOKEN)
     elif quantize is not None:
         prompts = quantize.get("calibration_data") or calibration.default_prompts(
