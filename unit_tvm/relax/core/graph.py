@@ -130,6 +130,16 @@ def max_pool_on(pool, data, layout="NCHW"):
                                   a.ceil_mode, a.count_include_pad, layout, layout)
 
 
+def pool_on(pool, data, layout="NCHW"):
+    """The max- or average-pool call `pool` (window, strides, padding, count_include_pad as
+    they are) applied to `data` in `layout` (e.g. NCHW16c), same layout out."""
+    if pool.op.name == "relax.nn.max_pool2d":
+        return max_pool_on(pool, data, layout)
+    a = pool.attrs
+    return relax.op.nn.avg_pool2d(data, a.pool_size, a.strides, a.padding, a.dilation,
+                                  a.ceil_mode, a.count_include_pad, layout, layout)
+
+
 def rewrite_functions(mod, mutator):
     """The module with every Relax function rewritten by `mutator` (a relax.PyExprMutator built
     on `mod`: functions it adds through its builder are kept)."""

@@ -27,11 +27,12 @@ from ... import intrinsics, schedules
 from ...runner import prepare_host
 from ...target import as_target
 from ...tuner import Database, tune, tune_instruction
-from ..core.graph import max_pool_on
+from ..core.graph import pool_on
+from ..core.u8_values import is_nchw_avg_pool
 from ..core.leftovers import pixel_convs_as_matmuls
 from ..core.recipe import (ATTR, Recipe, candidates, for_instruction, out_dtype, out_shape,
     tuning_form)
-from .edge_layouts import packed_concats, packed_consumers, pool_conv_readers, pooled_producers
+from .edge_layouts import blocked_pools_and_concats, packed_consumers
 from .f32_blocks import blocked_op, regions as f32_regions
 from .qgraphs import tensorized_graph
 from .qops import plain_func, tensorized_func
@@ -91,18 +92,17 @@ class UnitTensorize:
         relax.analysis.post_order_visit(func.body, collect)
         recipes = [_recipe_of(mod, c) for c in calls]
         consumer = packed_consumers(func, calls, recipes)
-        pooled = pooled_producers(func, calls, recipes)
-        pool_readers = pool_conv_readers(mod, func, calls, recipes, pooled)
-        concats = packed_concats(mod, func, calls, recipes, self.target)
+        pooled, pool_readers, concats = blocked_pools_and_concats(mod, func, calls, recipes,
+                                                                  self.target)
         f32 = f32_regions(func, calls, recipes, self.target)
         region_ops = {}  # elementwise / reduction call -> block, of the regions made blocked
         gated = {}  # call index -> (its input in the region, the gate it multiplies it by)
-        # max-pools whose result stays in blocks for its conv readers or a blocked concat
-        blocked_pools = set(concats.blocked_max_pools)
+        # pools whose result stays in blocks for its conv readers or a blocked concat
+        blocked_pools = set(concats.blocked_pools)
         for j, block in concats.readers.items():
             recipes[j] = recipes[j].replace(in_block=block)
         bb = relax.BlockBuilder(mod)
-        built, replace, pools = {}, [], dict(concats.max_pools)
+        built, replace, pools = {}, [], dict(concats.relax_pools)
         replace += [_blocked_avg_pool(bb, mod, pool, block)
                     for pool, block in concats.pools.items()]
         # calls come in post order (producers first): a producer's output block is known (its
@@ -135,8 +135,12 @@ class UnitTensorize:
                     blocked_pools.add(pool)
                     for j, role in pool_readers[pool].convs:
                         recipes[j] = _with_edge_block(recipes[j], role, blk)
-                    replace += [_blocked_avg_pool(bb, mod, avg, blk)
-                                for avg in pool_readers[pool].avg_pools]
+                    for avg in pool_readers[pool].avg_pools:
+                        if is_nchw_avg_pool(avg):  # a float32 one: Relax's, in blocks
+                            pools[avg] = blk
+                            blocked_pools.add(avg)
+                        else:  # the quantizer's uint8 kernel, replaced by its blocked form
+                            replace.append(_blocked_avg_pool(bb, mod, avg, blk))
             args = arguments(list(call.args[1].fields))
             if i in gated:  # the gated value's operands: the region value, then the gate
                 args = [*gated[i], *args[1:]]
@@ -417,7 +421,7 @@ class _Replace(relax.PyExprMutator):
     def __init__(self, mod, replace, pools=None, blocked=frozenset(), region_ops=None):
         super().__init__(mod)
         self.replace = replace
-        self.pools = pools or {}  # max-pool call -> channel block of its (now packed) input
+        self.pools = pools or {}  # Relax pool call -> channel block of its (now packed) input
         self.blocked = blocked  # those of the pools whose readers read the blocks
         self.region_ops = region_ops or {}  # float32 region op -> block (f32_blocks.py)
 
@@ -435,10 +439,10 @@ class _Replace(relax.PyExprMutator):
         return super().visit_call_(call)
 
     def _blocked_pool(self, call, block):
-        """The NCHW max-pool on its producer's NCHW[block]c result: pooled in that layout (the
-        window's loads are contiguous channel vectors), then one transpose back to NCHW for
-        the pool's readers (a quarter of the data the producer wrote)."""
-        pooled = max_pool_on(call, self.visit_expr(call.args[0]), f"NCHW{block}c")
+        """The NCHW max- or average pool on its producer's NCHW[block]c result: pooled in that
+        layout (the window's loads are contiguous channel vectors), then one transpose back to
+        NCHW for the pool's readers (a quarter of the data the producer wrote)."""
+        pooled = pool_on(call, self.visit_expr(call.args[0]), f"NCHW{block}c")
         if any(call.same_as(p) for p in self.blocked):
             return pooled  # every reader is a conv that reads the blocks
         pooled = self.builder_.emit(pooled)
