@@ -260,6 +260,10 @@ class Intrinsic:
         (desc, impl) factories, registered with the main one.
     host_check: () -> what this *machine* still lacks to execute it on the host beyond the CPU
         features (the OS permission AMX needs), or None.
+    scratch_registers: vector registers one instruction needs besides its operands and its
+        accumulator (an int16 product, a constant of ones), when that is known: the CPU
+        strategy then sizes a register tile from the register file (schedules/cpu.py,
+        operand_reuse_tile); None keeps its measured default tile.
     """
 
     name: str = field(kw_only=False)
@@ -277,6 +281,7 @@ class Intrinsic:
     family: str = ""
     weight_bound: PairSumBound | None = None
     superseded_by: tuple[str, ...] = ()
+    scratch_registers: int | None = None
 
     def __post_init__(self) -> None:
         # the arguments may come as lists or dicts: held as tuples and private copies

@@ -48,7 +48,7 @@ def _forms(name: str, arch: str, requires: tuple[tuple[str, ...], ...], lanes: i
     f32 = ("float32", "float32", "float32")
     broadcast = Intrinsic(
         name, arch=arch, requires=requires, semantics=dot_semantics(lanes, 1, *f32),
-        emit=_fma_emit(lanes, lanewise=False),
+        emit=_fma_emit(lanes, lanewise=False), scratch_registers=0,
         doc=f"{what}: {lanes} float32 lanes += one broadcast float32 x {lanes} weights, fused "
         "(one rounding).")
     lanewise = Intrinsic(

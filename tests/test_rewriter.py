@@ -371,3 +371,36 @@ def test_default_tile_fits_sixteen_registers_on_avx2():
         assert 4 <= cpu.default(prepared, avx2).accumulators() <= 8
         assert max(c.accumulators() for c in cpu.space(prepared, avx2)) <= 12
         assert cpu.default(prepared, _vnni_target()).accumulators() >= 14
+
+
+def test_avx2_fma_tile_reuses_broadcasts_across_channel_blocks(rng):
+    """On 16 registers the float32 multiply-add's default tile spans blocks of output channels
+    x columns (each broadcast pixel feeds several weight vectors: 2 x 4, 6 operand loads per 8
+    instructions) instead of rows x columns (one weight vector, 8 broadcasts: 9 loads); with
+    32 registers, and for an instruction whose scratch registers are unknown (the pre-VNNI
+    forms), the measured rows x columns tile stays. The 2 x 4 tile's conv equals PyTorch."""
+    from unit_tvm.schedules import cpu
+
+    avx2 = unit_tvm.target.restricted("avx2")
+    fma = unit_tvm.intrinsics.get("x86.vfmadd231ps")
+    op = ops.conv2d_nchw(64, 16, 64, 1, a="float32", b="float32", acc="float32")
+    prepared = prepare(op, fma)
+    extents = cpu.outer_extents(prepared)
+    lanes = cpu._lanes_loop(prepared)
+    assert extents[lanes] == 64 // fma.lanes  # the output channels' blocks
+    config = cpu.default(prepared, avx2)
+    tile = dict(config.unroll)
+    assert tile.get(lanes, 1) * max(f for p, f in config.unroll if p != lanes) == 8, config
+    assert tile.get(lanes, 1) >= 2 and len(tile) == 2, config
+    # the bound: accumulators, the held operand set, one in flight and one spare <= 16
+    assert cpu.operand_reuse_tile([1, 8, 16, 16], 1, 16, 12) == ((1, 2), (3, 4))
+    assert cpu.operand_reuse_tile([1, 1, 16, 16], 1, 16, 8) is None
+    pre_vnni = prepare(ops.conv2d_nchw(64, 16, 64, 1), unit_tvm.intrinsics.get(
+        "x86.vpmaddubsw.256"))
+    assert cpu._lanes_loop(pre_vnni) not in dict(cpu.default(pre_vnni, avx2).unroll)
+    require_host("x86.vfmadd231ps")
+    x = rng.standard_normal((1, 64, 16, 16)).astype("float32")
+    w = rng.standard_normal((64, 64, 1, 1)).astype("float32")
+    got = _run([*op.op.input_tensors, op], [x, w], target=avx2, intrinsic="x86.vfmadd231ps")
+    want = np.einsum("nchw,kc->nkhw", x.astype(np.float64), w[:, :, 0, 0].astype(np.float64))
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
