@@ -28,6 +28,9 @@ from ..te_expr import loads
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)
 from .padding_taps import skip_padding
+from .register_tiles import (ACCUMULATORS, ACCUMULATORS_16, OPERAND_REGISTERS, VECTOR_REGISTERS,
+                             WIDE_TILE, default_tile, operand_reuse_tile, reuses_operands,
+                             tile_factors, tiled_extent)
 
 if TYPE_CHECKING:
     import tvm
@@ -36,44 +39,7 @@ if TYPE_CHECKING:
     from unit_tvm.intrinsics import Intrinsic
     from unit_tvm.prepare import Prepared
 
-# x86-64 AVX-512 (and aarch64) has 32 vector registers, AVX2 16 (`target.vector_registers`);
-# the instruction needs one for the shared operand and one or two for broadcasts, so at most
-# ~28 (12) accumulators stay in registers.
-VECTOR_REGISTERS = 32
-OPERAND_REGISTERS = 4
-# Accumulators of a default register tile. Measured (Zen 5, 2 x 512-bit vpdpbusd per cycle,
-# conv layers of ResNet at 7x7 to 56x56): 14 independent accumulators (2 rows x 7 columns,
-# or 2 channel blocks x 7 columns at 7x7) reach 92-97% of the peak, 16 (4 x 4) 88-95%, 7-8
-# leave issue slots idle (78-82%), 28 spill (47-68%), and 8 channel blocks x 2 columns ran at
-# 70%; on Zen 4 the tuned dense tiles were 12 (4 rows x 3 blocks) against a 24-accumulator
-# default. The tuning space keeps the register file's bound.
-ACCUMULATORS = 14
-# The tile taken instead where the loops' divisors give no more than 8 under that budget
-# (powers of two). Zen 5, BERT-base's bf16 attention matmuls alone: 42.5 -> 35.8 and 46.6 ->
-# 39.4 us; tuning chose 16 for Inception's 8x8 layers too.
-WIDE_TILE = 16
-# The default tile with 16 registers (AVX2): 8 accumulators leave 8 for the widened or
-# broadcast operands of the pre-VNNI forms (a 4 x 2 or 8 x 1 block, as MLAS's and oneDNN's
-# AVX2 int8 kernels hold).
-ACCUMULATORS_16 = 8
 MAX_PARALLEL_EXTENT = 3000  # the paper's first-breakpoint bound
-MAX_UNROLL = 8  # the paper's second-breakpoint bound per loop
-TILE_WIDTHS = range(4, MAX_UNROLL + 1)  # output columns a register tile holds
-# The widest register tile: one accumulator per column of a whole row, the register file's
-# bound. Measured on VNNI (Zen 4), Inception's 17x17 layers as one 17-accumulator tile per row
-# against 18 columns in 4 x 3 tiles: 1x1 768 -> 192 111.7 vs 118.1 us, 7x1 181.4 vs 187.9.
-ROW_TILE = VECTOR_REGISTERS - OPERAND_REGISTERS
-
-
-def tiled_extent(extent: int) -> int:
-    """The number of output columns to compute so that a register tile fits: `extent` when a
-    width in TILE_WIDTHS divides it or one tile holds the whole row (<= ROW_TILE: 17, 23), else
-    the next multiple of the width that pads least (71 -> 72, 73 -> 75). A prime count would
-    otherwise leave a one-column tile."""
-    if (extent < TILE_WIDTHS[0] or extent <= ROW_TILE
-            or any(extent % t == 0 for t in TILE_WIDTHS)):
-        return extent
-    return min((-(-extent // t) * t - extent, -t, -(-extent // t) * t) for t in TILE_WIDTHS)[2]
 
 
 @dataclass(frozen=True)
@@ -111,45 +77,24 @@ class CpuConfig:
                          front=int(d.get("front", -1)))
 
 
-def _divisors(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
-
-
-def _factors(n: int) -> list[int]:
-    """Register-tile factors of a loop of extent n: its divisors up to MAX_UNROLL, and the whole
-    loop when one tile can hold it (a row of 14 or 17 columns)."""
-    return _divisors(n, MAX_UNROLL) + ([n] if MAX_UNROLL < n <= ROW_TILE else [])
-
-
-def _row_tile(outer_extents, row, accumulators):
-    """((row, extent),): loop `row` (the columns tiled_extent sizes) held whole by one register
-    tile when its extent has no divisor a smaller tile can use (17) and the tile found otherwise
-    has fewer accumulators; else None."""
-    ext = outer_extents[row] if row is not None else 0
-    if (MAX_UNROLL < ext <= ROW_TILE and ext > accumulators
-            and not any(ext % t == 0 for t in range(2, MAX_UNROLL + 1))):
-        return ((row, ext),)
-    return None
-
-
 def default_config(outer_extents: Sequence[int], threads: int, acc_budget: int = ACCUMULATORS,
                    row: int | None = None, front: int = -1,
                    wide_budget: int | None = WIDE_TILE, tile: tuple | None = None) -> CpuConfig:
     """The default breakpoint pair for outer data-parallel loop extents (outermost first).
 
     Second breakpoint: unroll the two innermost outer loops of extent > 1 (rows and columns)
-    by divisors f1, f2 of their extents (<= MAX_UNROLL each, f1*f2 accumulators <=
+    by divisors f1, f2 of their extents (<= register_tiles.MAX_UNROLL each, f1*f2 accumulators <=
     acc_budget), preferring the most accumulators, then the most instructions issued per
     operand load of a register block (f1*f2 / (f1+f2)); when those two loops give at most
     half the budget (a 7x7 layer: 7), the next loop out (channel blocks) may take one factor;
     a row no such tile divides well (17 columns; `row`: that loop's position) is one tile as
-    wide as the row (`_row_tile`); when the two loops' divisors give at most half of
+    wide as the row (register_tiles); when the two loops' divisors give at most half of
     `wide_budget` (powers of two: 8), a tile of `wide_budget` where they have one (None: never).
     tile: a register tile chosen already (operand_reuse_tile) instead of the above.
     First breakpoint: fuse leading loops, in the order `front` gives them, while the fused
     extent stays <= MAX_PARALLEL_EXTENT, at least one chunk per thread.
     """
-    unroll = tile or _default_tile(outer_extents, acc_budget, row, wide_budget)
+    unroll = tile or default_tile(outer_extents, acc_budget, row, wide_budget)
     remaining = list(outer_extents)
     for p, f in unroll:
         remaining[p] //= f
@@ -162,82 +107,17 @@ def default_config(outer_extents: Sequence[int], threads: int, acc_budget: int =
     return CpuConfig(unroll=unroll, parallel=max(parallel, 1), front=front)
 
 
-def _default_tile(outer_extents, acc_budget, row, wide_budget):
-    """default_config's register tile: rows x columns, widened as its docstring says."""
-    live = [p for p, ext in enumerate(outer_extents) if ext > 1]
-    unroll = _register_tile(outer_extents, live[-2:], acc_budget)
-    if math.prod(f for _, f in unroll) * 2 <= acc_budget and len(live) > 2:
-        unroll = _register_tile(outer_extents, live[-3:], acc_budget)
-    if wide_budget and math.prod(f for _, f in unroll) * 2 <= wide_budget:
-        # power-of-two extents (a batched matmul's 128 rows x 8 column blocks, an 8x8 layer)
-        # reach only 8 under the budget: take 4 x 4 (or 8 x 2) where they have it
-        wider = _register_tile(outer_extents, live[-2:], wide_budget)
-        unroll = wider if math.prod(f for _, f in wider) == wide_budget else unroll
-    return _row_tile(outer_extents, row, math.prod(f for _, f in unroll)) or unroll
-
-
-def operand_reuse_tile(outer_extents: Sequence[int], lanes_loop: int | None,
-                       registers: int, accumulators: int) -> tuple | None:
-    """The register tile of at most `accumulators` that loads the fewest operands per
-    instruction from a file of `registers` vectors, or None where the lanes' loop has one
-    block: f_m blocks of the loop
-    split from the instruction's lanes (`lanes_loop`: a vector of the shared operand each) by
-    f_u steps of one other loop (a broadcast each); f_m * f_u accumulators, the smaller operand
-    set held in registers, one register for the other's operand in flight and one spare (a
-    tile that fills all 16 made LLVM spill: 3 channel blocks x 4 columns). Most
-    instructions per operand loaded (f_m * f_u / (f_m + f_u)) first, then most accumulators,
-    then the innermost loop (a conv's columns). Kelefouras-style: the register file and the
-    loads decide, not a search. Measured on Zen 4 held to AVX2 (2 threads, 1x1 and 3x3 convs
-    of 28x28 to 56x56, noisy: ranges over runs): 2 channel blocks x 4 columns 138-201 GFLOPS
-    of the 212 peak on 1x1 64 -> 256 and 182-194 on 3x3, the rows x columns tile of 8 (one
-    weight vector, 8 broadcasts) 84-104 and 172-184; 12 accumulators (2 x 6, 4 x 3, 3 x 4)
-    ranged from 104 to 208 with LLVM's register allocation, so the budget stays 8."""
-    if lanes_loop is None or outer_extents[lanes_loop] <= 1:
-        return None
-    best, tile = None, None
-    for other, extent in enumerate(outer_extents):
-        if other == lanes_loop or extent <= 1:
-            continue
-        for fm in _divisors(outer_extents[lanes_loop], MAX_UNROLL):
-            for fu in _divisors(extent, MAX_UNROLL):
-                if fm * fu > accumulators or fm * fu + min(fm, fu) + 2 > registers:
-                    continue
-                score = (fm * fu / (fm + fu), fm * fu, other)
-                if best is None or score > best:
-                    best = score
-                    tile = tuple(sorted((p, f) for p, f in ((lanes_loop, fm), (other, fu))
-                                        if f > 1))
-    return tile or None
-
-
-def _register_tile(outer_extents, positions, acc_budget):
-    """((position, factor), ...) of the best unroll of at most two of `positions`."""
-    best, unroll = None, ()
-    for i, p1 in enumerate(positions):
-        for p2 in positions[i + 1:] or [None]:
-            f2s = _divisors(outer_extents[p2], MAX_UNROLL) if p2 is not None else [1]
-            for f1 in _divisors(outer_extents[p1], MAX_UNROLL):
-                for f2 in f2s:
-                    if f1 * f2 > acc_budget:
-                        continue
-                    score = (f1 * f2, f1 * f2 / (f1 + f2), p1 + (p2 or 0))
-                    if best is None or score > best:
-                        best = score
-                        unroll = tuple((p, f) for p, f in ((p1, f1), (p2, f2)) if f > 1)
-    return unroll
-
-
 def config_space(outer_extents: Sequence[int], threads: int,
                  acc_budget: int = VECTOR_REGISTERS - OPERAND_REGISTERS) -> list[CpuConfig]:
-    """Every sensible breakpoint pair: unroll choices (`_factors`) on up to two loops x parallel
+    """Every sensible breakpoint pair: unroll choices (`tile_factors`) on up to two loops x parallel
     depth x which loop goes first."""
     n = len(outer_extents)
     positions = list(range(n))
     out = set()
     for p1 in positions:
-        for f1 in _factors(outer_extents[p1]):
+        for f1 in tile_factors(outer_extents[p1]):
             for p2 in [None] + [p for p in positions if p > p1]:
-                f2s = [1] if p2 is None else _factors(outer_extents[p2])
+                f2s = [1] if p2 is None else tile_factors(outer_extents[p2])
                 for f2 in f2s:
                     if f1 * f2 > acc_budget:
                         continue
@@ -431,11 +311,7 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
     budget = (VECTOR_REGISTERS - OPERAND_REGISTERS if tile
               else ACCUMULATORS if wide else ACCUMULATORS_16)
     reuse = None
-    if not wide and intrin.broadcast_operand and intrin.scratch_registers is not None:
-        # 16 registers: each broadcast takes a register and a load (no embedded broadcast as
-        # with AVX-512, whose rows x columns tile measured 95-99% of the peak), so which
-        # operand the tile reuses decides; the measured tile stays for instructions whose
-        # scratch is unknown (the pre-VNNI forms)
+    if reuses_operands(intrin, target):
         reuse = operand_reuse_tile(outer_extents(prepared), _lanes_loop(prepared),
                                    vector_registers(target) - intrin.scratch_registers,
                                    budget)

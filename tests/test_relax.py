@@ -821,7 +821,7 @@ def test_tuned_model_remembers_its_instruction_choice(tmp_path, monkeypatch):
     monkeypatch.setattr(search, "candidate_module", no_measuring)
     monkeypatch.setattr(search, "reference_output", no_measuring)
     monkeypatch.setattr(tensorize, "tensorized_graph",
-                        lambda r, i: prepared.append(i.name) or real_graph(r, i))
+                        lambda r, i, t=None: prepared.append(i.name) or real_graph(r, i, t))
     second = UnitTensorize(tune=True, database=db)
     ex2 = build_relax(second(qmod), unit_tvm.target.host())
     assert prepared == [r["intrinsic"] for r in choices] and second.report == first.report
@@ -875,7 +875,7 @@ def test_odd_widths_are_computed_exactly(hw):
     too wide for one, so 32 columns are computed and the extra one cropped. Both equal TVM's
     plain int8 build of the same quantized model."""
     require_host("x86.vpdpbusd")
-    from unit_tvm.schedules.cpu import tiled_extent
+    from unit_tvm.schedules.register_tiles import tiled_extent
 
     assert [tiled_extent(e) for e in (7, 8, 17, 23, 31, 35, 56, 71, 73, 149)] == [
         7, 8, 17, 23, 32, 35, 56, 72, 75, 150]

@@ -378,8 +378,8 @@ def test_avx2_fma_tile_reuses_broadcasts_across_channel_blocks(rng):
     x columns (each broadcast pixel feeds several weight vectors: 2 x 4, 6 operand loads per 8
     instructions) instead of rows x columns (one weight vector, 8 broadcasts: 9 loads); with
     32 registers, and for an instruction whose scratch registers are unknown (the pre-VNNI
-    forms), the measured rows x columns tile stays. The 2 x 4 tile's conv equals PyTorch."""
-    from unit_tvm.schedules import cpu
+    forms), the measured rows x columns tile stays. The 2 x 4 tile's conv equals float64."""
+    from unit_tvm.schedules import cpu, register_tiles
 
     avx2 = unit_tvm.target.restricted("avx2")
     fma = unit_tvm.intrinsics.get("x86.vfmadd231ps")
@@ -393,8 +393,8 @@ def test_avx2_fma_tile_reuses_broadcasts_across_channel_blocks(rng):
     assert tile.get(lanes, 1) * max(f for p, f in config.unroll if p != lanes) == 8, config
     assert tile.get(lanes, 1) >= 2 and len(tile) == 2, config
     # the bound: accumulators, the held operand set, one in flight and one spare <= 16
-    assert cpu.operand_reuse_tile([1, 8, 16, 16], 1, 16, 12) == ((1, 2), (3, 4))
-    assert cpu.operand_reuse_tile([1, 1, 16, 16], 1, 16, 8) is None
+    assert register_tiles.operand_reuse_tile([1, 8, 16, 16], 1, 16, 12) == ((1, 2), (3, 4))
+    assert register_tiles.operand_reuse_tile([1, 1, 16, 16], 1, 16, 8) is None
     pre_vnni = prepare(ops.conv2d_nchw(64, 16, 64, 1), unit_tvm.intrinsics.get(
         "x86.vpmaddubsw.256"))
     assert cpu._lanes_loop(pre_vnni) not in dict(cpu.default(pre_vnni, avx2).unroll)

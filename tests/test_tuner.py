@@ -10,7 +10,7 @@ import unit_tvm
 from unit_tvm import intrinsics, measure, ops
 from unit_tvm.testing import reference
 from unit_tvm.prepare import prepare
-from unit_tvm.schedules import cpu
+from unit_tvm.schedules import cpu, register_tiles
 from unit_tvm.tuner import Database, DatabaseWarning, search, tune
 
 from .conftest import require_host
@@ -279,12 +279,12 @@ def test_instruction_choice_follows_the_database(monkeypatch, small_conv, tmp_pa
     ([1, 1, 1], ()),
 ])
 def test_default_register_tile(extents, tile):
-    """The default register tile: the most accumulators up to cpu.ACCUMULATORS over the two
-    innermost loops of extent > 1 (the channel-block loop only when they give half that),
+    """The default register tile: the most accumulators up to register_tiles.ACCUMULATORS over
+    the two innermost loops of extent > 1 (the channel-block loop only when they give half that),
     then the best reuse; every factor divides its loop."""
     config = cpu.default_config(extents, threads=2)
     assert config.unroll == tile
-    assert config.accumulators() <= cpu.ACCUMULATORS
+    assert config.accumulators() <= register_tiles.ACCUMULATORS
     assert all(extents[p] % f == 0 for p, f in config.unroll)
 
 
@@ -301,7 +301,7 @@ def test_default_row_tile(extents, row, tile):
     config = cpu.default_config(extents, threads=2, row=row)
     assert tuple((p, f) for p, f in config.unroll if f > 1) == tuple(
         (p, f) for p, f in tile if f > 1)
-    assert config.accumulators() <= cpu.ROW_TILE
+    assert config.accumulators() <= register_tiles.ROW_TILE
     assert all(extents[p] % f == 0 for p, f in config.unroll)
 
 
@@ -311,5 +311,5 @@ def test_space_offers_whole_rows():
     space = cpu.config_space([1, 16, 14, 14, 1], threads=2)
     assert any(dict(c.unroll).get(3) == 14 for c in space)
     assert any(dict(c.unroll).get(3) == 14 and len(c.unroll) == 2 for c in space)
-    assert all(c.accumulators() <= cpu.ROW_TILE for c in space)
+    assert all(c.accumulators() <= register_tiles.ROW_TILE for c in space)
     assert not any(dict(c.unroll).get(2) == 31 for c in cpu.config_space([1, 2, 31, 31], 2))

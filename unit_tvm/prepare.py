@@ -332,7 +332,7 @@ def prepare(op, intrin, mapping=None, params=None, separable=False, epilogue=Non
     te.compute(shape, lambda *i: fn(value, i)) where value(op_indices) is op's result there.
     Default: op's own shape and values.
     tile_columns: extent -> extent to compute for the innermost data-parallel loop the
-    instruction does not map (a register tile's columns, e.g. schedules.cpu.tiled_extent): the
+    instruction does not map (a register tile's columns, e.g. register_tiles.tiled_extent): the
     core computes the extra columns from zero padding and the epilogue crops them.
     tile_rows: instruction tiles -> tiles to compute along the loop mapped to the
     instruction's first output lanes (its M; e.g. schedules.gpu_config.paired_tiles: 13 -> 14,

@@ -48,6 +48,7 @@ def rewrite(op, intrinsic, mapping: Mapping | None = None, config=None, target=N
 def prepare_for(op, intrin, target, mapping=None, params=None, epilogue=None):
     """prepare() with the target strategy's choices (`prepare_options`): on GPU operands are
     staged one loop per dimension (fragment loads); on CPU a register tile's columns are padded
-    to a width it can hold (schedules.cpu.tiled_extent: 71 -> 72; 17 stays, one tile wide)."""
+    to a width it can hold (schedules.register_tiles.tiled_extent: 71 -> 72; 17 stays, one
+    tile wide)."""
     options = schedules.for_target(target).prepare_options(target)
     return prepare(op, intrin, mapping, params, epilogue=epilogue, **options)

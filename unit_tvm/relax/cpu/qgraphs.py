@@ -3,12 +3,13 @@ input (read in the producer's blocks when it can), a dense layer, a depthwise co
 lanewise instruction; each handed to `prepare` with its epilogue fused into the write-back."""
 
 import dataclasses
+import functools
 from typing import NamedTuple
 
 from tvm import te, tirx
 
 from ...prepare import ZeroPadding, prepare
-from ...schedules.cpu import tiled_extent
+from ...schedules.register_tiles import reuses_operands, tiled_extent
 from ..core.recipe import (blocked_index, blocks_of, dtypes, fits_groups, folds_width,
     group_channels, in_shape, is_depthwise, out_dtype, out_shape, pads_with_zero, w_arg_shape)
 from .qarith import (arguments, epilogue_fn, load_input, logical_index, operand_at, packed_output,
@@ -29,8 +30,12 @@ class _Graph(NamedTuple):
     zero_padding: tuple = ()  # prepare.ZeroPadding: taps of the input that may be skipped
 
 
-def tensorized_graph(recipe, intrin):
-    """(prepared graph, Blocks) computing the recipe with `intrin`; weights arrive packed."""
+def tensorized_graph(recipe, intrin, target=None):
+    """(prepared graph, Blocks) computing the recipe with `intrin`; weights arrive packed.
+    target: where it runs, for the output columns a register tile needs (tiled_extent; None:
+    32 vector registers' widths)."""
+    columns = functools.partial(tiled_extent,
+                                reuse=target is not None and reuses_operands(intrin, target))
     if not is_depthwise(recipe) and not fits_groups(recipe, intrin):
         raise ValueError(f"grouped conv ({recipe.groups} groups of {group_channels(recipe)} "
                          f"channels): {intrin.name}'s channel blocks do not tile its groups")
@@ -44,15 +49,15 @@ def tensorized_graph(recipe, intrin):
         graph = _Graph(x, w, comp, mult, bias, res, acc, epi)
         blocks = blocks._replace(x=intrin.reduction_width)  # pack_weight's tap group
     elif folds_width(recipe, blocks):
-        graph = _width_folded_graph(recipe, blocks)
+        graph = _width_folded_graph(recipe, blocks, columns)
     elif recipe.kind == "conv2d":
-        graph = _conv_graph(recipe, blocks)
+        graph = _conv_graph(recipe, blocks, columns)
     elif recipe.kind == "conv3d":
-        graph = _conv3d_graph(recipe, blocks)
+        graph = _conv3d_graph(recipe, blocks, columns)
     elif recipe.kind == "bmm":
-        graph = _bmm_graph(recipe, blocks)
+        graph = _bmm_graph(recipe, blocks, columns)
     else:
-        graph = _dense_graph(recipe, blocks)
+        graph = _dense_graph(recipe, blocks, columns)
     params = arguments(graph.x, graph.w, graph.comp, graph.mult, graph.bias, graph.res)
     prepared = prepare(graph.acc, intrin, params=params,
                        epilogue=(out_shape(recipe), out_dtype(recipe), graph.epilogue, "out"))
@@ -126,7 +131,7 @@ def _conv_input(recipe, x, x_blk, padded_width):
                           pad_value(recipe)), name="xq"), x_blk
 
 
-def _conv_graph(recipe, blocks):
+def _conv_graph(recipe, blocks, columns=tiled_extent):
     """A conv2d over NCHW[x]c input and KCRS[x/word]c[y]k[word]c weights."""
     x_blk, y_blk, word = blocks
     acc_t = dtypes(recipe)[2]
@@ -142,7 +147,7 @@ def _conv_graph(recipe, blocks):
     # output columns computed: padded when their count has no divisor a register tile can
     # use and is too wide for one tile (71, 73), the extra columns reading padding and cropped
     # by the epilogue
-    owp = tiled_extent(ow)
+    owp = columns(ow)
     xb, ib = _conv_input(recipe, x, x_blk, max(w_ + pl + pr, (owp - 1) * sw + (s - 1) * dw + 1))
     rc, rr, rs = (te.reduce_axis((0, e), name=nm)
                   for e, nm in ((cp, "rc"), (r, "rr"), (s, "rs")))
@@ -172,7 +177,7 @@ def _window_padding(recipe, xb, x):
     return rows + (ZeroPadding(xb.op.name, 3, pl, pl + w_, static_only=True),)
 
 
-def _width_folded_graph(recipe, blocks):
+def _width_folded_graph(recipe, blocks, columns=tiled_extent):
     """A conv2d (conv3d) over its NCHW (NCDHW) input (quantized and padded, channels not
     padded) whose reduction lanes are `word` neighbouring columns of one channel
     (recipe.folds_width), with KCR[S/word][y]k[word]s (KCTR[S/word][y]k[word]s) weights: an RGB
@@ -186,7 +191,7 @@ def _width_folded_graph(recipe, blocks):
     before, after = recipe.padding[:rank], recipe.padding[rank:]
     stride, dilation = recipe.stride, recipe.dilation
     kp, words = round_up(k, y_blk), -(-window[-1] // word)
-    owp = tiled_extent(recipe.out_shape[-1])
+    owp = columns(recipe.out_shape[-1])
     x, w, comp, mult, bias, res = placeholders(
         recipe, in_shape(recipe), (kp // y_blk, c, *window[:-1], words, y_blk, word))
     # the last word of the last computed column reaches past the window: more padding columns
@@ -216,7 +221,7 @@ def _width_folded_graph(recipe, blocks):
     return _Graph(x, w, comp, mult, bias, res, acc, epi)
 
 
-def _conv3d_graph(recipe, blocks):
+def _conv3d_graph(recipe, blocks, columns=tiled_extent):
     """An (ungrouped) conv3d over NCDHW[x]c input (the producer's NCDHW[y]c blocks read in
     place or padded as they are, else the NCDHW input quantized, padded and packed in one
     pass), KCTRS[x/word]c[y]k[word]c weights, NCDHW[y]c accumulators, an NCDHW result (or
@@ -229,7 +234,7 @@ def _conv3d_graph(recipe, blocks):
     n, _, od, oh, ow = recipe.out_shape
     x, w, comp, mult, bias, res = placeholders(
         recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, t, r, s, x_blk // word, y_blk, word))
-    owp = tiled_extent(ow)  # padded output columns, as for a conv2d
+    owp = columns(ow)  # padded output columns, as for a conv2d
     xq, ib = _conv3d_input(recipe, x, x_blk, (owp - 1) * sw + (s - 1) * dw + 1)
     rc, rt, rr, rs = (te.reduce_axis((0, e), name=nm)
                       for e, nm in ((cp, "rc"), (t, "rt"), (r, "rr"), (s, "rs")))
@@ -292,7 +297,7 @@ def _input_channel(group, rc, cg, ib, groups):
     return ch // ib, ch % ib
 
 
-def _dense_graph(recipe, blocks):
+def _dense_graph(recipe, blocks, columns=tiled_extent):
     """A dense layer over [rows, K] input and N[x/word]k[y]n[word]k weights."""
     x_blk, y_blk, word = blocks
     acc_t, pad = dtypes(recipe)[2], pad_value(recipe)
@@ -301,7 +306,7 @@ def _dense_graph(recipe, blocks):
     kp, np_ = round_up(kk, x_blk), round_up(nn_, y_blk)
     # rows computed: padded like a conv's output columns when their count has no divisor a
     # register tile can use (197 tokens -> 198: a one-row tile ran at 35% of peak)
-    mp = tiled_extent(m)
+    mp = columns(m)
     x, w, comp, mult, bias, res = placeholders(
         recipe, recipe.in_shape, (np_ // y_blk, kp // x_blk, x_blk // word, y_blk, word))
     xq = te.compute((mp, kp), lambda i, j: tirx.if_then_else(
@@ -316,7 +321,7 @@ def _dense_graph(recipe, blocks):
     return _Graph(x, w, comp, mult, bias, res, acc, lambda value, idx: fn(value(idx), idx[-1], idx))
 
 
-def _bmm_graph(recipe, blocks):
+def _bmm_graph(recipe, blocks, columns=tiled_extent):
     """A matmul of two activations per batch row: x [B, M, K] quantized to uint8 and the int8
     y [B, K, N] (qbmm.quantized_y) packed to [B, N/y, K/x, x/word, y, word] inside the kernel
     (both change every call), rows padded like a dense layer's; bf16: both float32, rounded to
@@ -325,7 +330,7 @@ def _bmm_graph(recipe, blocks):
     acc_t, pad = dtypes(recipe)[2], pad_value(recipe)
     nb, m, kk = recipe.in_shape
     nn_ = recipe.out_channels
-    kp, np_, mp = round_up(kk, x_blk), round_up(nn_, y_blk), tiled_extent(m)
+    kp, np_, mp = round_up(kk, x_blk), round_up(nn_, y_blk), columns(m)
     x, y, comp, mult, bias, res = placeholders(recipe, in_shape(recipe), w_arg_shape(recipe))
     x_at = operand_at(x, recipe.x_view, recipe.in_shape)
     y_at = operand_at(y, recipe.w_view, recipe.w_shape)

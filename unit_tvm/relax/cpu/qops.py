@@ -161,7 +161,7 @@ def _plain_bmm(recipe):
 
 def tensorized_func(recipe, intrin, target, config=None):
     """(PrimFunc, Blocks, prepared) of the recipe tensorized with intrin, scheduled with config."""
-    prepared, blocks = tensorized_graph(recipe, intrin)
+    prepared, blocks = tensorized_graph(recipe, intrin, target)
     func = schedule(prepared, intrin, config, target).mod["main"]
     func = func.with_attr(ATTR, recipe.to_json()).with_attr("tirx.is_scheduled", True)
     return func, blocks, prepared

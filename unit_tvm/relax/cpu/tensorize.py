@@ -228,7 +228,7 @@ class UnitTensorize:
             key = (form, intrin.name)
             if key not in self._graphs:
                 try:
-                    self._graphs[key] = tensorized_graph(form, intrin)
+                    self._graphs[key] = tensorized_graph(form, intrin, self.target)
                 except ValueError as e:
                     reasons.append(f"{intrin.name}: {str(e).splitlines()[0]}")
                     self._graphs[key] = None
