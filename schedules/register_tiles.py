@@ -84,7 +84,8 @@ def _row_tile(outer_extents, row, accumulators):
     return None
 
 
-def default_tile(outer_extents, acc_budget, row, wide_budget):
+def default_tile(outer_extents: Sequence[int], acc_budget: int, row: int | None,
+                 wide_budget: int | None) -> tuple:
     """cpu.default_config's register tile: rows x columns, widened as its docstring says."""
     live = [p for p, ext in enumerate(outer_extents) if ext > 1]
     unroll = _register_tile(outer_extents, live[-2:], acc_budget)
@@ -112,11 +113,11 @@ def operand_reuse_tile(outer_extents: Sequence[int], lanes_loop: int | None,
     1 column on ResNet's 7x7 layers: 26% of the peak, against 40% for the rows x columns
     tile's 7 columns); where no such tile exists (one block), None.
     Kelefouras-style: the register file and the loads decide, not a search. Measured on Zen 4
-    held to AVX2 (2 threads, 1x1 and 3x3 convs of 28x28 to 56x56, noisy: ranges over runs):
-    2 channel blocks x 4 columns 138-201 GFLOPS of the 212 peak on 1x1 64 -> 256 and 182-194
-    on 3x3, the rows x columns tile of 8 (one weight vector, 8 broadcasts) 84-104 and 172-184;
-    12 accumulators (2 x 6, 4 x 3, 3 x 4) ranged from 104 to 208 with LLVM's register
-    allocation, so the budget stays 8."""
+    held to AVX2 (2 threads, noisy: ranges over runs, GFLOPS of the 212 peak): 1x1 convs of
+    64 -> 192 / 256 channels at 48x48 / 56x56, 2 channel blocks x 4 columns 117-202, the rows
+    x columns tile of 8 (one weight vector, 8 broadcasts) 81-137; 3x3 convs of 64 and 128
+    channels at 56x56 / 28x28, 182-194 against 172-184; 12 accumulators (2 x 6, 4 x 3,
+    3 x 4) ranged from 104 to 208 with LLVM's register allocation, so the budget stays 8."""
     if lanes_loop is None or outer_extents[lanes_loop] <= 1:
         return None
     best, tile = None, None
