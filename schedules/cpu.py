@@ -304,7 +304,7 @@ def _register_bound(target: tvm.target.Target) -> int:
 def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
     """The default breakpoint pair for a Prepared op on `target`."""
     # a tile instruction's accumulators are tiles in memory, not vector registers: the
-    # register-tile measurement above does not apply, the register file bounds it as before
+    # register-tile measurements (register_tiles.py) do not apply, the register file bounds it
     intrin = intrinsics.get(prepared.mapping.intrinsic)
     tile = intrin.tile
     wide = vector_registers(target) >= VECTOR_REGISTERS
