@@ -122,22 +122,14 @@ def is_nchw_max_pool(value):
             and str(value.attrs.out_layout) == "NCHW")
 
 
-def max_pool_on(pool, data, layout="NCHW"):
-    """The max-pool call `pool` (window, strides, padding as they are) applied to `data` in
-    `layout` (e.g. NCHW16c), same layout out."""
-    a = pool.attrs
-    return relax.op.nn.max_pool2d(data, a.pool_size, a.strides, a.padding, a.dilation,
-                                  a.ceil_mode, a.count_include_pad, layout, layout)
-
-
 def pool_on(pool, data, layout="NCHW"):
     """The max- or average-pool call `pool` (window, strides, padding, count_include_pad as
     they are) applied to `data` in `layout` (e.g. NCHW16c), same layout out."""
-    if pool.op.name == "relax.nn.max_pool2d":
-        return max_pool_on(pool, data, layout)
+    make = (relax.op.nn.max_pool2d if pool.op.name == "relax.nn.max_pool2d"
+            else relax.op.nn.avg_pool2d)
     a = pool.attrs
-    return relax.op.nn.avg_pool2d(data, a.pool_size, a.strides, a.padding, a.dilation,
-                                  a.ceil_mode, a.count_include_pad, layout, layout)
+    return make(data, a.pool_size, a.strides, a.padding, a.dilation, a.ceil_mode,
+                a.count_include_pad, layout, layout)
 
 
 def rewrite_functions(mod, mutator):

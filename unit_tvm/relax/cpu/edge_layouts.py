@@ -119,7 +119,8 @@ class PoolReaders(NamedTuple):
     """Who reads a blocked max-pool's result, when all of them can read the blocks."""
 
     convs: list  # (reader index, "x" | "residual"), the average pools' readers included
-    avg_pools: list  # average pool calls (EdgeDtype.is_avg_pool) read only by convs, as input
+    avg_pools: list  # the quantizer's uint8 average pool calls read only by convs, as input
+    relax_pools: list | tuple = ()  # Relax's float32 average pools read only by convs, as input
 
 
 def pool_conv_readers(mod, func, calls, recipes, pooled, edge=U8):
@@ -155,7 +156,9 @@ def pool_conv_readers(mod, func, calls, recipes, pooled, edge=U8):
                 avg.append(b.value)
                 behind += convs
         if direct + behind and len(direct) + len(avg) == count.get(var):
-            out[pool] = PoolReaders(direct + behind, avg)
+            # the quantizer's pool kernels are replaced by blocked ones, Relax's run in blocks
+            out[pool] = (PoolReaders(direct + behind, avg) if edge.dtype == "uint8"
+                         else PoolReaders(direct + behind, [], avg))
     return out
 
 

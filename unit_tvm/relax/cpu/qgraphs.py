@@ -131,7 +131,7 @@ def _conv_input(recipe, x, x_blk, padded_width):
                           pad_value(recipe)), name="xq"), x_blk
 
 
-def _conv_graph(recipe, blocks, columns=tiled_extent):
+def _conv_graph(recipe, blocks, columns):
     """A conv2d over NCHW[x]c input and KCRS[x/word]c[y]k[word]c weights."""
     x_blk, y_blk, word = blocks
     acc_t = dtypes(recipe)[2]
@@ -177,7 +177,7 @@ def _window_padding(recipe, xb, x):
     return rows + (ZeroPadding(xb.op.name, 3, pl, pl + w_, static_only=True),)
 
 
-def _width_folded_graph(recipe, blocks, columns=tiled_extent):
+def _width_folded_graph(recipe, blocks, columns):
     """A conv2d (conv3d) over its NCHW (NCDHW) input (quantized and padded, channels not
     padded) whose reduction lanes are `word` neighbouring columns of one channel
     (recipe.folds_width), with KCR[S/word][y]k[word]s (KCTR[S/word][y]k[word]s) weights: an RGB
@@ -221,7 +221,7 @@ def _width_folded_graph(recipe, blocks, columns=tiled_extent):
     return _Graph(x, w, comp, mult, bias, res, acc, epi)
 
 
-def _conv3d_graph(recipe, blocks, columns=tiled_extent):
+def _conv3d_graph(recipe, blocks, columns):
     """An (ungrouped) conv3d over NCDHW[x]c input (the producer's NCDHW[y]c blocks read in
     place or padded as they are, else the NCDHW input quantized, padded and packed in one
     pass), KCTRS[x/word]c[y]k[word]c weights, NCDHW[y]c accumulators, an NCDHW result (or
@@ -297,7 +297,7 @@ def _input_channel(group, rc, cg, ib, groups):
     return ch // ib, ch % ib
 
 
-def _dense_graph(recipe, blocks, columns=tiled_extent):
+def _dense_graph(recipe, blocks, columns):
     """A dense layer over [rows, K] input and N[x/word]k[y]n[word]k weights."""
     x_blk, y_blk, word = blocks
     acc_t, pad = dtypes(recipe)[2], pad_value(recipe)
@@ -321,7 +321,7 @@ def _dense_graph(recipe, blocks, columns=tiled_extent):
     return _Graph(x, w, comp, mult, bias, res, acc, lambda value, idx: fn(value(idx), idx[-1], idx))
 
 
-def _bmm_graph(recipe, blocks, columns=tiled_extent):
+def _bmm_graph(recipe, blocks, columns):
     """A matmul of two activations per batch row: x [B, M, K] quantized to uint8 and the int8
     y [B, K, N] (qbmm.quantized_y) packed to [B, N/y, K/x, x/word, y, word] inside the kernel
     (both change every call), rows padded like a dense layer's; bf16: both float32, rounded to

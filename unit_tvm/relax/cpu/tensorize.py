@@ -28,7 +28,6 @@ from ...runner import prepare_host
 from ...target import as_target
 from ...tuner import Database, tune, tune_instruction
 from ..core.graph import pool_on
-from ..core.u8_values import is_nchw_avg_pool
 from ..core.leftovers import pixel_convs_as_matmuls
 from ..core.recipe import (ATTR, Recipe, candidates, for_instruction, out_dtype, out_shape,
     tuning_form)
@@ -135,12 +134,10 @@ class UnitTensorize:
                     blocked_pools.add(pool)
                     for j, role in pool_readers[pool].convs:
                         recipes[j] = _with_edge_block(recipes[j], role, blk)
-                    for avg in pool_readers[pool].avg_pools:
-                        if is_nchw_avg_pool(avg):  # a float32 one: Relax's, in blocks
-                            pools[avg] = blk
-                            blocked_pools.add(avg)
-                        else:  # the quantizer's uint8 kernel, replaced by its blocked form
-                            replace.append(_blocked_avg_pool(bb, mod, avg, blk))
+                    replace += [_blocked_avg_pool(bb, mod, avg, blk)
+                                for avg in pool_readers[pool].avg_pools]
+                    pools.update({avg: blk for avg in pool_readers[pool].relax_pools})
+                    blocked_pools.update(pool_readers[pool].relax_pools)
             args = arguments(list(call.args[1].fields))
             if i in gated:  # the gated value's operands: the region value, then the gate
                 args = [*gated[i], *args[1:]]

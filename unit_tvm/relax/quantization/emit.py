@@ -9,7 +9,7 @@ from tvm import relax
 
 from ..core import u8_values
 from ..core import views
-from ..core.graph import dataflow_bindings, max_pool_on, vars_in
+from ..core.graph import dataflow_bindings, pool_on, vars_in
 from ..core.recipe import is_float, out_dtype, out_shape
 from ..cpu import qbmm
 from ..cpu import u8_pools
@@ -90,7 +90,7 @@ class _Rewriter:
         """A pool or concat that runs on uint8 values."""
         if var in self.pools or var in self.plan.max_pools:
             src, q = self.u8_source(b.value.args[0])
-            self.u8_value(var, max_pool_on(b.value, src), q)
+            self.u8_value(var, pool_on(b.value, src), q)
         elif var in self.plan.concats:
             self.concat(var, b)
         else:
