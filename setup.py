@@ -48,11 +48,13 @@ setup(
                  "transformers==5.25.0"],
         # the engines bench-model compares: OpenVINO + NNCF, ONNX Runtime, PyTorch FX and PT2E
         # (torchao's X86InductorQuantizer)
-        # bench-llm: Hugging Face decoders, GGUF files (gguf) and llama.cpp (llama-cpp-python:
+        # bench-llm: Hugging Face decoders, GGUF files (gguf), llama.cpp (llama-cpp-python:
         # PyPI has its source only, built for this CPU on install, about 6 minutes on 2 cores)
+        # and OpenVINO GenAI (reads the same GGUF files; its tokenizers package with it)
         "bench": ["torch==2.13.0", "matplotlib==3.11.2", "onnxruntime==1.31.1", "onnxscript==0.7.2",
                   "openvino==2026.4.1", "nncf==3.4.0", "torchao==0.18.0", "transformers==5.25.0",
-                  "gguf==0.19.0", "llama-cpp-python==0.3.36"],
+                  "gguf==0.19.0", "llama-cpp-python==0.3.36", "openvino-genai==2026.4.1.0",
+                  "openvino-tokenizers==2026.4.1.0"],
     },
     entry_points={"console_scripts": ["unit-tvm=unit_tvm.cli:main"]},
 )

@@ -178,3 +178,24 @@ def test_llama_cpp_runs_the_same_weights(tmp_path, llama):
     got = np.asarray(engine.scores[:len(ids)], np.float32)
     want = _hf_logits(llama, IDS[:9])
     assert min(_cosine(g, w) for g, w in zip(got, want)) > 0.99
+
+
+def test_openvino_genai_runs_the_same_weights(tmp_path, llama):
+    # bench-llm's OpenVINO GenAI baseline reads the same GGUF file: each token it generates
+    # greedily is the Hugging Face model's choice there, within Q8_0's rounding of the logits
+    # (skipped without the benchmark extra)
+    pytest.importorskip("gguf")
+    pytest.importorskip("openvino_genai")
+    from unit_tvm.bench import gguf_export
+    from unit_tvm.bench.llm import OpenVinoGenAiEngine
+
+    path = gguf_export.write(llama, tmp_path / "m.gguf", "q8_0")
+    engine = OpenVinoGenAiEngine("OpenVINO GenAI Q8_0", path, threads=2, weight_bytes=1.0)
+    prompt = IDS[:9]
+    result, _ = engine.generate(prompt, 8)
+    new = [int(t) for t in result.tokens[0]]
+    assert len(new) == 8
+    logits = _hf_logits(llama, np.concatenate([prompt, new]))[len(prompt) - 1:-1]
+    for row, token in zip(logits, new):
+        spread = row.max() - row.min()
+        assert row[token] >= row.max() - 0.02 * spread, (token, int(row.argmax()))

@@ -308,6 +308,9 @@ def _add_model_commands(sub):
     p.add_argument("--gguf", nargs="*", default=["q8_0"], choices=("q8_0", "q4_0"),
                    help="llama.cpp engines, one per GGUF weight type (default q8_0; none: "
                    "unit-tvm alone)")
+    p.add_argument("--genai", nargs="*", default=["q8_0"], choices=("q8_0", "q4_0"),
+                   help="OpenVINO GenAI engines on the same GGUF files, one per weight type "
+                   "(default q8_0: int8 weights per block of 32; none: left out)")
     p.add_argument("--gguf-dir", help="folder for the GGUF files (default: a temporary one)")
     p.add_argument("--context", type=int, default=1024, help="cache positions (default 1024)")
     p.add_argument("--prefill-lengths", type=int, nargs="+", default=[128],

@@ -1,5 +1,5 @@
 """Handler of `unit-tvm bench-llm`: a decoder LLM from the zoo compiled by unit_tvm.llm and run
-against llama.cpp on the same weights (the parser is in unit_tvm.cli)."""
+against llama.cpp and OpenVINO GenAI on the same weights (the parser is in unit_tvm.cli)."""
 
 import json
 
@@ -29,16 +29,17 @@ def cmd_bench_llm(args):
     model = llm_zoo.get(args.model)
     threads = host_threads()
     engines = _unit_tvm_engines(model, args)
-    if args.gguf:
-        engines += gguf_engines(model, args.gguf, threads, args.context, args.gguf_dir)
+    if args.gguf or args.genai:
+        engines += gguf_engines(model, args.gguf, threads, args.context, args.gguf_dir,
+                                args.genai)
     del model  # the engines hold what they need
     bandwidth = read_bandwidth()
     rates = measure(engines, llm_zoo.MODELS[args.model].vocab, rounds=args.rounds)
-    reference = next((e.name for e in engines if e.name.startswith("llama.cpp")), "")
+    references = [e.name for e in engines if not e.name.startswith("unit-tvm")]
     print(f"{args.model}, batch 1, {threads} threads, median tokens/s of {args.rounds} "
-          "interleaved rounds (best in brackets); llama.cpp is built for this host and "
-          "ignores --isa")
-    print(table(rates, engines, bandwidth, reference))
+          "interleaved rounds (best in brackets); llama.cpp and OpenVINO GenAI are built for "
+          "this host and ignore --isa")
+    print(table(rates, engines, bandwidth, references))
     if args.profile:
         from .llm.profile import decode_profile, table as profile_table
 

@@ -1,6 +1,7 @@
 """A Hugging Face Llama / Qwen2 decoder written as a GGUF file (the `gguf` package), so that
-llama.cpp runs the same weights: Q8_0 / Q4_0 matmul weights and token embeddings, float32
-norms and biases. The vocabulary is a placeholder (the benchmark feeds token ids, never text)."""
+llama.cpp and OpenVINO GenAI run the same weights: Q8_0 / Q4_0 matmul weights and token
+embeddings, float32 norms and biases. The vocabulary is a placeholder (the benchmark feeds token
+ids, never text)."""
 
 from pathlib import Path
 
@@ -16,18 +17,38 @@ def _interleaved_rows(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, d // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _vocab(writer, size: int, eos: int) -> None:
-    """A SentencePiece-style placeholder vocabulary: <unk>, <s>, </s>, the 256 byte tokens,
-    then filler pieces."""
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-    tokens += [f"t{i}" for i in range(len(tokens), size)]
-    types = [2, 3, 3] + [6] * 256 + [1] * (size - 259)
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(tokens[:size])
-    writer.add_token_scores([0.0] * size)
-    writer.add_token_types(types[:size])
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(eos if 0 <= eos < size else 2)
+def _byte_symbols() -> list[str]:
+    """The printable character that stands for each byte in a byte-level BPE vocabulary (GPT-2's
+    convention, which llama.cpp and OpenVINO GenAI both decode): printable Latin-1 bytes stand
+    for themselves, the others for the code points from 256 up, in byte order."""
+    printable = set(range(33, 127)) | set(range(161, 173)) | set(range(174, 256))
+    symbols, shifted = [], 0
+    for b in range(256):
+        if b in printable:
+            symbols.append(chr(b))
+        else:
+            symbols.append(chr(256 + shifted))
+            shifted += 1
+    return symbols
+
+
+def _vocab(writer, size: int) -> None:
+    """A placeholder byte-level BPE vocabulary ("gpt2", Llama 3's kind): the byte symbols and
+    filler pieces up to the model's size less two, then a begin / end pair of special tokens.
+    Both llama.cpp and OpenVINO GenAI read it (GenAI builds its tokenizer only from a "gpt2"
+    one); the benchmark feeds token ids, so the pieces never matter. A vocabulary under 258
+    drops the last bytes' symbols (ASCII, which llama.cpp tokenizes at load, stays)."""
+    if size < 130:
+        raise ValueError(f"a byte-level vocabulary needs >= 130 tokens, the model has {size}")
+    symbols = _byte_symbols()
+    pieces = symbols + [f"t{i}" for i in range(256, size - 2)]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("llama-bpe")
+    writer.add_token_list(pieces[:size - 2] + ["<|begin|>", "<|end|>"])
+    writer.add_token_types([1] * (size - 2) + [3, 3])  # normal, then two control tokens
+    writer.add_token_merges([f"{symbols[ord('t')]} {symbols[ord('h')]}"])
+    writer.add_bos_token_id(size - 2)
+    writer.add_eos_token_id(size - 1)
 
 
 def _tensor(writer, gguf, name, value: np.ndarray, qtype) -> None:
@@ -67,7 +88,7 @@ def write(model, path, qtype: str = "q8_0") -> Path:
     writer.add_file_type({"q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
                           "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[qtype])
     writer.add_vocab_size(cfg.vocab)
-    _vocab(writer, cfg.vocab, cfg.eos_token_id[0] if cfg.eos_token_id else 2)
+    _vocab(writer, cfg.vocab)
     t = gguf.TENSOR_NAMES
     _tensor(writer, gguf, t[gguf.MODEL_TENSOR.TOKEN_EMBD] + ".weight", w.embed, q)
     _tensor(writer, gguf, t[gguf.MODEL_TENSOR.OUTPUT_NORM] + ".weight", w.final_norm, None)

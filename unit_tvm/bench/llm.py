@@ -1,9 +1,10 @@
 """bench-llm: text generation with a decoder LLM, batch 1 — prefill and decode tokens/s of
-unit-tvm int8 against llama.cpp (Q8_0 / Q4_0 GGUF written from the same weights), with every
-engine's workloads interleaved round by round, and decode's effective GB/s against the host's
-measured read bandwidth."""
+unit-tvm int8 against llama.cpp and OpenVINO GenAI (both reading a Q8_0 / Q4_0 GGUF file written
+from the same weights), with every engine's workloads interleaved round by round, and decode's
+effective GB/s against the host's measured read bandwidth."""
 
 import statistics
+from collections.abc import Sequence
 import tempfile
 import time
 from dataclasses import dataclass
@@ -17,7 +18,32 @@ from ..timing import quiesce
 WORKLOADS = (("pp128", 128, 0), ("pp512", 512, 0), ("tg128", 1, 128), ("tg128@512", 512, 128))
 
 
-class UnitTvmEngine:
+class StepEngine:
+    """An engine driven a step at a time: `prefill(ids)` from an empty cache, then
+    `decode(token)` per generated token; `rate` times them."""
+
+    def prefill(self, ids: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def decode(self, token: int) -> None:
+        raise NotImplementedError
+
+    def rate(self, prompt: np.ndarray, generated: int) -> float:
+        """Tokens/s of one run: the prompt's prefill, or (generated > 0) the decode steps
+        after it."""
+        if not generated:
+            t0 = time.perf_counter()
+            self.prefill(prompt)
+            return len(prompt) / (time.perf_counter() - t0)
+        self.prefill(prompt)
+        token = int(prompt[-1])
+        t0 = time.perf_counter()
+        for i in range(generated):
+            self.decode((token + i) % 256)
+        return generated / (time.perf_counter() - t0)
+
+
+class UnitTvmEngine(StepEngine):
     """unit_tvm.llm's DecoderLM as a benchmark engine."""
 
     def __init__(self, name, lm, weight_bytes: float):
@@ -31,7 +57,7 @@ class UnitTvmEngine:
         self.lm.decode(token)
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(StepEngine):
     """llama.cpp through llama-cpp-python, fed token ids (its thread counts set explicitly)."""
 
     def __init__(self, name, path, threads: int, context: int, weight_bytes: float):
@@ -58,18 +84,39 @@ class Rate:
     rounds: int
 
 
-def _once(engine, prompt: np.ndarray, generated: int) -> float:
-    """Tokens/s of one run: the prompt's prefill, or (generated > 0) the decode steps after it."""
-    if not generated:
+class OpenVinoGenAiEngine:
+    """OpenVINO GenAI's LLMPipeline on a GGUF file (it keeps Q8_0's int8 weights per block of 32,
+    Q4_0's int4), greedy, fed token ids. GenAI generates on its own, so a run is one `generate`
+    call: prefill = a prompt and one new token, timed whole; decode = `generated` tokens after
+    the prompt, timed whole, less the first token's latency as GenAI reports it."""
+
+    def __init__(self, name: str, path: Path, threads: int, weight_bytes: float):
+        import openvino_genai  # the benchmark extra
+
+        self.name, self.weight_bytes = name, weight_bytes
+        self.pipe = openvino_genai.LLMPipeline(str(path), "CPU", INFERENCE_NUM_THREADS=threads)
+
+    def generate(self, prompt: np.ndarray, new_tokens: int) -> tuple:
+        """(GenAI's result, seconds of the whole call): `new_tokens` greedy tokens after
+        `prompt`, the end-of-text token ignored."""
+        import openvino as ov
+        import openvino_genai
+
+        config = openvino_genai.GenerationConfig()
+        config.max_new_tokens, config.min_new_tokens = new_tokens, new_tokens
+        config.ignore_eos, config.do_sample = True, False
+        ids = np.asarray(prompt, np.int64)[None, :]
+        inputs = openvino_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
         t0 = time.perf_counter()
-        engine.prefill(prompt)
-        return len(prompt) / (time.perf_counter() - t0)
-    engine.prefill(prompt)
-    token = int(prompt[-1])
-    t0 = time.perf_counter()
-    for i in range(generated):
-        engine.decode((token + i) % 256)
-    return generated / (time.perf_counter() - t0)
+        result = self.pipe.generate(inputs, config)
+        return result, time.perf_counter() - t0
+
+    def rate(self, prompt: np.ndarray, generated: int) -> float:
+        if not generated:
+            return len(prompt) / self.generate(prompt, 1)[1]
+        result, seconds = self.generate(prompt, generated)
+        first = result.perf_metrics.get_ttft().mean / 1e3  # ms
+        return (generated - 1) / (seconds - first)
 
 
 def measure(engines, vocab: int, rounds: int = 3, workloads=WORKLOADS, seed: int = 0) -> dict:
@@ -79,44 +126,54 @@ def measure(engines, vocab: int, rounds: int = 3, workloads=WORKLOADS, seed: int
     prompts = {w: rng.integers(0, vocab, n) for w, n, _ in workloads}
     for w, _, gen in workloads:
         for e in engines:
-            _once(e, prompts[w], min(gen, 4))
+            e.rate(prompts[w], min(gen, 4))
     samples = {w: {e.name: [] for e in engines} for w, _, _ in workloads}
     for r in range(rounds):
         order = engines[r % len(engines):] + engines[:r % len(engines)]
         for w, _, gen in workloads:
             for e in order:
                 quiesce()  # the other engine's worker threads stop spinning first
-                samples[w][e.name].append(_once(e, prompts[w], gen))
+                samples[w][e.name].append(e.rate(prompts[w], gen))
     return {w: {n: Rate(statistics.median(s), max(s), len(s)) for n, s in by.items()}
             for w, by in samples.items()}
 
 
-def gguf_engines(model, qtypes, threads: int, context: int, folder=None) -> list:
-    """llama.cpp engines over GGUF files of `model` in each of `qtypes`."""
+def gguf_engines(model, qtypes: Sequence[str], threads: int, context: int,
+                 folder: str | None = None, genai: Sequence[str] = ()) -> list:
+    """llama.cpp engines over GGUF files of `model` in each of `qtypes`, and OpenVINO GenAI
+    engines over the same files for each of `genai`."""
     from . import gguf_export
     from ..llm.config import from_hf
 
     cfg = from_hf(model)
     folder = Path(folder or tempfile.mkdtemp(prefix="unit_tvm_gguf_"))
     per_weight = {"q8_0": 34 / 32, "q4_0": 18 / 32}  # bytes per weight with the block scale
-    engines = []
+    engines: list = []
+    paths = {}
+    for qt in dict.fromkeys((*qtypes, *genai)):
+        paths[qt] = gguf_export.write(model, folder / f"model-{qt}.gguf", qt)
     for qt in qtypes:
-        path = gguf_export.write(model, folder / f"model-{qt}.gguf", qt)
-        engines.append(LlamaCppEngine(f"llama.cpp {qt.upper()}", path, threads, context,
+        engines.append(LlamaCppEngine(f"llama.cpp {qt.upper()}", paths[qt], threads, context,
                                       cfg.weight_bytes(per_weight[qt])))
+    for qt in genai:
+        engines.append(OpenVinoGenAiEngine(f"OpenVINO GenAI {qt.upper()}", paths[qt], threads,
+                                           cfg.weight_bytes(per_weight[qt])))
     return engines
 
 
-def table(rates: dict, engines, bandwidth_gbs: float, reference: str) -> str:
-    """The results as text: tokens/s (median of the rounds, best in brackets), unit-tvm's ratio
-    to `reference`, and decode's GB/s of weights read and its % of the read bandwidth."""
+def table(rates: dict, engines, bandwidth_gbs: float, references=()) -> str:
+    """The results as text: tokens/s (median of the rounds, best in brackets), the first
+    engine's ratio to each of `references`, and decode's GB/s of weights read and its % of
+    the read bandwidth."""
     names = [e.name for e in engines]
-    ratio_head = f"   unit-tvm/{reference}" if reference else ""  # no baseline: no ratio
-    lines = ["workload     " + "".join(f"{n:>24}" for n in names) + ratio_head]
+    refs = [r for r in references if r in names]
+    lines = ["workload     " + "".join(f"{n:>24}" for n in names)
+             + "".join(f"   {names[0]} / {r}" for r in refs)]
     for w, by in rates.items():
         cells = "".join(f"{by[n].median:>15.1f} ({by[n].best:6.1f})" for n in names)
-        ratio = f"   {by[names[0]].median / by[reference].median:.2f}x" if reference in by else ""
-        lines.append(f"{w:<13}{cells}{ratio}")
+        ratios = "".join(f"{by[names[0]].median / by[r].median:>{len(names[0]) + len(r) + 6}.2f}x"
+                         for r in refs)
+        lines.append(f"{w:<13}{cells}{ratios}")
     lines.append(f"decode weights read per token, GB/s at tg128's median (read bandwidth "
                  f"{bandwidth_gbs:.1f} GB/s):")
     for e in engines:
