@@ -168,6 +168,18 @@ def vector_registers(target) -> int:
     return 32
 
 
+def float_lanes(target) -> int:
+    """float32 lanes of one vector register of a CPU target: 16 with AVX-512, 8 with AVX, 4
+    otherwise (SSE, NEON)."""
+    target = as_target(target)
+    found = features(target)
+    if arch(target) == "x86_64" and "avx512f" in found:
+        return 16
+    if arch(target) == "x86_64" and "avx" in found:
+        return 8
+    return 4
+
+
 def is_host(target):
     """True when kernels built for `target` can run on this machine."""
     target = as_target(target)

@@ -70,7 +70,7 @@ def compile(model, quantize: dict | None = None, *, target=None,  # noqa: A001
     lengths = sorted({1, *(t for t in prefill_lengths if t <= context)})
     executables = {}
     for tokens in lengths:
-        mod = step_module(cfg, weights, tokens, context, act_q)
+        mod = step_module(cfg, weights, tokens, context, act_q, target)
         executables[tokens] = compiler.compile(mod, target, database=database, tune=tune,
                                                trials=trials, report=report)
         del mod  # its float32 constants: the next step's module is built next

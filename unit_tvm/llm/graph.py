@@ -2,7 +2,9 @@
 key/value cache's first kv_len slots and themselves (causally).
 
 The same function serves prefill (T = a prompt chunk, padded) and decode (T = 1): shapes are
-fixed per T, so each T is compiled once. Inputs, in order: the tokens' embeddings [T, hidden],
+fixed per T, so each T is compiled once. Prefill attends the whole cache through matmuls and a
+masked softmax; the decode step, on a CPU, through cache_attention.py's kernel, which reads only
+the first kv_len slots. Inputs, in order: the tokens' embeddings [T, hidden],
 their positions [T] (int32), kv_len [1] (int32: valid cache slots), last [1] (int32: the row
 whose logits are returned), then every layer's key cache ([kv_heads, head_dim, context]: the
 scores' right operand as it lies), then every layer's value cache ([kv_heads, context,
@@ -23,6 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from . import cache_attention
 from .config import DecoderConfig
 from .weights import LM_HEAD_INPUT, DecoderWeights, Linear, input_name
 
@@ -48,8 +51,10 @@ class _Builder:
     """Emits one step's bindings into a BlockBuilder."""
 
     def __init__(self, bb, config: DecoderConfig, weights: DecoderWeights, tokens: int,
-                 context: int, act_q: dict | None):
+                 context: int, act_q: dict | None, cache_kernel=None):
         self.bb, self.c, self.w, self.t, self.ctx = bb, config, weights, tokens, context
+        # GlobalVar of cache_attention's kernel (the decode step on a CPU), or None
+        self.cache_kernel = cache_kernel
         # input name -> ActivationQuantization, or PER_TOKEN; None: float32 matmuls
         self.act_q = act_q
         self._per_token: dict = {}  # input name -> (its integers as a QDQ pair, row scales)
@@ -130,7 +135,7 @@ class _Builder:
         causal = np.where(np.tril(np.ones((self.t, self.t), bool)), 0.0, _NEG)
         return cache, _const(np.tile(causal, (self.c.group, 1)))
 
-    def attention(self, x, layer, tables, masks, k_cache, v_cache):
+    def attention(self, x, layer, tables, masks, kv_len, k_cache, v_cache):
         """(output [T, hidden], new keys [kv_heads, head_dim, T], new values
         [kv_heads, T, head_dim])."""
         op, c, t = relax.op, self.c, self.t
@@ -146,6 +151,11 @@ class _Builder:
         # query rows of one key/value head together: [kv_heads, group * T, head_dim]
         q = op.permute_dims(op.reshape(q, (t, c.kv_heads, c.group, c.head_dim)), [1, 2, 0, 3])
         q = self.emit(op.reshape(q, (c.kv_heads, c.group * t, c.head_dim)))
+        if self.cache_kernel is not None:  # one token: only the valid cache slots
+            out = relax.call_tir(self.cache_kernel, [q, k_cache, v_cache, new_k, new_v, kv_len],
+                                 relax.TensorType((c.kv_heads, c.group, c.head_dim), "float32"))
+            out = self.emit(op.reshape(out, (t, c.heads * c.head_dim)))
+            return self.linear(out, lw.o, input_name(layer, "o")), new_k, new_v
         scale = _const(c.head_dim ** -0.5)
         cached = op.matmul(q, k_cache)
         cached = self.emit(op.add(op.multiply(cached, scale), masks[0]))
@@ -173,11 +183,12 @@ class _Builder:
 
     def body(self, hidden, pos, kv_len, last, k_caches, v_caches):
         op = relax.op
-        tables, masks = self.rope_tables(pos), self.masks(kv_len)
+        tables = self.rope_tables(pos)
+        masks = self.masks(kv_len) if self.cache_kernel is None else None
         new_ks, new_vs = [], []
         for i, lw in enumerate(self.w.layers):
             attn, nk, nv = self.attention(self.norm(hidden, lw.attn_norm), i, tables, masks,
-                                          k_caches[i], v_caches[i])
+                                          kv_len, k_caches[i], v_caches[i])
             hidden = self.emit(op.add(hidden, attn))
             hidden = self.emit(op.add(hidden, self.mlp(self.norm(hidden, lw.mlp_norm), i)))
             new_ks.append(op.expand_dims(nk, 0))
@@ -189,11 +200,15 @@ class _Builder:
 
 
 def step_module(config: DecoderConfig, weights: DecoderWeights, tokens: int, context: int,
-                act_q: dict | None = None) -> tvm.IRModule:
+                act_q: dict | None = None, target=None) -> tvm.IRModule:
     """The IRModule whose main computes one step of `tokens` tokens with a cache of `context`
     slots (see the module docstring). act_q: {input name: ActivationQuantization or PER_TOKEN}
-    for the int8 form (names: weights.input_names), None for float32."""
+    for the int8 form (names: weights.input_names), None for float32. The decode step
+    (tokens = 1) attends the cache through cache_attention's kernel for `target` where it
+    has one."""
     c = config
+    kernel = None if tokens != 1 else cache_attention.for_step(
+        c.kv_heads, c.group, c.head_dim, context, target)
     k_cache = relax.TensorType((c.kv_heads, c.head_dim, context), "float32")
     v_cache = relax.TensorType((c.kv_heads, context, c.head_dim), "float32")
     hidden = relax.Var("hidden", relax.TensorType((tokens, c.hidden), "float32"))
@@ -205,7 +220,8 @@ def step_module(config: DecoderConfig, weights: DecoderWeights, tokens: int, con
     bb = relax.BlockBuilder()
     with bb.function("main", [hidden, pos, kv_len, last, *k_caches, *v_caches]):
         with bb.dataflow():
-            builder = _Builder(bb, c, weights, tokens, context, act_q)
+            gv = None if kernel is None else bb.add_func(kernel, "cache_attention")
+            builder = _Builder(bb, c, weights, tokens, context, act_q, gv)
             out = bb.emit_output(builder.body(hidden, pos, kv_len, last, k_caches, v_caches))
         bb.emit_func_output(out)
     return bb.get()
