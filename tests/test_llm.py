@@ -161,6 +161,19 @@ def test_decode_profile_accounts_for_the_step(llama_fp32):
     assert costs == sorted(costs, key=lambda c: -c.us)
     assert all(c.us > 0 and c.gbs > 0 and c.calls >= 1 for c in costs)
     assert costs[0].name in table(costs)
+    # the decode step attends the cache through its own kernel (cache_attention.py)
+    assert any("cache_attention" in c.name for c in costs)
+
+
+def test_prefill_chunk_profile_accounts_for_the_chunk(llama_fp32):
+    from unit_tvm.llm.profile import step_profile
+
+    costs = step_profile(llama_fp32, 8, bandwidth_gbs=10.0, depth=4, steps=2)
+    assert costs and abs(sum(c.share for c in costs) - 1.0) < 1e-6
+    assert not any("cache_attention" in c.name for c in costs)  # matmuls over the cache
+    assert sum(c.calls for c in costs if "matmul" in c.name or "unit_" in c.name) >= 2
+    with pytest.raises(ValueError, match="no step of 5 tokens"):
+        step_profile(llama_fp32, 5, bandwidth_gbs=10.0)
 
 
 def test_llama_cpp_runs_the_same_weights(tmp_path, llama):

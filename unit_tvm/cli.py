@@ -319,8 +319,8 @@ def _add_model_commands(sub):
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--database", help="tuning database for unit-tvm's kernels")
     p.add_argument("--profile", action="store_true",
-                   help="also unit-tvm's decode step kernel by kernel (time, GB/s, %% of the "
-                   "read bandwidth)")
+                   help="also unit-tvm's decode step and its longest prefill chunk kernel by "
+                   "kernel (time, GB/s, %% of the read bandwidth)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_bench_llm)
     p = sub.add_parser("compile", help="compile a model (zoo name, .onnx, torch.export .pt2) "

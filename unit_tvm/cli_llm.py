@@ -20,6 +20,23 @@ def _unit_tvm_engines(model, args) -> list:
     return engines
 
 
+def _print_profiles(engines, bandwidth: float) -> None:
+    """Each unit-tvm engine's decode step and longest prefill chunk, kernel by kernel."""
+    from .llm.profile import step_profile, table as profile_table
+
+    for e in engines:
+        if not e.name.startswith("unit-tvm"):
+            continue
+        print(f"\n{e.name} decode step, kernels by time (after a 16-token prompt):")
+        print(profile_table(step_profile(e.lm, 1, bandwidth)))
+        chunk = max(e.lm.step_lengths)
+        depth = min(3 * chunk, e.lm.context - chunk)  # pp512's last chunk, where it fits
+        if chunk > 1:
+            print(f"\n{e.name} prefill chunk of {chunk} tokens, kernels by time (after a "
+                  f"{depth}-token prompt):")
+            print(profile_table(step_profile(e.lm, chunk, bandwidth, depth=depth)))
+
+
 def cmd_bench_llm(args):
     """unit-tvm bench-llm MODEL: tokens/s table (and --json)."""
     from .bandwidth import read_bandwidth
@@ -41,12 +58,7 @@ def cmd_bench_llm(args):
           "this host and ignore --isa")
     print(table(rates, engines, bandwidth, references))
     if args.profile:
-        from .llm.profile import decode_profile, table as profile_table
-
-        for e in engines:
-            if e.name.startswith("unit-tvm"):
-                print(f"\n{e.name} decode step, kernels by time (after a 16-token prompt):")
-                print(profile_table(decode_profile(e.lm, bandwidth)))
+        _print_profiles(engines, bandwidth)
     if args.json:
         print(json.dumps({"model": args.model, "threads": threads, "bandwidth_gbs": bandwidth,
                           "rates": {w: {n: r._asdict() if hasattr(r, "_asdict") else vars(r)

@@ -1,4 +1,4 @@
-"""Where a decode step's time goes: each kernel of the one-token step timed on its real
+"""Where a step's time goes (the decode step, or a prefill chunk): each kernel timed on its real
 arguments (first call of each, as in the step: the weights come from memory, not from a cache
 warmed by a repeat), with the bytes it reads and writes as GB/s and % of the read bandwidth."""
 
@@ -25,16 +25,26 @@ def decode_profile(lm: DecoderLM, bandwidth_gbs: float, depth: int = 16,
                    steps: int = 3) -> list[KernelCost]:
     """KernelCost per kernel of `lm`'s decode step after a `depth`-token prompt, largest first
     (the least of `steps` steps per kernel)."""
-    ids = np.arange(depth) % lm.config.vocab
-    lm.reset()
-    lm.prefill(ids)
-    vm = lm.step_vm(1)
+    return step_profile(lm, 1, bandwidth_gbs, depth, steps)
+
+
+def step_profile(lm: DecoderLM, tokens: int, bandwidth_gbs: float, depth: int = 16,
+                 steps: int = 3) -> list[KernelCost]:
+    """KernelCost per kernel of `lm`'s step of `tokens` tokens (1: decode; a compiled prefill
+    chunk length) after a `depth`-token prompt, largest first (the least of `steps` steps per
+    kernel, each from the same cache)."""
+    if tokens not in lm.step_lengths:
+        raise ValueError(f"no step of {tokens} tokens: compiled {lm.step_lengths}")
+    ids = np.arange(depth + tokens) % lm.config.vocab
+    vm = lm.step_vm(tokens)
     best: dict[str, tuple[float, int, int]] = {}
-    for i in range(steps):
+    for _ in range(steps):
+        lm.reset()
+        lm.prefill(ids[:depth])
         recorder = CallTimer(1)
         vm.set_instrument(recorder)
         try:
-            lm.decode(int(ids[i]))
+            lm.prefill(ids[depth:]) if tokens > 1 else lm.decode(int(ids[depth]))
         finally:
             vm.set_instrument(None)
         for sym, secs in recorder.firsts.items():
