@@ -40,7 +40,8 @@ def step_profile(lm: DecoderLM, tokens: int, bandwidth_gbs: float, depth: int = 
     best: dict[str, tuple[float, int, int]] = {}
     for _ in range(steps):
         lm.reset()
-        lm.prefill(ids[:depth])
+        if depth:
+            lm.prefill(ids[:depth])
         recorder = CallTimer(1)
         vm.set_instrument(recorder)
         try:
