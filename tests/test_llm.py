@@ -170,8 +170,8 @@ def test_prefill_chunk_profile_accounts_for_the_chunk(llama_fp32):
 
     costs = step_profile(llama_fp32, 8, bandwidth_gbs=10.0, depth=4, steps=2)
     assert costs and abs(sum(c.share for c in costs) - 1.0) < 1e-6
-    assert not any("cache_attention" in c.name for c in costs)  # matmuls over the cache
-    assert sum(c.calls for c in costs if "matmul" in c.name or "unit_" in c.name) >= 2
+    assert any("cache_attention" in c.name for c in costs)  # a chunk's attention too
+    assert any(c.name.startswith("unit_") for c in costs)  # its matmuls, tensorized
     with pytest.raises(ValueError, match="no step of 5 tokens"):
         step_profile(llama_fp32, 5, bandwidth_gbs=10.0)
 

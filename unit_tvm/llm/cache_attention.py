@@ -1,18 +1,20 @@
-"""The decode step's attention over the key/value cache, reading only the cache's valid slots.
+"""A step's attention over the key/value cache, reading only the cache's valid slots.
 
-One new token's queries attend the first kv_len cache slots and the token's own key / value.
-Written as a matmul over the whole cache, a masked softmax and a second matmul (graph.py's form
-for prefill chunks), every step reads all `context` slots of every layer's cache whatever
-kv_len is: on Llama-3.2-1B's shapes with 1024 slots, ~15% of a decode step. Here kv_len bounds
-the loops (a value read at run time), so a step costs what the sequence so far holds.
+T new tokens' queries attend the first kv_len cache slots and, causally, the step's own keys /
+values. Written as a matmul over the whole cache, a masked softmax and a second matmul, every
+step reads and multiplies all `context` slots of every layer's cache whatever kv_len is: on
+Llama-3.2-1B's shapes with 1024 slots, 17% of a decode step and 26% of a 128-token prefill
+chunk. Here kv_len bounds the loops (a value read at run time), and a block of query rows
+stops at the last own token it may see, so a step costs what the sequence holds.
 
-One parallel iteration per key/value head, its `group` query rows together so that each key
-and value vector loaded serves them all:
-1. scores: blocks of `lanes` cache slots, one vector accumulator per query row, over head_dim
-   (the key cache is [kv_heads, head_dim, context]: a block is one contiguous load per
-   dimension); the last block's slots past kv_len are masked;
-2. the softmax over those scores and the token's own score, with fastmath's vectorizable exp;
-3. the weighted sum of value rows ([kv_heads, context, head_dim]: one contiguous row per slot),
+One parallel task per key/value head and block of query rows (the `group` rows of a head in a
+decode step, `ROWS` consecutive tokens of one query head in a prefill chunk), so that each
+key and value vector loaded serves every row of the block:
+1. scores: blocks of `lanes` slots, one accumulator per row and vector, over head_dim (keys
+   are [kv_heads, head_dim, slots]: a block is a contiguous load per dimension); slots past
+   kv_len, or own tokens after the row's, are masked;
+2. the softmax over the visited blocks, with fastmath's vectorizable exp;
+3. the weighted sum of value rows ([kv_heads, slots, head_dim]: one contiguous row per slot),
    head_dim in chunks whose accumulators fit the register file.
 """
 
@@ -28,147 +30,205 @@ from ..target import as_target, float_lanes, is_cpu, vector_registers
 
 _F32 = "float32"
 _NEG = -3.0e38  # below any score; exp of (it - max) is 0
+ROWS = 4  # query rows per task in a prefill chunk (consecutive tokens of one query head)
+
+
+class Shape(NamedTuple):
+    """The attention a kernel computes: per key/value head, group x tokens query rows."""
+
+    kv_heads: int
+    group: int
+    head_dim: int
+    context: int  # cache slots
+    tokens: int  # new tokens of the step (1: decode)
 
 
 class Tiles(NamedTuple):
-    """cache_attention_func's vector blocks on a target."""
+    """cache_attention_func's blocks on a target."""
 
-    lanes: int  # cache slots per score block: 2 vectors per query row
+    rows: int  # query rows per task
+    lanes: int  # cache slots per score block: 2 vectors per row
+    own_lanes: int  # own-token slots per score block
     value_chunk: int  # head_dim columns per pass of the weighted sum
 
 
-def tiles(group: int, head_dim: int, target) -> Tiles:
-    """Blocks whose accumulators take at most half the register file: the scores' `group` x 2
-    vectors (two independent chains per row hide the multiply-add's latency), the weighted
-    sum's `group` rows x the widest divisor of head_dim that fits."""
+def tiles(shape: Shape, target) -> Tiles:
+    """Blocks whose accumulators take at most half the register file: a task's rows x 2
+    vectors of scores (two independent chains per row hide the multiply-add's latency), its
+    rows x the widest divisor of head_dim that fits in the weighted sum."""
     lanes = float_lanes(target)
-    budget = max(vector_registers(target) // 2 // group, 1) * lanes
-    chunk = max((d for d in range(1, head_dim + 1) if head_dim % d == 0 and d <= budget))
-    return Tiles(2 * lanes, chunk)
+    rows = shape.group if shape.tokens == 1 else _largest_divisor(shape.tokens, ROWS)
+    budget = max(vector_registers(target) // 2 // rows, 1) * lanes
+    own = 2 * lanes if shape.tokens % (2 * lanes) == 0 else shape.tokens
+    return Tiles(rows, 2 * lanes, own, _largest_divisor(shape.head_dim, budget))
 
 
-def supported(context: int, lanes: int) -> bool:
-    """Whether cache_attention_func takes a cache of `context` slots in blocks of `lanes`."""
-    return context % lanes == 0
+def _largest_divisor(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
-def for_step(kv_heads: int, group: int, head_dim: int, context: int,
-             target) -> tvm.tirx.PrimFunc | None:
-    """The decode step's kernel on `target`, or None where a cache of `context` slots does not
-    divide into its blocks (the step then attends the whole cache through matmuls)."""
+def supported(shape: Shape, t: Tiles) -> bool:
+    """Whether cache_attention_func takes `shape` in blocks `t`: whole score blocks of cache
+    slots, and own tokens in whole blocks or one block of at most `lanes`."""
+    return (shape.context % t.lanes == 0 and shape.tokens % t.own_lanes == 0
+            and t.own_lanes <= t.lanes)
+
+
+def for_step(shape: Shape, target) -> tvm.tirx.PrimFunc | None:
+    """The step's kernel on `target`, or None where its shape does not divide into the
+    blocks (the step then attends the whole cache through matmuls)."""
     target = as_target(target)
-    t = tiles(group, head_dim, target)
-    if not is_cpu(target) or not supported(context, t.lanes):
+    if not is_cpu(target):
         return None
-    return cache_attention_func(kv_heads, group, head_dim, context, t.lanes, t.value_chunk)
+    t = tiles(shape, target)
+    return cache_attention_func(shape, t) if supported(shape, t) else None
 
 
-def cache_attention_func(kv_heads: int, group: int, head_dim: int, context: int,
-                         lanes: int, value_chunk: int) -> tvm.tirx.PrimFunc:
-    """PrimFunc(q [kv_heads, group, head_dim], k_cache [kv_heads, head_dim, context],
-    v_cache [kv_heads, context, head_dim], new_k [kv_heads, head_dim, 1], new_v [kv_heads, 1,
-    head_dim], kv_len [1] int32, out [kv_heads, group, head_dim]): softmax(q k^T / sqrt(head_dim))
-    v over the first kv_len cache slots and the new key / value. lanes: cache slots per score
-    block (a multiple of the vector width: context must be a multiple of it); value_chunk:
-    head_dim columns accumulated at once in the weighted sum (a divisor of head_dim)."""
-    if not supported(context, lanes) or head_dim % value_chunk:
-        raise ValueError(f"cache_attention_func: context {context} must be a multiple of "
-                         f"lanes {lanes}, head_dim {head_dim} of value_chunk {value_chunk}")
-    h_, g_, d_, c_ = kv_heads, group, head_dim, context
-    scale = tirx.const(head_dim ** -0.5, _F32)
-    zero = tirx.const(0.0, _F32)
+def cache_attention_func(shape: Shape, t: Tiles) -> tvm.tirx.PrimFunc:
+    """PrimFunc(q [kv_heads, group * tokens, head_dim] (row g * tokens + token), k_cache
+    [kv_heads, head_dim, context], v_cache [kv_heads, context, head_dim], new_k [kv_heads,
+    head_dim, tokens], new_v [kv_heads, tokens, head_dim], kv_len [1] int32, out like q):
+    softmax(q k^T / sqrt(head_dim)) v over the first kv_len cache slots and the new tokens up
+    to each row's own."""
+    if not supported(shape, t):
+        raise ValueError(f"cache_attention_func: {shape} does not divide into {t}")
+    h_, g_, d_, c_, n_t = shape
+    rows = g_ * n_t
     with IRBuilder() as ib:
         with T.prim_func():
             T.func_name("cache_attention")
             T.func_attr({"tirx.noalias": True, "tirx.is_scheduled": True})
-            q = T.arg("q", T.buffer((h_, g_, d_), _F32))
+            q = T.arg("q", T.buffer((h_, rows, d_), _F32))
             k = T.arg("k_cache", T.buffer((h_, d_, c_), _F32))
             v = T.arg("v_cache", T.buffer((h_, c_, d_), _F32))
-            nk = T.arg("new_k", T.buffer((h_, d_, 1), _F32))
-            nv = T.arg("new_v", T.buffer((h_, 1, d_), _F32))
+            nk = T.arg("new_k", T.buffer((h_, d_, n_t), _F32))
+            nv = T.arg("new_v", T.buffer((h_, n_t, d_), _F32))
             kv_len = T.arg("kv_len", T.buffer((1,), "int32"))
-            out = T.arg("out", T.buffer((h_, g_, d_), _F32))
+            out = T.arg("out", T.buffer((h_, rows, d_), _F32))
             with T.sblock("root"):
-                with T.parallel(0, h_) as h:
-                    n = tirx.max(tirx.min(kv_len[0], c_), 0)
-                    scores = T.alloc_buffer((g_, c_ + 1), _F32, scope="global")
-                    acc = T.alloc_buffer((g_, max(lanes, value_chunk)), _F32, scope="local")
-                    stats = T.alloc_buffer((g_, 2), _F32, scope="local")  # max, sum
-                    _scores(q, k, nk, h, n, scores, acc, lanes, scale, zero)
-                    _softmax(scores, stats, acc, h, n, lanes)
-                    _weighted_sum(v, nv, out, h, n, scores, stats, acc, value_chunk, zero)
+                with T.parallel(0, h_ * (rows // t.rows)) as task:
+                    task_of = _Task(task // (rows // t.rows), task % (rows // t.rows) * t.rows,
+                                    tirx.max(tirx.min(kv_len[0], c_), 0), shape, t)
+                    scores = T.alloc_buffer((t.rows, c_ + n_t), _F32, scope="global")
+                    acc = T.alloc_buffer((t.rows, max(t.lanes, t.value_chunk)), _F32,
+                                         scope="local")
+                    stats = T.alloc_buffer((t.rows, 2), _F32, scope="local")  # max, sum
+                    _scores(task_of, q, k, nk, scores, acc)
+                    _softmax(task_of, scores, stats, acc)
+                    _weighted_sum(task_of, v, nv, out, scores, stats, acc)
     return ib.get()
 
 
-def _scores(q, k, nk, h, n, scores, acc, lanes, scale, zero):
-    """scores[g, j] = q[h, g] . k[h, :, j] * scale for j < n (blocks of `lanes` slots, the last
-    one's slots past n set to _NEG), and scores[g, context] = the new key's."""
-    g_, d_ = q.shape[1], q.shape[2]
-    c_ = k.shape[2]
-    with T.serial(0, (n + lanes - 1) // lanes) as block:
-        with T.unroll(0, g_) as g:
-            with T.vectorized(0, lanes) as lane:
-                T.buffer_store(acc, zero, [g, lane])
-        with T.serial(0, d_) as d:
-            with T.unroll(0, g_) as g:
-                with T.vectorized(0, lanes) as lane:
-                    T.buffer_store(acc, acc[g, lane] + q[h, g, d] * k[h, d, block * lanes + lane],
-                                   [g, lane])
-        with T.unroll(0, g_) as g:
-            with T.vectorized(0, lanes) as lane:
-                slot = block * lanes + lane
-                T.buffer_store(scores, tirx.Select(slot < n, acc[g, lane] * scale,
-                                                   tirx.const(_NEG, _F32)), [g, slot])
-    with T.serial(0, g_) as g:
-        T.buffer_store(acc, zero, [g, 0])
-        with T.serial(0, d_) as d:
-            T.buffer_store(acc, acc[g, 0] + q[h, g, d] * nk[h, d, 0], [g, 0])
-        T.buffer_store(scores, acc[g, 0] * scale, [g, c_])
+class _Task(NamedTuple):
+    """One parallel task: key/value head `head`, query rows [row, row + tiles.rows), the
+    cache's valid slots `n` (an expression of kv_len)."""
+
+    head: tvm.ir.Expr
+    row: tvm.ir.Expr
+    n: tvm.ir.Expr
+    shape: Shape
+    tiles: Tiles
+
+    def token(self, r) -> tvm.ir.Expr:
+        """The new token whose query is the task's row r (0 in a decode step)."""
+        return (self.row + r) % self.shape.tokens
+
+    def own_blocks(self) -> tvm.ir.Expr:
+        """Own-token score blocks the task's rows see: up to its last row's token."""
+        return self.token(self.tiles.rows - 1) // self.tiles.own_lanes + 1
+
+    def cache_blocks(self) -> tvm.ir.Expr:
+        return (self.n + self.tiles.lanes - 1) // self.tiles.lanes
 
 
-def _softmax(scores, stats, acc, h, n, lanes):
-    """Per query row: stats = (max, sum of exp(s - max)) and scores[g, j] = exp(s - max) over
-    the valid slots' blocks and the new key's (slot context). Vectors of `lanes` slots, reduced
-    across lanes at the end; the masked tail's exps are 0 (fastmath's exp flushes below)."""
-    g_, c_ = scores.shape[0], scores.shape[1] - 1
-    blocks = (n + lanes - 1) // lanes
-    with T.serial(0, g_) as g:
+def _score_block(task, q, keys, at, slot_of, visible, scores, acc, lanes):
+    """scores[r, slot_of(lane)] = q[row r] . keys[head, :, at(lane)] / sqrt(head_dim) where
+    visible(r, lane), else _NEG: one accumulator vector per row over head_dim."""
+    tr, d_ = task.tiles.rows, task.shape.head_dim
+    with T.unroll(0, tr) as r:
         with T.vectorized(0, lanes) as lane:
-            T.buffer_store(acc, scores[g, c_], [g, lane])
-        with T.serial(0, blocks) as block:
+            T.buffer_store(acc, tirx.const(0.0, _F32), [r, lane])
+    with T.serial(0, d_) as d:
+        with T.unroll(0, tr) as r:
             with T.vectorized(0, lanes) as lane:
-                T.buffer_store(acc, tirx.max(acc[g, lane], scores[g, block * lanes + lane]),
-                               [g, lane])
-        T.buffer_store(stats, acc[g, 0], [g, 0])
-        with T.serial(1, lanes) as lane:
-            T.buffer_store(stats, tirx.max(stats[g, 0], acc[g, lane]), [g, 0])
+                T.buffer_store(acc, acc[r, lane] + q[task.head, task.row + r, d]
+                               * keys[task.head, d, at(lane)], [r, lane])
+    scale = tirx.const(d_ ** -0.5, _F32)
+    with T.unroll(0, tr) as r:
         with T.vectorized(0, lanes) as lane:
-            T.buffer_store(acc, tirx.const(0.0, _F32), [g, lane])
-        with T.serial(0, blocks) as block:
-            with T.vectorized(0, lanes) as lane:
-                slot = block * lanes + lane
-                # an expression, not a value: store it once, then read the store back
-                T.buffer_store(scores, fast_exp(scores[g, slot] - stats[g, 0]), [g, slot])
-                T.buffer_store(acc, acc[g, lane] + scores[g, slot], [g, lane])
-        T.buffer_store(scores, fast_exp(scores[g, c_] - stats[g, 0]), [g, c_])
-        T.buffer_store(stats, scores[g, c_], [g, 1])
-        with T.serial(0, lanes) as lane:
-            T.buffer_store(stats, stats[g, 1] + acc[g, lane], [g, 1])
+            T.buffer_store(scores, tirx.Select(visible(r, lane), acc[r, lane] * scale,
+                                               tirx.const(_NEG, _F32)), [r, slot_of(lane)])
 
 
-def _weighted_sum(v, nv, out, h, n, scores, stats, acc, chunk, zero):
-    """out[h, g] = (sum_j p[g, j] v[h, j] + p[g, own] new_v[h]) / sum, head_dim in chunks."""
-    g_, d_ = out.shape[1], out.shape[2]
-    c_ = v.shape[1]
-    with T.serial(0, d_ // chunk) as part:
-        with T.unroll(0, g_) as g:
+def _scores(task, q, k, nk, scores, acc):
+    """The task's scores over the valid cache slots' blocks (slots past n masked) and over
+    the own tokens' blocks it sees (tokens after each row's masked), at slot context + i."""
+    t, c_ = task.tiles, task.shape.context
+    with T.serial(0, task.cache_blocks()) as block:
+        base = block * t.lanes
+        _score_block(task, q, k, lambda lane: base + lane, lambda lane: base + lane,
+                     lambda r, lane: base + lane < task.n, scores, acc, t.lanes)
+    with T.serial(0, task.own_blocks()) as block:
+        base = block * t.own_lanes
+        _score_block(task, q, nk, lambda lane: base + lane, lambda lane: c_ + base + lane,
+                     lambda r, lane: base + lane <= task.token(r), scores, acc, t.own_lanes)
+
+
+def _over_blocks(task, body):
+    """body(slot, lanes, lane) over every slot of the visited blocks, vectorized."""
+    t, c_ = task.tiles, task.shape.context
+    with T.serial(0, task.cache_blocks()) as block:
+        with T.vectorized(0, t.lanes) as lane:
+            body(block * t.lanes + lane, lane)
+    with T.serial(0, task.own_blocks()) as block:
+        with T.vectorized(0, t.own_lanes) as lane:
+            body(c_ + block * t.own_lanes + lane, lane)
+
+
+def _softmax(task, scores, stats, acc):
+    """Per row: stats = (max, sum of exp(s - max)) and scores = exp(s - max) over the visited
+    blocks, as vectors of lanes reduced at the end (masked slots' exps are 0: fastmath's exp
+    flushes below)."""
+    t = task.tiles
+    with T.serial(0, t.rows) as r:
+        with T.vectorized(0, t.lanes) as lane:
+            T.buffer_store(acc, tirx.const(_NEG, _F32), [r, lane])
+        _over_blocks(task, lambda slot, lane: T.buffer_store(
+            acc, tirx.max(acc[r, lane], scores[r, slot]), [r, lane]))
+        T.buffer_store(stats, acc[r, 0], [r, 0])
+        with T.serial(1, t.lanes) as lane:
+            T.buffer_store(stats, tirx.max(stats[r, 0], acc[r, lane]), [r, 0])
+        with T.vectorized(0, t.lanes) as lane:
+            T.buffer_store(acc, tirx.const(0.0, _F32), [r, lane])
+
+        def exp_and_sum(slot, lane):
+            # an expression, not a value: store it once, then read the store back
+            T.buffer_store(scores, fast_exp(scores[r, slot] - stats[r, 0]), [r, slot])
+            T.buffer_store(acc, acc[r, lane] + scores[r, slot], [r, lane])
+
+        _over_blocks(task, exp_and_sum)
+        T.buffer_store(stats, tirx.const(0.0, _F32), [r, 1])
+        with T.serial(0, t.lanes) as lane:
+            T.buffer_store(stats, stats[r, 1] + acc[r, lane], [r, 1])
+
+
+def _weighted_sum(task, v, nv, out, scores, stats, acc):
+    """out[row r] = (sum over valid slots and seen own tokens of p[r, slot] v[slot]) / sum,
+    head_dim in chunks (own tokens after a row's have p = 0)."""
+    t, c_ = task.tiles, task.shape.context
+    chunk = t.value_chunk
+    with T.serial(0, task.shape.head_dim // chunk) as part:
+        col = part * chunk
+        with T.unroll(0, t.rows) as r:
             with T.vectorized(0, chunk) as lane:
-                T.buffer_store(acc, scores[g, c_] * nv[h, 0, part * chunk + lane], [g, lane])
-        with T.serial(0, n) as j:
-            with T.unroll(0, g_) as g:
-                with T.vectorized(0, chunk) as lane:
-                    T.buffer_store(acc, acc[g, lane] + scores[g, j] * v[h, j, part * chunk + lane],
-                                   [g, lane])
-        with T.unroll(0, g_) as g:
+                T.buffer_store(acc, tirx.const(0.0, _F32), [r, lane])
+        for values, count, offset in ((v, task.n, 0), (nv, task.token(t.rows - 1) + 1, c_)):
+            with T.serial(0, count) as j:
+                with T.unroll(0, t.rows) as r:
+                    with T.vectorized(0, chunk) as lane:
+                        T.buffer_store(acc, acc[r, lane] + scores[r, offset + j]
+                                       * values[task.head, j, col + lane], [r, lane])
+        with T.unroll(0, t.rows) as r:
             with T.vectorized(0, chunk) as lane:
-                T.buffer_store(out, acc[g, lane] / stats[g, 1], [h, g, part * chunk + lane])
+                T.buffer_store(out, acc[r, lane] / stats[r, 1],
+                               [task.head, task.row + r, col + lane])

@@ -2,15 +2,15 @@
 key/value cache's first kv_len slots and themselves (causally).
 
 The same function serves prefill (T = a prompt chunk, padded) and decode (T = 1): shapes are
-fixed per T, so each T is compiled once. Prefill attends the whole cache through matmuls and a
-masked softmax; the decode step, on a CPU, through cache_attention.py's kernel, which reads only
-the first kv_len slots. Inputs, in order: the tokens' embeddings [T, hidden],
-their positions [T] (int32), kv_len [1] (int32: valid cache slots), last [1] (int32: the row
-whose logits are returned), then every layer's key cache ([kv_heads, head_dim, context]: the
-scores' right operand as it lies), then every layer's value cache ([kv_heads, context,
-head_dim]). Output: (logits [1, vocab], new keys [layers, kv_heads, head_dim, T], new values
-[layers, kv_heads, T, head_dim]); the runtime writes them into the cache (runtime.py), so the
-cache is never copied by the step.
+fixed per T, so each T is compiled once. On a CPU a step attends the cache through
+cache_attention.py's kernel, which reads only the first kv_len slots; elsewhere (or where its
+blocks do not divide the shapes) through matmuls over the whole cache and a masked softmax.
+Inputs, in order: the tokens' embeddings [T, hidden], their positions [T] (int32), kv_len [1]
+(int32: valid cache slots), last [1] (int32: the row whose logits are returned), then every
+layer's key cache ([kv_heads, head_dim, context]: the scores' right operand as it lies), then
+every layer's value cache ([kv_heads, context, head_dim]). Output: (logits [1, vocab], new keys
+[layers, kv_heads, head_dim, T], new values [layers, kv_heads, T, head_dim]); the runtime writes
+them into the cache (runtime.py), so the cache is never copied by the step.
 
 Matmuls with weights are `matmul(x, W^T)` on float32 constants — the form unit_tvm.compile
 tensorizes; with `ActivationQuantization` each one reads its input through a uint8 quantize /
@@ -151,24 +151,30 @@ class _Builder:
         # query rows of one key/value head together: [kv_heads, group * T, head_dim]
         q = op.permute_dims(op.reshape(q, (t, c.kv_heads, c.group, c.head_dim)), [1, 2, 0, 3])
         q = self.emit(op.reshape(q, (c.kv_heads, c.group * t, c.head_dim)))
-        if self.cache_kernel is not None:  # one token: only the valid cache slots
+        if self.cache_kernel is not None:  # only the valid cache slots (cache_attention.py)
             out = relax.call_tir(self.cache_kernel, [q, k_cache, v_cache, new_k, new_v, kv_len],
-                                 relax.TensorType((c.kv_heads, c.group, c.head_dim), "float32"))
-            out = self.emit(op.reshape(out, (t, c.heads * c.head_dim)))
-            return self.linear(out, lw.o, input_name(layer, "o")), new_k, new_v
-        scale = _const(c.head_dim ** -0.5)
+                                 relax.TensorType((c.kv_heads, c.group * t, c.head_dim),
+                                                  "float32"))
+        else:
+            out = self.masked_attention(q, k_cache, v_cache, new_k, new_v, masks)
+        out = op.permute_dims(op.reshape(out, (c.kv_heads, c.group, t, c.head_dim)),
+                              [2, 0, 1, 3])
+        out = self.emit(op.reshape(out, (t, c.heads * c.head_dim)))
+        return self.linear(out, lw.o, input_name(layer, "o")), new_k, new_v
+
+    def masked_attention(self, q, k_cache, v_cache, new_k, new_v, masks):
+        """Attention as matmuls over the whole cache and the step's tokens, masked (the form
+        for a target without cache_attention's kernel): [kv_heads, group * T, head_dim]."""
+        op = relax.op
+        scale = _const(self.c.head_dim ** -0.5)
         cached = op.matmul(q, k_cache)
         cached = self.emit(op.add(op.multiply(cached, scale), masks[0]))
         own = op.matmul(q, new_k)
         own = self.emit(op.add(op.multiply(own, scale), masks[1]))
         probs = self.emit(op.nn.softmax(op.concat([cached, own], axis=2), axis=2))
         parts = self.emit(op.split(probs, [self.ctx], axis=2))
-        out = op.add(op.matmul(relax.TupleGetItem(parts, 0), v_cache),
-                     op.matmul(relax.TupleGetItem(parts, 1), new_v))
-        out = op.permute_dims(op.reshape(out, (c.kv_heads, c.group, t, c.head_dim)),
-                              [2, 0, 1, 3])
-        out = self.emit(op.reshape(out, (t, c.heads * c.head_dim)))
-        return self.linear(out, lw.o, input_name(layer, "o")), new_k, new_v
+        return op.add(op.matmul(relax.TupleGetItem(parts, 0), v_cache),
+                      op.matmul(relax.TupleGetItem(parts, 1), new_v))
 
     def mlp(self, x, layer):
         op, lw = relax.op, self.w.layers[layer]
@@ -203,12 +209,11 @@ def step_module(config: DecoderConfig, weights: DecoderWeights, tokens: int, con
                 act_q: dict | None = None, target=None) -> tvm.IRModule:
     """The IRModule whose main computes one step of `tokens` tokens with a cache of `context`
     slots (see the module docstring). act_q: {input name: ActivationQuantization or PER_TOKEN}
-    for the int8 form (names: weights.input_names), None for float32. The decode step
-    (tokens = 1) attends the cache through cache_attention's kernel for `target` where it
-    has one."""
+    for the int8 form (names: weights.input_names), None for float32. The step attends the
+    cache through cache_attention's kernel for `target` where it has one."""
     c = config
-    kernel = None if tokens != 1 else cache_attention.for_step(
-        c.kv_heads, c.group, c.head_dim, context, target)
+    kernel = cache_attention.for_step(
+        cache_attention.Shape(c.kv_heads, c.group, c.head_dim, context, tokens), target)
     k_cache = relax.TensorType((c.kv_heads, c.head_dim, context), "float32")
     v_cache = relax.TensorType((c.kv_heads, context, c.head_dim), "float32")
     hidden = relax.Var("hidden", relax.TensorType((tokens, c.hidden), "float32"))
