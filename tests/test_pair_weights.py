@@ -172,3 +172,22 @@ def test_quad_form_is_exact_on_full_u8_with_quad_bounded_weights(name, rng):
     lib(*args)
     assert not QUAD.holds_packed(b)
     assert (args[-1].numpy() != 8 * 255 * 127).all()
+
+
+def test_checks_in_row_chunks_decide_as_on_the_whole_weight(monkeypatch):
+    # the checks run over output channels a chunk at a time (an LLM head's float64 temporaries):
+    # chunks that do not divide the rows decide exactly as one pass over the whole weight
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((37, 24, 3)).astype(np.float32)
+    w[5, 3, 1] = 9.0  # one large weight: the 8-bit integers break the pair bound there
+    m2 = rng.uniform(0.5, 2.0, (37, 24))
+    scales = int8_weight_scales(w)
+    whole = pair_weights.choose(w, scales, [QUAD, BOUND], m2)
+    sums = pair_weights.max_group_sums(w, BOUND)
+    cosine = pair_weights.estimated_cosine(w, whole.wq, whole.scales, m2)
+    monkeypatch.setattr(pair_weights, "CHUNK_ROWS", 8)
+    chunked = pair_weights.choose(w, scales, [QUAD, BOUND], m2)
+    assert chunked.bound == whole.bound and np.array_equal(chunked.wq, whole.wq)
+    assert np.array_equal(pair_weights.max_group_sums(w, BOUND), sums)
+    assert abs(pair_weights.estimated_cosine(w, whole.wq, whole.scales, m2) - cosine) < 1e-12
+    assert not pair_weights.obey(pair_weights.quantized(w, scales), BOUND)

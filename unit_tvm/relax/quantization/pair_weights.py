@@ -55,17 +55,30 @@ def group_views(w: np.ndarray, bound: PairSumBound) -> list[tuple[np.ndarray, Pa
     return views
 
 
+# Output channels handled per pass: the float64 temporaries of the checks below stay a few MB
+# instead of 2x the weight (an LLM's tied 128256 x 2048 LM head: 2 GB each, several at once).
+CHUNK_ROWS = 1024
+
+
+def _row_chunks(rows: int) -> list[slice]:
+    return [slice(lo, min(lo + CHUNK_ROWS, rows)) for lo in range(0, rows, CHUNK_ROWS)]
+
+
 def max_group_sums(w: np.ndarray, bound: PairSumBound) -> np.ndarray:
     """Per output channel (axis 0): the largest sum of |w| over a group the bound limits."""
     out = np.zeros(w.shape[0])
-    for v, b in group_views(w, bound):
-        out = np.maximum(out, b.group_sums(v).reshape(w.shape[0], -1).max(axis=1))
+    for rows in _row_chunks(w.shape[0]):
+        part = w[rows]
+        for v, b in group_views(part, bound):
+            out[rows] = np.maximum(out[rows],
+                                   b.group_sums(v).reshape(part.shape[0], -1).max(axis=1))
     return out
 
 
 def obey(wq: np.ndarray, bound: PairSumBound) -> bool:
     """Whether the int8 weights `wq` obey `bound` in every packing (group_views)."""
-    return all(b.holds(v) for v, b in group_views(wq, bound))
+    return all(b.holds(v) for rows in _row_chunks(wq.shape[0])
+               for v, b in group_views(wq[rows], bound))
 
 
 def quantized(w: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -78,14 +91,20 @@ def quantized(w: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return q.astype(np.int8)
 
 
-def estimated_cosine(w: np.ndarray, approx: np.ndarray, moments: np.ndarray) -> float:
-    """The output cosine of a layer with weights `approx` to one with `w`, over inputs whose
-    channels are taken as independent, with second moments `moments` [K, C per group] (the
-    input channel each weight meets): the error's energy sum(m2 * (approx - w)^2) against the
-    output's sum(m2 * w^2)."""
+def estimated_cosine(w: np.ndarray, wq: np.ndarray, scales: np.ndarray,
+                     moments: np.ndarray) -> float:
+    """The output cosine of a layer with weights wq * scales (int8 per output channel) to one
+    with `w`, over inputs whose channels are taken as independent, with second moments
+    `moments` [K, C per group] (the input channel each weight meets): the error's energy
+    sum(m2 * (approx - w)^2) against the output's sum(m2 * w^2)."""
     m2 = np.asarray(moments, np.float64).reshape(w.shape[:2] + (1,) * (w.ndim - 2))
-    signal = float((m2 * w.astype(np.float64) ** 2).sum())
-    noise = float((m2 * (approx.astype(np.float64) - w) ** 2).sum())
+    per_channel = (-1,) + (1,) * (w.ndim - 1)
+    signal = noise = 0.0
+    for rows in _row_chunks(w.shape[0]):
+        exact = w[rows].astype(np.float64)
+        approx = wq[rows] * np.asarray(scales, np.float64)[rows].reshape(per_channel)
+        signal += float((m2[rows] * exact ** 2).sum())
+        noise += float((m2[rows] * (approx - exact) ** 2).sum())
     return 1.0 / np.sqrt(1.0 + noise / max(signal, 1e-300))
 
 
@@ -107,15 +126,14 @@ def choose(w: np.ndarray, scales: np.ndarray,
             return WeightChoice(scales, wq, bound, 0.0)
     if given:
         return WeightChoice(scales, wq, None, None)
-    per_channel = (-1,) + (1,) * (w.ndim - 1)
-    eight_bit = estimated_cosine(w, wq * scales.reshape(per_channel), moments)
+    eight_bit = estimated_cosine(w, wq, scales, moments)
     for bound in bounds:
         # rounding adds at most half a step to each of a group's 2 (4) values: 127 + 1 (126 + 2)
         b_scales = np.maximum(max_group_sums(w, bound), 1e-12) / (bound.bound - bound.words)
         bq = quantized(w, b_scales)
         if not obey(bq, bound):  # the rounding argument above says never; checked anyway
             continue
-        loss = eight_bit - estimated_cosine(w, bq * b_scales.reshape(per_channel), moments)
+        loss = eight_bit - estimated_cosine(w, bq, b_scales, moments)
         if loss <= MAX_COSINE_LOSS[bound.words]:
             return WeightChoice(b_scales, bq, bound, float(loss))
     return WeightChoice(scales, wq, None, None if loss is None else float(loss))
