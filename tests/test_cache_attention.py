@@ -37,9 +37,11 @@ def _targets():
 
 @pytest.mark.parametrize("name,target", _targets(), ids=[n for n, _ in _targets()])
 @pytest.mark.parametrize("group,head_dim,tokens", [(4, 64, 1), (3, 16, 1), (2, 64, 8),
-                                                   (4, 32, 64)])
+                                                   (4, 32, 64), (1, 128, 1), (7, 80, 1),
+                                                   (1, 80, 64)])
 def test_matches_float64_at_every_block_edge(name, target, group, head_dim, tokens):
-    # decode (one token) and prefill chunks (own tokens causal, in one block or several)
+    # decode (one token) and prefill chunks (own tokens causal, in one block or several);
+    # grouped and plain multi-head attention, head_dim not a power of two
     kv_heads, context = 3, 128
     shape = cache_attention.Shape(kv_heads, group, head_dim, context, tokens)
     tiles = cache_attention.tiles(shape, target)
