@@ -4,9 +4,9 @@ from the same weights), with every engine's workloads interleaved round by round
 effective GB/s against the host's measured read bandwidth."""
 
 import statistics
-from collections.abc import Sequence
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
