@@ -159,25 +159,26 @@ def features(target):
     return set(codegen.llvm_get_cpu_features(target))
 
 
+def _x86_vector_bits(target) -> int:
+    """Widest float vector of an x86 target: 512 with AVX-512, 256 with AVX, 128 (SSE); 0 on
+    another architecture."""
+    if arch(target) != "x86_64":
+        return 0
+    found = features(target)
+    return 512 if "avx512f" in found else 256 if "avx" in found else 128
+
+
 def vector_registers(target) -> int:
     """Vector registers a CPU target's code may use: 32 with AVX-512 (zmm0-31) and on aarch64
     (v0-31), 16 on x86 without it (ymm0-15 on AVX2). Register tiles are sized from it."""
-    target = as_target(target)
-    if arch(target) == "x86_64" and "avx512f" not in features(target):
-        return 16
-    return 32
+    bits = _x86_vector_bits(as_target(target))
+    return 16 if bits and bits < 512 else 32
 
 
 def float_lanes(target) -> int:
     """float32 lanes of one vector register of a CPU target: 16 with AVX-512, 8 with AVX, 4
     otherwise (SSE, NEON)."""
-    target = as_target(target)
-    found = features(target)
-    if arch(target) == "x86_64" and "avx512f" in found:
-        return 16
-    if arch(target) == "x86_64" and "avx" in found:
-        return 8
-    return 4
+    return max(_x86_vector_bits(as_target(target)), 128) // 32
 
 
 def is_host(target):
