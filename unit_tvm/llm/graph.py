@@ -53,7 +53,7 @@ class _Builder:
     def __init__(self, bb, config: DecoderConfig, weights: DecoderWeights, tokens: int,
                  context: int, act_q: dict | None, cache_kernel=None):
         self.bb, self.c, self.w, self.t, self.ctx = bb, config, weights, tokens, context
-        # GlobalVar of cache_attention's kernel (the decode step on a CPU), or None
+        # GlobalVar of cache_attention's kernel (a step on a CPU), or None (masked matmuls)
         self.cache_kernel = cache_kernel
         # input name -> ActivationQuantization, or PER_TOKEN; None: float32 matmuls
         self.act_q = act_q
