@@ -72,10 +72,12 @@ def test_tiles_fit_the_register_file():
     t = cache_attention.tiles(decode, avx2)
     assert t.rows == 4 and t.lanes == 16 and 4 * t.value_chunk // 8 <= 8  # <= 8 ymm
     chunk = cache_attention.tiles(decode._replace(tokens=128), avx2)
-    assert chunk.rows == cache_attention.ROWS and chunk.own_lanes == 16
+    assert chunk.rows == 4 and chunk.own_lanes == 16  # 4 rows x 2 ymm: half of 16
     if cache_attention.float_lanes(native) == 16:
         t = cache_attention.tiles(decode, native)
         assert t.lanes == 32 and t.value_chunk == 64
+        chunk = cache_attention.tiles(decode._replace(tokens=128), native)
+        assert chunk.rows == 8 and chunk.value_chunk == 32  # 8 rows x 2 zmm: half of 32
     # 40 slots: no whole 32-slot blocks; 40 own tokens: neither whole blocks nor one
     assert cache_attention.for_step(decode._replace(context=40), native) is None
     assert cache_attention.for_step(decode._replace(tokens=40), native) is None
