@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from . import cache_attention
+from . import cache_attention, row_scale
 from .config import DecoderConfig
 from .weights import LM_HEAD_INPUT, DecoderWeights, Linear, input_name
 
@@ -37,6 +37,13 @@ class ActivationQuantization(NamedTuple):
 
     scale: float
     zero_point: int
+
+
+class MatmulInput(NamedTuple):
+    """An input as the matmuls with weights read it."""
+
+    x: relax.Expr  # float32; through a uint8 quantize / dequantize pair in the int8 form
+    rows: relax.Expr | None  # per-token row scales [rows, 1] the product is multiplied by
 
 
 # an input quantized per token at run time (its scale is the row's largest magnitude / 127)
@@ -51,50 +58,81 @@ class _Builder:
     """Emits one step's bindings into a BlockBuilder."""
 
     def __init__(self, bb, config: DecoderConfig, weights: DecoderWeights, tokens: int,
-                 context: int, act_q: dict | None, cache_kernel=None):
+                 context: int, act_q: dict | None, cache_kernel=None, target=None):
         self.bb, self.c, self.w, self.t, self.ctx = bb, config, weights, tokens, context
         # GlobalVar of cache_attention's kernel (a step on a CPU), or None (masked matmuls)
         self.cache_kernel = cache_kernel
         # input name -> ActivationQuantization, or PER_TOKEN; None: float32 matmuls
         self.act_q = act_q
-        self._per_token: dict = {}  # input name -> (its integers as a QDQ pair, row scales)
+        self.target = target  # where the step runs: row_scale's kernel on a CPU
+        self._inputs: dict = {}  # input name -> MatmulInput (q / k / v, gate / up share one)
+        self._row_kernels: dict = {}  # row_scale.RowScale -> GlobalVar, or None (Relax ops)
 
     def emit(self, expr):
         return self.bb.emit(expr)
 
-    def linear(self, x, lin: Linear, name: str):
-        """x [rows, in] @ W^T (+ bias), the weight a float32 constant; its input through a
-        uint8 quantize / dequantize pair in the int8 form."""
+    def matmul_input(self, x, name: str, norm=None) -> MatmulInput:
+        """x (after the RMSNorm of weight `norm`, when given) as the matmuls of input `name`
+        read it: float32, through a uint8 quantize / dequantize pair per tensor, or quantized
+        per token (per_token). Computed once per input name."""
+        if name not in self._inputs:
+            q = None if self.act_q is None else self.act_q[name]
+            if q is PER_TOKEN:
+                self._inputs[name] = self.per_token(x, norm)
+            else:
+                x = x if norm is None else self.norm(x, norm)
+                if q is not None:
+                    op = relax.op
+                    scale, zero_point = _const(q.scale), _const(q.zero_point, "int32")
+                    x = self.emit(op.quantize(x, scale, zero_point, -1, "uint8"))
+                    x = self.emit(op.dequantize(x, scale, zero_point, -1, "float32"))
+                self._inputs[name] = MatmulInput(x, None)
+        return self._inputs[name]
+
+    def linear(self, inp: MatmulInput, lin: Linear):
+        """inp @ W^T (+ bias), the weight a float32 constant."""
         op = relax.op
-        q = None if self.act_q is None else self.act_q[name]
-        rows = None
-        if q is PER_TOKEN:
-            x, rows = self.per_token(x, name)
-        elif q is not None:
-            scale, zero_point = _const(q.scale), _const(q.zero_point, "int32")
-            x = self.emit(op.quantize(x, scale, zero_point, -1, "uint8"))
-            x = self.emit(op.dequantize(x, scale, zero_point, -1, "float32"))
-        y = self.emit(op.matmul(x, _const(lin.weight.T)))
-        if rows is not None:
-            y = self.emit(op.multiply(y, rows))
+        y = self.emit(op.matmul(inp.x, _const(lin.weight.T)))
+        if inp.rows is not None:
+            y = self.emit(op.multiply(y, inp.rows))
         if lin.bias is not None:
             y = self.emit(op.add(y, _const(lin.bias)))
         return y
 
-    def per_token(self, x, name: str):
-        """(x / its row's scale through an exact uint8 pair, the row scales [rows, 1]): each
-        token quantized symmetrically to [-127, 127] at run time (as llama.cpp quantizes its
-        activations) — the pair's scale 1 and zero point 128 are constants, so the int8
-        kernel takes it as any QDQ input; the matmul's result is multiplied back per row.
-        Computed once per input (q / k / v, gate / up share theirs)."""
-        if name not in self._per_token:
-            op = relax.op
+    def per_token(self, x, norm=None) -> MatmulInput:
+        """x (normed by `norm` when given) divided by its rows' scales, through an exact
+        uint8 pair, and the row scales [rows, 1]: each token quantized symmetrically to
+        [-127, 127] at run time (as llama.cpp quantizes its activations) — the pair's scale 1
+        and zero point 128 are constants, so the int8 kernel takes it as any QDQ input; the
+        matmul's result is multiplied back per row. On a CPU row_scale's one kernel computes
+        the norm, the scales and the division; elsewhere Relax ops do."""
+        op = relax.op
+        rows, width = (int(d) for d in x.ty.shape)
+        eps = None if norm is None else self.c.rms_eps
+        kernel = self._row_kernel(row_scale.RowScale(rows, width, eps))
+        if kernel is not None:
+            args = [x] if norm is None else [x, _const(norm)]
+            types = [relax.TensorType(s, "float32") for s in ((rows, width), (rows, 1))]
+            both = self.emit(relax.call_tir(kernel, args, types))
+            scaled = self.emit(relax.TupleGetItem(both, 0))
+            scales = self.emit(relax.TupleGetItem(both, 1))
+        else:
+            x = x if norm is None else self.norm(x, norm)
             peak = op.max(op.abs(x), axis=[-1], keepdims=True)
-            rows = self.emit(op.divide(op.maximum(peak, _const(1e-30)), _const(127.0)))
-            one, mid = _const(1.0), _const(128, "int32")
-            q = self.emit(op.quantize(op.divide(x, rows), one, mid, -1, "uint8"))
-            self._per_token[name] = (self.emit(op.dequantize(q, one, mid, -1, "float32")), rows)
-        return self._per_token[name]
+            scales = self.emit(op.divide(op.maximum(peak, _const(row_scale.TINY)),
+                                         _const(row_scale.LEVELS)))
+            scaled = op.divide(x, scales)
+        one, mid = _const(1.0), _const(128, "int32")
+        q = self.emit(op.quantize(scaled, one, mid, -1, "uint8"))
+        return MatmulInput(self.emit(op.dequantize(q, one, mid, -1, "float32")), scales)
+
+    def _row_kernel(self, shape: row_scale.RowScale):
+        """row_scale's kernel of `shape` in the module (added once), or None off a CPU."""
+        if shape not in self._row_kernels:
+            func = row_scale.for_target(shape, self.target)
+            self._row_kernels[shape] = None if func is None else self.bb.add_func(
+                func, str(func.attrs["global_symbol"]))
+        return self._row_kernels[shape]
 
     def rope_tables(self, pos):
         """cos, sin [T, 1, head_dim / 2] of the positions (Hugging Face's float32 math)."""
@@ -135,15 +173,15 @@ class _Builder:
         causal = np.where(np.tril(np.ones((self.t, self.t), bool)), 0.0, _NEG)
         return cache, _const(np.tile(causal, (self.c.group, 1)))
 
-    def attention(self, x, layer, tables, masks, kv_len, k_cache, v_cache):
+    def attention(self, hidden, layer, tables, masks, kv_len, k_cache, v_cache):
         """(output [T, hidden], new keys [kv_heads, head_dim, T], new values
-        [kv_heads, T, head_dim])."""
+        [kv_heads, T, head_dim]) of the layer's attention on its normed `hidden`."""
         op, c, t = relax.op, self.c, self.t
         lw = self.w.layers[layer]
-        key = input_name(layer, "qkv")
-        q = self.rope(self.linear(x, lw.q, key), c.heads, *tables)
-        k = self.rope(self.linear(x, lw.k, key), c.kv_heads, *tables)
-        v = self.emit(op.reshape(self.linear(x, lw.v, key), (t, c.kv_heads, c.head_dim)))
+        x = self.matmul_input(hidden, input_name(layer, "qkv"), lw.attn_norm)
+        q = self.rope(self.linear(x, lw.q), c.heads, *tables)
+        k = self.rope(self.linear(x, lw.k), c.kv_heads, *tables)
+        v = self.emit(op.reshape(self.linear(x, lw.v), (t, c.kv_heads, c.head_dim)))
         # keys as [kv_heads, head_dim, T]: the cache holds them that way, so that the scores
         # read it as the matmul's right operand as it lies (no transposed copy per step)
         new_k = self.emit(op.permute_dims(k, [1, 2, 0]))
@@ -160,7 +198,7 @@ class _Builder:
         out = op.permute_dims(op.reshape(out, (c.kv_heads, c.group, t, c.head_dim)),
                               [2, 0, 1, 3])
         out = self.emit(op.reshape(out, (t, c.heads * c.head_dim)))
-        return self.linear(out, lw.o, input_name(layer, "o")), new_k, new_v
+        return self.linear(self.matmul_input(out, input_name(layer, "o")), lw.o), new_k, new_v
 
     def masked_attention(self, q, k_cache, v_cache, new_k, new_v, masks):
         """Attention as matmuls over the whole cache and the step's tokens, masked (the form
@@ -176,12 +214,12 @@ class _Builder:
         return op.add(op.matmul(relax.TupleGetItem(parts, 0), v_cache),
                       op.matmul(relax.TupleGetItem(parts, 1), new_v))
 
-    def mlp(self, x, layer):
+    def mlp(self, hidden, layer):
+        """The layer's SwiGLU on its normed `hidden`."""
         op, lw = relax.op, self.w.layers[layer]
-        gate = self.linear(x, lw.gate, input_name(layer, "gate_up"))
-        up = self.linear(x, lw.up, input_name(layer, "gate_up"))
-        return self.linear(self.emit(op.multiply(op.nn.silu(gate), up)), lw.down,
-                           input_name(layer, "down"))
+        x = self.matmul_input(hidden, input_name(layer, "gate_up"), lw.mlp_norm)
+        act = self.emit(op.multiply(op.nn.silu(self.linear(x, lw.gate)), self.linear(x, lw.up)))
+        return self.linear(self.matmul_input(act, input_name(layer, "down")), lw.down)
 
     def norm(self, x, weight):
         return self.emit(relax.op.nn.rms_norm(x, _const(weight), axes=[-1],
@@ -192,15 +230,16 @@ class _Builder:
         tables = self.rope_tables(pos)
         masks = self.masks(kv_len) if self.cache_kernel is None else None
         new_ks, new_vs = [], []
-        for i, lw in enumerate(self.w.layers):
-            attn, nk, nv = self.attention(self.norm(hidden, lw.attn_norm), i, tables, masks,
-                                          kv_len, k_caches[i], v_caches[i])
+        for i in range(len(self.w.layers)):
+            attn, nk, nv = self.attention(hidden, i, tables, masks, kv_len, k_caches[i],
+                                          v_caches[i])
             hidden = self.emit(op.add(hidden, attn))
-            hidden = self.emit(op.add(hidden, self.mlp(self.norm(hidden, lw.mlp_norm), i)))
+            hidden = self.emit(op.add(hidden, self.mlp(hidden, i)))
             new_ks.append(op.expand_dims(nk, 0))
             new_vs.append(op.expand_dims(nv, 0))
-        row = self.norm(self.emit(op.take(hidden, last, axis=0)), self.w.final_norm)
-        logits = self.linear(row, self.w.lm_head, LM_HEAD_INPUT)
+        row = self.emit(op.take(hidden, last, axis=0))
+        logits = self.linear(self.matmul_input(row, LM_HEAD_INPUT, self.w.final_norm),
+                             self.w.lm_head)
         return relax.Tuple([logits, self.emit(op.concat(new_ks, axis=0)),
                             self.emit(op.concat(new_vs, axis=0))])
 
@@ -226,7 +265,7 @@ def step_module(config: DecoderConfig, weights: DecoderWeights, tokens: int, con
     with bb.function("main", [hidden, pos, kv_len, last, *k_caches, *v_caches]):
         with bb.dataflow():
             gv = None if kernel is None else bb.add_func(kernel, "cache_attention")
-            builder = _Builder(bb, c, weights, tokens, context, act_q, gv)
+            builder = _Builder(bb, c, weights, tokens, context, act_q, gv, target)
             out = bb.emit_output(builder.body(hidden, pos, kv_len, last, k_caches, v_caches))
         bb.emit_func_output(out)
     return bb.get()
