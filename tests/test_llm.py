@@ -163,6 +163,28 @@ def test_decode_profile_accounts_for_the_step(llama_fp32):
     assert costs[0].name in table(costs)
     # the decode step attends the cache through its own kernel (cache_attention.py)
     assert any("cache_attention" in c.name for c in costs)
+    assert any(c.name.startswith("lm_head/") for c in costs)  # the head's kernels with it
+
+
+def test_only_a_prompts_last_chunk_runs_the_head(llama_fp32):
+    calls = []
+
+    def count(func, symbol, before_run, ret_value, *args):
+        if before_run and not symbol.startswith("vm."):
+            calls.append(symbol)
+        return 0
+
+    head = llama_fp32.head_vm()
+    head.set_instrument(count)
+    try:
+        llama_fp32.reset()
+        llama_fp32.prefill(IDS[:5])  # one chunk
+        once = len(calls)
+        llama_fp32.reset()
+        llama_fp32.prefill(IDS[:21])  # three chunks of 8
+    finally:
+        head.set_instrument(None)
+    assert once > 0 and len(calls) == 2 * once
 
 
 def test_prefill_chunk_profile_accounts_for_the_chunk(llama_fp32):

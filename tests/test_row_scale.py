@@ -74,14 +74,19 @@ def test_int8_step_quantizes_each_input_in_one_kernel():
         num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)).eval()
     cfg, w = config.from_hf(model), weights.from_hf(model)
     act = dict.fromkeys(weights.input_names(cfg.layers), graph.PER_TOKEN)
-    mod = graph.step_module(cfg, w, 8, 32, act, host())
-    kernels = sorted(gv.name_hint for gv, f in mod.functions.items()
-                     if isinstance(f, tvm.tirx.PrimFunc) and "row_scale" in gv.name_hint)
-    # normed inputs (q / k / v, gate / up) of 8 rows, o and down inputs, the LM head's row
-    assert kernels == ["norm_row_scale_1x64", "norm_row_scale_8x64", "row_scale_8x64",
-                       "row_scale_8x96"]
-    ops = set()
-    relax.analysis.post_order_visit(mod["main"], lambda e: isinstance(e, relax.Call) and
-                                    isinstance(e.op, tvm.ir.Op) and ops.add(e.op.name))
-    assert not ops & {"relax.abs", "relax.max", "relax.nn.rms_norm"}, ops
-    assert "relax.call_tir" in ops
+    step = graph.step_module(cfg, w, 8, 32, act, host())
+    head = graph.head_module(cfg, w, act, host())
+
+    def kernels(mod):
+        return sorted(gv.name_hint for gv, f in mod.functions.items()
+                      if isinstance(f, tvm.tirx.PrimFunc) and "row_scale" in gv.name_hint)
+
+    # normed inputs (q / k / v, gate / up) of 8 rows, o and down inputs; the LM head's row
+    assert kernels(step) == ["norm_row_scale_8x64", "row_scale_8x64", "row_scale_8x96"]
+    assert kernels(head) == ["norm_row_scale_1x64"]
+    for mod in (step, head):
+        ops = set()
+        relax.analysis.post_order_visit(mod["main"], lambda e: isinstance(e, relax.Call) and
+                                        isinstance(e.op, tvm.ir.Op) and ops.add(e.op.name))
+        assert not ops & {"relax.abs", "relax.max", "relax.nn.rms_norm"}, ops
+        assert "relax.call_tir" in ops

@@ -4,7 +4,7 @@ int8 instruction, attention and the rest on TVM's schedules)."""
 
 from .. import compiler
 from . import calibration, config as config_mod, weights as weights_mod
-from .graph import PER_TOKEN, step_module
+from .graph import PER_TOKEN, head_module, step_module
 from .runtime import DecoderLM
 
 QUANTIZE_KEYS = ("calibration_data", "activations")
@@ -74,4 +74,6 @@ def compile(model, quantize: dict | None = None, *, target=None,  # noqa: A001
         executables[tokens] = compiler.compile(mod, target, database=database, tune=tune,
                                                trials=trials, report=report)
         del mod  # its float32 constants: the next step's module is built next
-    return DecoderLM(cfg, weights.embed, executables, context)
+    head = compiler.compile(head_module(cfg, weights, act_q, target), target,
+                            database=database, tune=tune, trials=trials, report=report)
+    return DecoderLM(cfg, weights.embed, executables, head, context)

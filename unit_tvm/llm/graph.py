@@ -8,9 +8,12 @@ blocks do not divide the shapes) through matmuls over the whole cache and a mask
 Inputs, in order: the tokens' embeddings [T, hidden], their positions [T] (int32), kv_len [1]
 (int32: valid cache slots), last [1] (int32: the row whose logits are returned), then every
 layer's key cache ([kv_heads, head_dim, context]: the scores' right operand as it lies), then
-every layer's value cache ([kv_heads, context, head_dim]). Output: (logits [1, vocab], new keys
-[layers, kv_heads, head_dim, T], new values [layers, kv_heads, T, head_dim]); the runtime writes
-them into the cache (runtime.py), so the cache is never copied by the step.
+every layer's value cache ([kv_heads, context, head_dim]). Output: (the hidden state of row
+`last` [1, hidden], new keys [layers, kv_heads, head_dim, T], new values [layers, kv_heads, T,
+head_dim]); the runtime writes them into the cache (runtime.py), so the cache is never copied by
+the step. The final norm and the LM head are a module of their own (head_module), compiled
+once for every step and run only where logits are wanted: a prompt's chunks before its last do
+without (on Llama-3.2-1B's shapes the head reads 262 MB of int8 weights per call).
 
 Matmuls with weights are `matmul(x, W^T)` on float32 constants — the form unit_tvm.compile
 tensorizes; with `ActivationQuantization` each one reads its input through a uint8 quantize /
@@ -221,6 +224,11 @@ class _Builder:
         act = self.emit(op.multiply(op.nn.silu(self.linear(x, lw.gate)), self.linear(x, lw.up)))
         return self.linear(self.matmul_input(act, input_name(layer, "down")), lw.down)
 
+    def head(self, row):
+        """Logits [1, vocab] of a hidden state [1, hidden]: the final norm and the LM head."""
+        return self.linear(self.matmul_input(row, LM_HEAD_INPUT, self.w.final_norm),
+                           self.w.lm_head)
+
     def norm(self, x, weight):
         return self.emit(relax.op.nn.rms_norm(x, _const(weight), axes=[-1],
                                               epsilon=self.c.rms_eps))
@@ -237,10 +245,8 @@ class _Builder:
             hidden = self.emit(op.add(hidden, self.mlp(hidden, i)))
             new_ks.append(op.expand_dims(nk, 0))
             new_vs.append(op.expand_dims(nv, 0))
-        row = self.emit(op.take(hidden, last, axis=0))
-        logits = self.linear(self.matmul_input(row, LM_HEAD_INPUT, self.w.final_norm),
-                             self.w.lm_head)
-        return relax.Tuple([logits, self.emit(op.concat(new_ks, axis=0)),
+        return relax.Tuple([self.emit(op.take(hidden, last, axis=0)),
+                            self.emit(op.concat(new_ks, axis=0)),
                             self.emit(op.concat(new_vs, axis=0))])
 
 
@@ -267,5 +273,19 @@ def step_module(config: DecoderConfig, weights: DecoderWeights, tokens: int, con
             gv = None if kernel is None else bb.add_func(kernel, "cache_attention")
             builder = _Builder(bb, c, weights, tokens, context, act_q, gv, target)
             out = bb.emit_output(builder.body(hidden, pos, kv_len, last, k_caches, v_caches))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def head_module(config: DecoderConfig, weights: DecoderWeights, act_q: dict | None = None,
+                target=None) -> tvm.IRModule:
+    """The IRModule whose main(row [1, hidden]) gives the logits [1, vocab] of a step's
+    returned hidden state (the final norm, the LM head); act_q and target as step_module."""
+    row = relax.Var("row", relax.TensorType((1, config.hidden), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [row]):
+        with bb.dataflow():
+            builder = _Builder(bb, config, weights, 1, 1, act_q, None, target)
+            out = bb.emit_output(builder.head(row))
         bb.emit_func_output(out)
     return bb.get()

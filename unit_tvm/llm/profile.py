@@ -36,23 +36,27 @@ def step_profile(lm: DecoderLM, tokens: int, bandwidth_gbs: float, depth: int = 
     if tokens not in lm.step_lengths:
         raise ValueError(f"no step of {tokens} tokens: compiled {lm.step_lengths}")
     ids = np.arange(depth + tokens) % lm.config.vocab
-    vm = lm.step_vm(tokens)
+    # the step's kernels, and the LM head's (run after the step: decode, a prompt's last chunk)
+    vms = {"": lm.step_vm(tokens), "lm_head/": lm.head_vm()}
     best: dict[str, tuple[float, int, int]] = {}
     for _ in range(steps):
         lm.reset()
         if depth:
             lm.prefill(ids[:depth])
-        recorder = CallTimer(1)
-        vm.set_instrument(recorder)
+        recorders = {prefix: CallTimer(1) for prefix in vms}
+        for prefix, vm in vms.items():
+            vm.set_instrument(recorders[prefix])
         try:
             lm.prefill(ids[depth:]) if tokens > 1 else lm.decode(int(ids[depth]))
         finally:
-            vm.set_instrument(None)
-        for sym, secs in recorder.firsts.items():
-            old = best.get(sym)
-            nbytes = recorder.nbytes[sym] * recorder.calls[sym]
-            if old is None or secs < old[0]:
-                best[sym] = (secs, recorder.calls[sym], nbytes)
+            for vm in vms.values():
+                vm.set_instrument(None)
+        for prefix, recorder in recorders.items():
+            for sym, secs in recorder.firsts.items():
+                old = best.get(prefix + sym)
+                nbytes = recorder.nbytes[sym] * recorder.calls[sym]
+                if old is None or secs < old[0]:
+                    best[prefix + sym] = (secs, recorder.calls[sym], nbytes)
     total = sum(s for s, _, _ in best.values()) or 1.0
     costs = [KernelCost(sym, calls, 1e6 * s, s / total, nbytes / s / 1e9,
                         nbytes / s / 1e9 / bandwidth_gbs)

@@ -22,7 +22,7 @@ class DecoderLM:
     """A decoder compiled by unit_tvm.llm.compile: `generate` (greedy), and `prefill` / `decode`
     on their own (for timing). The cache holds `context` positions; `reset` empties it."""
 
-    def __init__(self, config: DecoderConfig, embed: np.ndarray, executables: dict,
+    def __init__(self, config: DecoderConfig, embed: np.ndarray, executables: dict, head,
                  context: int, device=None):
         self.config = config
         self.context = context
@@ -30,6 +30,7 @@ class DecoderLM:
         self._device = device or tvm.cpu()
         # tokens per step -> VirtualMachine; 1 is the decode step, the others prefill chunks
         self._steps = {t: relax.VirtualMachine(ex, self._device) for t, ex in executables.items()}
+        self._head = relax.VirtualMachine(head, self._device)  # final norm + LM head
         # keys [kv_heads, head_dim, context], values [kv_heads, context, head_dim] (graph.py)
         k_shape = (config.kv_heads, config.head_dim, context)
         v_shape = (config.kv_heads, context, config.head_dim)
@@ -51,12 +52,17 @@ class DecoderLM:
         """The VirtualMachine of the step taking `tokens` tokens (1: decode), e.g. to profile."""
         return self._steps[tokens]
 
+    def head_vm(self) -> relax.VirtualMachine:
+        """The VirtualMachine of the final norm and LM head (a step's row -> logits)."""
+        return self._head
+
     def reset(self) -> None:
         """Forget the cached sequence (the next prefill starts at position 0)."""
         self.length = 0
 
-    def _run(self, ids: np.ndarray, tokens: int) -> np.ndarray:
-        """One step of `tokens` slots, the first len(ids) real: logits of the last real one."""
+    def _run(self, ids: np.ndarray, tokens: int, logits: bool = True) -> np.ndarray | None:
+        """One step of `tokens` slots, the first len(ids) real: logits of the last real one
+        (None without `logits`: the head is not run)."""
         n, start = len(ids), self.length
         padded = np.zeros(tokens, np.int64)
         padded[:n] = ids
@@ -64,13 +70,13 @@ class DecoderLM:
         pos = np.arange(start, start + tokens, dtype=np.int32)
         args = [tvm.runtime.tensor(a, self._device) for a in (
             hidden, pos, np.array([start], np.int32), np.array([n - 1], np.int32))]
-        logits, new_k, new_v = self._steps[tokens]["main"](*args, *self._k, *self._v)
+        row, new_k, new_v = self._steps[tokens]["main"](*args, *self._k, *self._v)
         new_k, new_v = new_k.numpy(), new_v.numpy()
         for i in range(self.config.layers):
             self._k_np[i][:, :, start:start + n] = new_k[i, :, :, :n]
             self._v_np[i][:, start:start + n] = new_v[i, :, :n]
         self.length = start + n
-        return logits.numpy()[0]
+        return self._head["main"](row).numpy()[0] if logits else None
 
     def _chunk(self, remaining: int) -> int:
         """The step length for the next chunk of a prompt: the shortest compiled one that takes
@@ -97,8 +103,9 @@ class DecoderLM:
         while done < ids.size:
             tokens = self._chunk(ids.size - done)
             part = ids[done:done + tokens]
-            logits = self._run(part, tokens)
             done += part.size
+            # logits of the prompt's last token only: earlier chunks skip the LM head
+            logits = self._run(part, tokens, logits=done == ids.size)
         return StepOutput(logits, int(ids.size))
 
     def decode(self, token: int) -> StepOutput:
