@@ -6,7 +6,7 @@ fixed per T, so each T is compiled once. On a CPU a step attends the cache throu
 cache_attention.py's kernel, which reads only the first kv_len slots; elsewhere (or where its
 blocks do not divide the shapes) through matmuls over the whole cache and a masked softmax.
 Inputs, in order: the tokens' embeddings [T, hidden], their positions [T] (int32), kv_len [1]
-(int32: valid cache slots), last [1] (int32: the row whose logits are returned), then every
+(int32: valid cache slots), last [1] (int32: the row whose hidden state is returned), then every
 layer's key cache ([kv_heads, head_dim, context]: the scores' right operand as it lies), then
 every layer's value cache ([kv_heads, context, head_dim]). Output: (the hidden state of row
 `last` [1, hidden], new keys [layers, kv_heads, head_dim, T], new values [layers, kv_heads, T,
