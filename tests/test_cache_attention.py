@@ -8,7 +8,9 @@ import tvm
 
 from unit_tvm import lowering
 from unit_tvm.llm import cache_attention
-from unit_tvm.target import features, host, is_host, restricted
+from unit_tvm.target import host, restricted
+
+from .conftest import tiny_decoder, x86_classes
 
 
 def _reference(q, k, v, nk, nv, n):
@@ -26,16 +28,8 @@ def _reference(q, k, v, nk, nv, n):
     return out
 
 
-def _targets():
-    """This host, and the AVX2 class where the host has more (the blocks differ)."""
-    out = [("native", host())]
-    avx2 = restricted("avx2")
-    if is_host(avx2) and "avx512f" in features(host()):
-        out.append(("avx2", avx2))
-    return out
-
-
-@pytest.mark.parametrize("name,target", _targets(), ids=[n for n, _ in _targets()])
+@pytest.mark.parametrize("name,target", x86_classes(),
+                         ids=[n for n, _ in x86_classes()])
 @pytest.mark.parametrize("group,head_dim,tokens", [(4, 64, 1), (3, 16, 1), (2, 64, 8),
                                                    (4, 32, 64), (1, 128, 1), (7, 80, 1),
                                                    (1, 80, 64)])
@@ -84,15 +78,9 @@ def test_tiles_fit_the_register_file():
 
 
 def test_decode_step_reads_the_cache_through_the_kernel():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from unit_tvm.llm import config, graph, weights
+    from unit_tvm.llm import graph
 
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)).eval()
-    cfg, w = config.from_hf(model), weights.from_hf(model)
+    cfg, w = tiny_decoder(layers=1, vocab=256)
     decode = graph.step_module(cfg, w, 1, 64, target=host())
     prefill = graph.step_module(cfg, w, 8, 64, target=host())
     odd = graph.step_module(cfg, w, 1, 40, target=host())

@@ -7,16 +7,9 @@ import tvm
 
 from unit_tvm import lowering
 from unit_tvm.llm import row_scale
-from unit_tvm.target import as_target, features, host, is_host, restricted
+from unit_tvm.target import as_target, host
 
-
-def _targets():
-    """This host, and the AVX2 class where the host has more (the vectors differ)."""
-    out = [("native", host())]
-    avx2 = restricted("avx2")
-    if is_host(avx2) and "avx512f" in features(host()):
-        out.append(("avx2", avx2))
-    return out
+from .conftest import tiny_decoder, x86_classes
 
 
 def _reference(x, weight, eps):
@@ -28,7 +21,8 @@ def _reference(x, weight, eps):
     return y / scale, scale
 
 
-@pytest.mark.parametrize("name,target", _targets(), ids=[n for n, _ in _targets()])
+@pytest.mark.parametrize("name,target", x86_classes(),
+                         ids=[n for n, _ in x86_classes()])
 @pytest.mark.parametrize("rows,width,eps", [(1, 2048, 1e-5), (6, 40, None), (5, 24, 1e-6),
                                             (3, 7, None)])
 def test_matches_float64(name, target, rows, width, eps):
@@ -62,17 +56,11 @@ def test_off_a_cpu_the_step_keeps_relax_ops():
 
 
 def test_int8_step_quantizes_each_input_in_one_kernel():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
     from tvm import relax
 
-    from unit_tvm.llm import config, graph, weights
+    from unit_tvm.llm import graph, weights
 
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=128, tie_word_embeddings=False)).eval()
-    cfg, w = config.from_hf(model), weights.from_hf(model)
+    cfg, w = tiny_decoder(layers=2, vocab=128, tied=False)
     act = dict.fromkeys(weights.input_names(cfg.layers), graph.PER_TOKEN)
     step = graph.step_module(cfg, w, 8, 32, act, host())
     head = graph.head_module(cfg, w, act, host())
