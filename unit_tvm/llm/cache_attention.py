@@ -60,13 +60,14 @@ def tiles(shape: Shape, target) -> Tiles:
     serves every row (on Zen 5, 8 rows ran a 128-token chunk's attention 23% faster than 4)."""
     lanes = float_lanes(target)
     half = vector_registers(target) // 2
-    rows = shape.group if shape.tokens == 1 else _largest_divisor(shape.tokens, half // 2)
+    rows = shape.group if shape.tokens == 1 else largest_divisor(shape.tokens, half // 2)
     budget = max(half // rows, 1) * lanes
     own = 2 * lanes if shape.tokens % (2 * lanes) == 0 else shape.tokens
-    return Tiles(rows, 2 * lanes, own, _largest_divisor(shape.head_dim, budget))
+    return Tiles(rows, 2 * lanes, own, largest_divisor(shape.head_dim, budget))
 
 
-def _largest_divisor(n: int, limit: int) -> int:
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of n that is at most limit (1 at least)."""
     return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 

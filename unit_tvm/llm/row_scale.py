@@ -20,6 +20,7 @@ from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as T
 
 from ..target import as_target, float_lanes, is_cpu
+from .cache_attention import largest_divisor
 
 _F32 = "float32"
 TINY = 1e-30  # the smallest row peak: an all-zero row gets a finite scale
@@ -39,9 +40,7 @@ def for_target(shape: RowScale, target) -> tvm.tirx.PrimFunc | None:
     target = as_target(target)
     if not is_cpu(target):
         return None
-    lanes = max(d for d in range(1, min(float_lanes(target), shape.width) + 1)
-                if shape.width % d == 0)
-    return row_scale_func(shape, lanes)
+    return row_scale_func(shape, largest_divisor(shape.width, float_lanes(target)))
 
 
 def row_scale_func(shape: RowScale, lanes: int) -> tvm.tirx.PrimFunc:
