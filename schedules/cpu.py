@@ -79,7 +79,8 @@ class CpuConfig:
 
 def default_config(outer_extents: Sequence[int], threads: int, acc_budget: int = ACCUMULATORS,
                    row: int | None = None, front: int = -1,
-                   wide_budget: int | None = WIDE_TILE, tile: tuple | None = None) -> CpuConfig:
+                   wide_budget: int | None = WIDE_TILE, tile: tuple | None = None,
+                   stream: tuple[int, int] | None = None) -> CpuConfig:
     """The default breakpoint pair for outer data-parallel loop extents (outermost first).
 
     Second breakpoint: unroll the two innermost outer loops of extent > 1 (rows and columns)
@@ -91,10 +92,12 @@ def default_config(outer_extents: Sequence[int], threads: int, acc_budget: int =
     wide as the row (register_tiles); when the two loops' divisors give at most half of
     `wide_budget` (powers of two: 8), a tile of `wide_budget` where they have one (None: never).
     tile: a register tile chosen already (operand_reuse_tile) instead of the above.
+    stream: (position, lanes) of the loop the instruction's vector operand varies along; where
+    it is one of the two innermost, register_tiles.stream_tile's tile of up to `wide_budget`.
     First breakpoint: fuse leading loops, in the order `front` gives them, while the fused
     extent stays <= MAX_PARALLEL_EXTENT, at least one chunk per thread.
     """
-    unroll = tile or default_tile(outer_extents, acc_budget, row, wide_budget)
+    unroll = tile or default_tile(outer_extents, acc_budget, row, wide_budget, stream)
     remaining = list(outer_extents)
     for p, f in unroll:
         remaining[p] //= f
@@ -315,10 +318,12 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
         reuse = operand_reuse_tile(outer_extents(prepared), _lanes_loop(prepared),
                                    vector_registers(target) - intrin.scratch_registers,
                                    budget)
+    lanes_loop = _lanes_loop(prepared)
     return default_config(outer_extents(prepared), _threads(target), budget,
                           row=None if tile or not wide else _row_loop(prepared),
                           front=_panels_first(prepared),
-                          wide_budget=WIDE_TILE if wide and not tile else None, tile=reuse)
+                          wide_budget=WIDE_TILE if wide and not tile else None, tile=reuse,
+                          stream=None if lanes_loop is None else (lanes_loop, intrin.lanes))
 
 
 def _lanes_loop(prepared: Prepared) -> int | None:

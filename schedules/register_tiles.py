@@ -1,7 +1,8 @@
 """Register tiles of the CPU strategy: how many accumulators a tile holds and over which loops
-(rows x columns with 32 vector registers, channel blocks x columns where each broadcast costs a
-register: operand_reuse_tile), and how many output columns a graph computes so that a tile
-divides them (tiled_extent). schedules/cpu.py builds its configs from these."""
+(rows x columns with 32 vector registers; rows x column blocks where the weight panel streams
+from L2: stream_tile; channel blocks x columns where each broadcast costs a register:
+operand_reuse_tile), and how many output columns a graph computes so that a tile divides them
+(tiled_extent). schedules/cpu.py builds its configs from these."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ OPERAND_REGISTERS = 4
 # or 2 channel blocks x 7 columns at 7x7) reach 92-97% of the peak, 16 (4 x 4) 88-95%, 7-8
 # leave issue slots idle (78-82%), 28 spill (47-68%), and 8 channel blocks x 2 columns ran at
 # 70%; on Zen 4 the tuned dense tiles were 12 (4 rows x 3 blocks) against a 24-accumulator
-# default. The tuning space keeps the register file's bound.
+# default (dense layers now take stream_tile's). The tuning space keeps the register file's
+# bound.
 ACCUMULATORS = 14
 # The tile taken instead where the loops' divisors give no more than 8 under that budget
 # (powers of two). Zen 5, BERT-base's bf16 attention matmuls alone: 42.5 -> 35.8 and 46.6 ->
@@ -36,6 +38,11 @@ WIDE_TILE = 16
 # broadcast operands of the pre-VNNI forms (a 4 x 2 or 8 x 1 block, as MLAS's and oneDNN's
 # AVX2 int8 kernels hold).
 ACCUMULATORS_16 = 8
+# A tile over the loop the instruction's vector operand varies along (a dense layer's or batched
+# matmul's blocks of columns) and one it does not (rows) re-reads that operand's panel from L2
+# for every block of rows: below this many accumulators the instruction's latency shows, above
+# it the tile with the fewest bytes per instruction wins (stream_tile).
+STREAM_FLOOR = 12
 MAX_UNROLL = 8  # the paper's second-breakpoint bound per loop
 TILE_WIDTHS = range(4, MAX_UNROLL + 1)  # output columns a register tile holds
 REUSE_COLUMNS = 2  # the fewest steps of each loop in an operand_reuse_tile
@@ -85,9 +92,12 @@ def _row_tile(outer_extents, row, accumulators):
 
 
 def default_tile(outer_extents: Sequence[int], acc_budget: int, row: int | None,
-                 wide_budget: int | None) -> tuple:
-    """cpu.default_config's register tile: rows x columns, widened as its docstring says."""
+                 wide_budget: int | None, stream: tuple[int, int] | None = None) -> tuple:
+    """cpu.default_config's register tile: rows x columns, widened as its docstring says;
+    stream_tile's where `stream` (lanes loop, lanes) names one of the two innermost loops."""
     live = [p for p, ext in enumerate(outer_extents) if ext > 1]
+    if stream and wide_budget and len(live) >= 2 and stream[0] in live[-2:]:
+        return stream_tile(outer_extents, live[-2:], stream, wide_budget)
     unroll = _register_tile(outer_extents, live[-2:], acc_budget)
     if math.prod(f for _, f in unroll) * 2 <= acc_budget and len(live) > 2:
         unroll = _register_tile(outer_extents, live[-3:], acc_budget)
@@ -97,6 +107,34 @@ def default_tile(outer_extents: Sequence[int], acc_budget: int, row: int | None,
         wider = _register_tile(outer_extents, live[-2:], wide_budget)
         unroll = wider if math.prod(f for _, f in wider) == wide_budget else unroll
     return _row_tile(outer_extents, row, math.prod(f for _, f in unroll)) or unroll
+
+
+def stream_tile(outer_extents: Sequence[int], positions: Sequence[int],
+                stream: tuple[int, int], budget: int) -> tuple:
+    """The register tile over two loops, one of them the loop the instruction's vector
+    operand varies along (`stream`: its position, the instruction's lanes), with the fewest
+    bytes read past L1 per instruction among those of at least STREAM_FLOOR accumulators (up
+    to `budget`). Each vector load brings `lanes` words and serves f_other instructions; each
+    broadcast a word of a line the next reduction steps share, serving f_lanes: bytes per
+    instruction ~ lanes / f_other + 1 / f_lanes, so the rows take the larger factor (8 x 2,
+    not 4 x 4, whose loads per instruction are fewer but from L2). Kelefouras-style: the panel
+    a block of rows re-reads outgrows L1 (2 blocks x 768 deep x 64 B = 96 KB); the rows' slice
+    stays there. Measured (Zen 5, 2 threads, % of the peak, 128 rows): fp32 768 / 3072 deep,
+    8 x 2 99 / 87 against 4 x 4 91 / 60 and 4 x 3 87 / 66; int8 (vpdpbusd) 2048 / 8192 deep,
+    95 / 93 against 4 x 4's 87 / 79; 8 x 1 (8 accumulators) 75-81."""
+    lanes_loop, lanes = stream
+    best, tile = None, ()
+    other = next(p for p in positions if p != lanes_loop)
+    for fv in _divisors(outer_extents[lanes_loop], MAX_UNROLL):
+        for fo in _divisors(outer_extents[other], MAX_UNROLL):
+            acc = fv * fo
+            if acc > budget:
+                continue
+            score = (acc >= STREAM_FLOOR, -(lanes / fo + 1 / fv), acc)
+            if best is None or score > best:
+                best = score
+                tile = tuple(sorted((p, f) for p, f in ((lanes_loop, fv), (other, fo)) if f > 1))
+    return tile
 
 
 def operand_reuse_tile(outer_extents: Sequence[int], lanes_loop: int | None,

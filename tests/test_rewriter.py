@@ -357,6 +357,47 @@ def test_default_tile_of_power_of_two_loops_has_16_accumulators(rng):
                                   np.einsum("bik,bjk->bij", a.astype(np.int32), b.astype(np.int32)))
 
 
+@pytest.mark.parametrize("extents, stream, tile", [
+    ([128, 48], (1, 16), ((0, 8), (1, 2))),  # rows take 8: each weight vector serves 8
+    ([198, 48], (1, 16), ((0, 6), (1, 2))),  # 198 rows: 6, not 2 rows x 8 blocks
+    ([12, 128, 8], (2, 16), ((1, 8), (2, 2))),  # a batched matmul's rows x column blocks
+    ([128, 3], (1, 16), ((0, 4), (1, 3))),  # 12 accumulators before 8 rows x 1 block
+    ([1, 32, 7, 7, 1], (1, 16), ((1, 2), (3, 7))),  # a conv's blocks are not innermost
+])
+def test_streamed_panel_tile(extents, stream, tile):
+    """Where the instruction's vector operand varies along one of the two innermost loops (a
+    dense layer's column blocks), the default tile has at least STREAM_FLOOR accumulators and
+    the fewest bytes past L1 per instruction: the other loop (rows) takes the larger factor."""
+    from unit_tvm.schedules import cpu, register_tiles
+
+    config = cpu.default_config(extents, threads=2, stream=stream)
+    assert config.unroll == tile
+    assert config.accumulators() <= register_tiles.WIDE_TILE
+
+
+def test_dense_default_tile_is_eight_rows_by_two_blocks(rng):
+    """A dense layer's default tile on 32 registers is 8 rows x 2 column blocks (the weight
+    panel is what streams); on AVX2's 16 registers the operand-reuse tile stays. The int8
+    kernel is exact and the float32 one within rounding."""
+    from unit_tvm.schedules import cpu
+
+    assert _default_config(ops.dense(128, 256, 64)).unroll == ((0, 8), (1, 2))
+    avx2 = unit_tvm.target.restricted("avx2")
+    prepared = prepare(ops.dense(128, 256, 64), unit_tvm.intrinsics.get("x86.vpdpbusd"))
+    assert cpu.default(prepared, avx2).accumulators() <= 8
+    require_host("x86.vpdpbusd")
+    op = ops.dense(64, 96, 48)
+    a = rng.integers(0, 256, (64, 48)).astype("uint8")
+    b = rng.integers(-128, 128, (96, 48)).astype("int8")
+    np.testing.assert_array_equal(_run([*op.op.input_tensors, op], [a, b]),
+                                  a.astype(np.int32) @ b.astype(np.int32).T)
+    op = ops.dense(64, 96, 48, "float32", "float32", "float32")
+    x = rng.standard_normal((64, 48)).astype("float32")
+    w = rng.standard_normal((96, 48)).astype("float32")
+    np.testing.assert_allclose(_run([*op.op.input_tensors, op], [x, w]), x @ w.T,
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_default_tile_fits_sixteen_registers_on_avx2():
     """With AVX2's 16 ymm registers the default register tile holds at most 8 accumulators
     (32 zmm: 14-16), and the tuning space at most 12: a tile of 14 would spill."""
