@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tvm import s_tir, te, tirx
+from tvm import s_tir, te
 
 from .. import intrinsics
 from ..prefetch import PREFETCH_ATTR
-from ..target import vector_registers
-from ..te_expr import loads
+from ..target import l2_bytes, vector_registers
+from . import loop_order
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)
 from .padding_taps import skip_padding
@@ -313,52 +313,36 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
     wide = vector_registers(target) >= VECTOR_REGISTERS
     budget = (VECTOR_REGISTERS - OPERAND_REGISTERS if tile
               else ACCUMULATORS if wide else ACCUMULATORS_16)
+    extents = outer_extents(prepared)
+    operands = loop_order.tile_operands(prepared)
+    axes = _outer_axes(prepared)
+    lanes = loop_order.lanes_loop(operands, axes)
     reuse = None
     if reuses_operands(intrin, target):
-        reuse = operand_reuse_tile(outer_extents(prepared), _lanes_loop(prepared),
+        reuse = operand_reuse_tile(extents, lanes,
                                    vector_registers(target) - intrin.scratch_registers,
                                    budget)
-    lanes_loop = _lanes_loop(prepared)
-    return default_config(outer_extents(prepared), _threads(target), budget,
-                          row=None if tile or not wide else _row_loop(prepared),
-                          front=_panels_first(prepared),
-                          wide_budget=WIDE_TILE if wide and not tile else None, tile=reuse,
-                          stream=None if lanes_loop is None else (lanes_loop, intrin.lanes))
+    row = None if tile or not wide else _row_loop(prepared)
+    wide_budget = WIDE_TILE if wide and not tile else None
+    unroll = reuse or default_tile(extents, budget, row, wide_budget,
+                                   None if lanes is None else (lanes, intrin.lanes))
+    factors = dict(unroll)
+    steps = [n // factors.get(p, 1) for p, n in enumerate(extents)]
+    return default_config(extents, _threads(target), budget, row=row,
+                          front=loop_order.front(operands, axes, steps, l2_bytes(target)),
+                          wide_budget=wide_budget, tile=unroll)
 
 
-def _lanes_loop(prepared: Prepared) -> int | None:
-    """Position among outer_extents of a loop that the instruction's vector operand reads and
-    its broadcast operand does not (a conv's blocks of output channels, a dense layer's blocks
-    of columns: the weights vary along it, the activation does not), or None."""
-    intrin = intrinsics.get(prepared.mapping.intrinsic)
-    tensor_of = {o.intrin_operand: o.op_tensor for o in prepared.mapping.operands}
-    broadcast = tensor_of.get(intrin.broadcast_operand or "")
-    vector = [t for o, t in tensor_of.items() if t != broadcast]
-    if broadcast is None or len(vector) != 1:
-        return None
-    reads: dict[str, set[str]] = {}
-    for load in loads(prepared.core.op.body[0]):
-        names = reads.setdefault(load.args[0].op.name, set())
-        for index in list(load.args)[1:]:
-            names.update(v.name for v in tirx.analysis.undefined_vars(index))
-    axes = [ax.var.name for ax in prepared.core.op.axis]
+def lanes_loop(prepared: Prepared) -> int | None:
+    """Position among outer_extents of the loop the instruction's vector operand varies along
+    and its broadcast operand does not (loop_order.lanes_loop), or None."""
+    return loop_order.lanes_loop(loop_order.tile_operands(prepared), _outer_axes(prepared))
+
+
+def _outer_axes(prepared: Prepared) -> list[str]:
+    """Loop variable names of the core's outer data-parallel loops (outer_extents' order)."""
     kept = _kept_axes(prepared)
-    for position, axis in enumerate(a for i, a in enumerate(axes) if i in kept):
-        if axis in reads.get(vector[0], ()) and axis not in reads.get(broadcast, ()):
-            return position
-    return None
-
-
-def _panels_first(prepared: Prepared) -> int:
-    """The `front` of a default config: a dense layer's blocks of columns (its outer loops are
-    just its rows, then those blocks), so that each weight panel is read once while every row
-    passes it instead of once per block of rows; -1 (the op's order) for anything else: a
-    conv's weights are already outside its spatial loops, and a batched matmul's second operand
-    changes with the batch. Measured (Zen 5, BERT-base's four dense shapes, 24 tuning trials
-    each): every one chose its columns first, at 85-94% of the vpdpbusd peak against 52-56% for
-    the rows-first default."""
-    extents = outer_extents(prepared)
-    return 1 if len(extents) == 2 and _row_loop(prepared) == 0 and extents[0] > 1 else -1
+    return [ax.var.name for i, ax in enumerate(prepared.core.op.axis) if i in kept]
 
 
 def space(prepared: Prepared, target: tvm.target.Target) -> list[CpuConfig]:

@@ -427,7 +427,7 @@ def test_avx2_fma_tile_reuses_broadcasts_across_channel_blocks(rng):
     op = ops.conv2d_nchw(64, 16, 64, 1, a="float32", b="float32", acc="float32")
     prepared = prepare(op, fma)
     extents = cpu.outer_extents(prepared)
-    lanes = cpu._lanes_loop(prepared)
+    lanes = cpu.lanes_loop(prepared)
     assert extents[lanes] == 64 // fma.lanes  # the output channels' blocks
     config = cpu.default(prepared, avx2)
     tile = dict(config.unroll)
@@ -438,7 +438,7 @@ def test_avx2_fma_tile_reuses_broadcasts_across_channel_blocks(rng):
     assert register_tiles.operand_reuse_tile([1, 1, 16, 16], 1, 16, 8) is None
     pre_vnni = prepare(ops.conv2d_nchw(64, 16, 64, 1), unit_tvm.intrinsics.get(
         "x86.vpmaddubsw.256"))
-    assert cpu._lanes_loop(pre_vnni) not in dict(cpu.default(pre_vnni, avx2).unroll)
+    assert cpu.lanes_loop(pre_vnni) not in dict(cpu.default(pre_vnni, avx2).unroll)
     require_host("x86.vfmadd231ps")
     x = rng.standard_normal((1, 64, 16, 16)).astype("float32")
     w = rng.standard_normal((64, 64, 1, 1)).astype("float32")

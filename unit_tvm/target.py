@@ -175,6 +175,21 @@ def vector_registers(target) -> int:
     return 16 if bits and bits < 512 else 32
 
 
+# Per-core L2 of the CPU a target names (LLVM's -mcpu), from the vendors' documentation: the
+# cache a register tile's re-read operand should come from (schedules/loop_order.py). Other
+# and unnamed CPUs: 1 MB (Skylake-SP, Zen 4 / Zen 5, Neoverse V1).
+_L2_BYTES = {"haswell": 256 << 10, "broadwell": 256 << 10, "znver1": 512 << 10,
+             "znver2": 512 << 10, "znver3": 512 << 10, "icelake-server": 1280 << 10,
+             "sapphirerapids": 2 << 20, "emeraldrapids": 2 << 20, "graniterapids": 2 << 20}
+DEFAULT_L2_BYTES = 1 << 20
+
+
+def l2_bytes(target) -> int:
+    """Bytes of one core's L2 cache on a CPU target (by its -mcpu; 1 MB when unknown)."""
+    mcpu = str(as_target(target).attrs.get("mcpu", ""))
+    return _L2_BYTES.get(mcpu, DEFAULT_L2_BYTES)
+
+
 def float_lanes(target) -> int:
     """float32 lanes of one vector register of a CPU target: 16 with AVX-512, 8 with AVX, 4
     otherwise (SSE, NEON)."""

@@ -1,0 +1,70 @@
+"""The outermost loop of a default CPU config (schedules/loop_order.py): the order that re-reads
+fewer bytes from beyond L2, decided from the operands' sizes."""
+
+import pytest
+
+import unit_tvm
+from unit_tvm import ops
+from unit_tvm.prepare import prepare
+from unit_tvm.schedules import cpu, loop_order
+from unit_tvm.schedules.loop_order import Operand, TileOperands
+
+MB = 1 << 20
+# a conv's outer loops: batch, blocks of output channels (the weights vary), rows, columns
+AXES = ("n", "k", "y", "x")
+
+
+def _conv(weights: int, inputs: int) -> TileOperands:
+    return TileOperands(Operand(frozenset({"k"}), weights),
+                        Operand(frozenset({"n", "y", "x"}), inputs))
+
+
+@pytest.mark.parametrize("weights, inputs, steps, first", [
+    # 1x1 conv 256 -> 64 at 56x56: the 3 MB input would stream 4 times: rows first
+    (64 << 10, 3 * MB, [1, 4, 28, 8], 2),
+    # 1024 -> 2048 stride 2: 8 MB of weights would stream 7 times: blocks (already outermost)
+    (8 * MB, 784 << 10, [1, 64, 7, 1], -1),
+    # 3x3 64 -> 64 at 56x56: both fit L2; re-reading the input 4 times moves fewer bytes
+    (144 << 10, 841 << 10, [1, 4, 28, 8], -1),
+    # 1x1 64 -> 256 at 56x56: both fit L2; the input 16 times against the weights 28 times
+    (64 << 10, 784 << 10, [1, 16, 28, 8], 2),
+])
+def test_the_order_that_rereads_fewer_bytes_goes_first(weights, inputs, steps, first):
+    assert loop_order.front(_conv(weights, inputs), AXES, steps, MB) == first
+
+
+def test_l2_size_decides_what_is_cheap_to_reread():
+    """The same conv with a smaller L2: the input no longer fits and streams per block."""
+    conv = _conv(144 << 10, 841 << 10)
+    assert loop_order.front(conv, AXES, [1, 4, 28, 8], MB) == -1
+    assert loop_order.front(conv, AXES, [1, 4, 28, 8], 512 << 10) == 2
+
+
+def test_no_order_is_chosen_without_two_operands_or_with_a_shared_loop():
+    assert loop_order.front(None, AXES, [1, 4, 28, 8], MB) == -1
+    batched = TileOperands(Operand(frozenset({"b", "j"}), 4 * MB),
+                           Operand(frozenset({"b", "i"}), 4 * MB))
+    assert loop_order.front(batched, ("b", "i", "j"), [12, 16, 4], MB) == -1
+
+
+def test_prepared_ops_take_the_model_s_order():
+    """From real prepared ops: a dense layer's column blocks first (its weights outweigh its
+    rows), a 1x1 conv over a large input its rows, a batched matmul the op's order."""
+    intrin = unit_tvm.intrinsics.get("x86.vpdpbusd")
+    target = unit_tvm.target.instruction_target(intrin)
+
+    def front(op):
+        return cpu.default(prepare(op, intrin), target).front
+
+    assert front(ops.dense(128, 2048, 2048)) == 1
+    wide_input = front(ops.conv2d_nchw(1024, 56, 64, 1))
+    assert wide_input >= 0
+    assert cpu.outer_extents(prepare(ops.conv2d_nchw(1024, 56, 64, 1), intrin))[wide_input] == 56
+    assert front(ops.batch_matmul(12, 128, 128, 64)) == -1
+
+
+def test_l2_of_known_and_unknown_cpus():
+    l2 = unit_tvm.target.l2_bytes
+    assert l2({"kind": "llvm", "mcpu": "znver3"}) == 512 << 10
+    assert l2({"kind": "llvm", "mcpu": "sapphirerapids"}) == 2 * MB
+    assert l2({"kind": "llvm"}) == unit_tvm.target.DEFAULT_L2_BYTES
