@@ -71,6 +71,14 @@ def test_no_prefetch_without_reuse_or_for_small_weights(m, n, k):
     assert "llvm.prefetch" not in _lowered_with_prefetch(_scheduled(m, n, k))
 
 
+def test_no_prefetch_of_a_panel_that_would_crowd_l2():
+    """8 rows x 2 column blocks over a 16384-deep reduction: one tile's panel is 2 x 4096 x 64
+    bytes = 512 KB, above prefetch.MAX_PANEL_BYTES; 4096 deep (128 KB) still prefetches."""
+    config = CpuConfig(unroll=((0, 8), (1, 2)), parallel=1)
+    assert "llvm.prefetch" not in _lowered_with_prefetch(_scheduled(64, 64, 16384, config))
+    assert "llvm.prefetch" in _lowered_with_prefetch(_scheduled(64, 64, 4096, config))
+
+
 @pytest.mark.parametrize("m, n, k", [(64, 256, 256), (15, 48, 100), (1, 32, 64)])
 def test_kernels_with_prefetches_are_exact(m, n, k, rng):
     """The prefetch addresses are clamped to the buffer; results equal numpy's, bit for bit,

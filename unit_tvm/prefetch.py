@@ -38,6 +38,13 @@ MIN_REUSE = 4
 # prefetches also kept LLVM from unrolling small windows (a 3x3 conv with 9 KB of weights
 # compiled to a loop over window rows instead of straight code).
 MIN_STREAM_BYTES = 64 * 1024
+# Larger panels get no prefetch: the panel fetched ahead has to sit in L2 beside the one every
+# row of tiles still re-reads, and two of these fill half of the smallest L2 of these servers
+# (512 KB, Zen 3). Measured on Zen 5 (fp32, weights in cache): ResNet's 3x3 convs at 7x7
+# (512 channels, 2 blocks: a 590 KB panel) 505-517 us with the prefetch, 413 us without; at
+# 14x14 (147 KB) 432-463 against 406; end to end (`profile --fp32`, weights from memory)
+# ResNet-50 18.1-18.5 ms either way, BERT-base 46.4-50.9 with it, 44.7-48.4 capped.
+MAX_PANEL_BYTES = 128 * 1024
 _LOCALITY_L2 = 2  # llvm.prefetch locality 2: prefetcht1 on x86 (measured: L1 gained less)
 
 
@@ -90,7 +97,7 @@ def _panels(loop):
     loops.append((loop.loop_var, loop.min, loop.extent))
     dom = {v: tvm.sym.IntervalSet(lo, lo + ext - 1) for v, lo, ext in loops}
     ana = tvm.sym.Analyzer()
-    by_buffer = {}
+    by_buffer, dtypes = {}, {}
     for load, base in loads:
         buf = load.source
         if int(buf.shape[0]) * _bytes(buf.dtype) < MIN_STREAM_BYTES:
@@ -98,12 +105,15 @@ def _panels(loop):
         bounds = ana.int_set(base, dom)
         lanes = int(load.indices[0].lanes)
         by_buffer.setdefault(buf.name, []).append((bounds.min_value, bounds.max_value + lanes))
+        dtypes[buf.name] = buf.dtype
     panels = {}
     for name, spans in by_buffer.items():
         ref = spans[0][0]
         offsets = [ana.simplify(x - ref) for span in spans for x in span]
         if all(isinstance(x, tirx.IntImm) for x in offsets):
-            panels[name] = max(int(x) for x in offsets) - min(int(x) for x in offsets)
+            span = max(int(x) for x in offsets) - min(int(x) for x in offsets)
+            if span * _bytes(dtypes[name]) <= MAX_PANEL_BYTES:
+                panels[name] = span
     return panels
 
 
