@@ -307,6 +307,15 @@ def test_a_config_whose_tile_does_not_divide_is_refused():
                          target=_vnni_target())
 
 
+def _assert_int8_dense_exact(m, n, k, rng):
+    """unit_tvm.build's uint8 x int8 dense of m x n x k (its default config) equals numpy's."""
+    op = ops.dense(m, n, k)
+    a = rng.integers(0, 256, (m, k)).astype("uint8")
+    b = rng.integers(-128, 128, (n, k)).astype("int8")
+    np.testing.assert_array_equal(_run([*op.op.input_tensors, op], [a, b]),
+                                  a.astype(np.int32) @ b.astype(np.int32).T)
+
+
 def _vnni_target():
     """This host with VNNI (and so AVX-512's 32 registers) added where it lacks it: for the
     schedules that are read, not run."""
@@ -332,11 +341,7 @@ def test_default_reads_a_dense_layers_weight_panels_once(rng):
     assert front(ops.batch_matmul(2, 40, 64, 32)) == -1
     assert front(ops.conv2d_nchw(32, 14, 64, 3)) == -1
     require_host("x86.vpdpbusd")
-    op = ops.dense(45, 80, 36)
-    a = rng.integers(0, 256, (45, 36)).astype("uint8")
-    b = rng.integers(-128, 128, (80, 36)).astype("int8")
-    np.testing.assert_array_equal(_run([*op.op.input_tensors, op], [a, b]),
-                                  a.astype(np.int32) @ b.astype(np.int32).T)
+    _assert_int8_dense_exact(45, 80, 36, rng)
 
 
 def test_default_tile_of_power_of_two_loops_has_16_accumulators(rng):
@@ -386,11 +391,7 @@ def test_dense_default_tile_is_eight_rows_by_two_blocks(rng):
     prepared = prepare(ops.dense(128, 256, 64), unit_tvm.intrinsics.get("x86.vpdpbusd"))
     assert cpu.default(prepared, avx2).accumulators() <= 8
     require_host("x86.vpdpbusd")
-    op = ops.dense(64, 96, 48)
-    a = rng.integers(0, 256, (64, 48)).astype("uint8")
-    b = rng.integers(-128, 128, (96, 48)).astype("int8")
-    np.testing.assert_array_equal(_run([*op.op.input_tensors, op], [a, b]),
-                                  a.astype(np.int32) @ b.astype(np.int32).T)
+    _assert_int8_dense_exact(64, 96, 48, rng)
     op = ops.dense(64, 96, 48, "float32", "float32", "float32")
     x = rng.standard_normal((64, 48)).astype("float32")
     w = rng.standard_normal((96, 48)).astype("float32")
