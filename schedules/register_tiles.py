@@ -94,10 +94,13 @@ def _row_tile(outer_extents, row, accumulators):
 def default_tile(outer_extents: Sequence[int], acc_budget: int, row: int | None,
                  wide_budget: int | None, stream: tuple[int, int] | None = None) -> tuple:
     """cpu.default_config's register tile: rows x columns, widened as its docstring says;
-    stream_tile's where `stream` (lanes loop, lanes) names one of the two innermost loops."""
+    stream_tile's where `stream` (lanes loop, lanes) names one of the two innermost loops and
+    that tile reaches STREAM_FLOOR (17 rows have none: they keep the whole-row tile)."""
     live = [p for p, ext in enumerate(outer_extents) if ext > 1]
     if stream and wide_budget and len(live) >= 2 and stream[0] in live[-2:]:
-        return stream_tile(outer_extents, live[-2:], stream, wide_budget)
+        streamed = stream_tile(outer_extents, live[-2:], stream, wide_budget)
+        if math.prod(f for _, f in streamed) >= STREAM_FLOOR:
+            return streamed
     unroll = _register_tile(outer_extents, live[-2:], acc_budget)
     if math.prod(f for _, f in unroll) * 2 <= acc_budget and len(live) > 2:
         unroll = _register_tile(outer_extents, live[-3:], acc_budget)
@@ -123,7 +126,8 @@ def stream_tile(outer_extents: Sequence[int], positions: Sequence[int],
     8 x 2 99 / 87 against 4 x 4 91 / 60 and 4 x 3 87 / 66; int8 (vpdpbusd) 2048 / 8192 deep,
     95 / 93 against 4 x 4's 87 / 79; 8 x 1 (8 accumulators) 75-81."""
     lanes_loop, lanes = stream
-    best, tile = None, ()
+    best: tuple | None = None
+    tile: tuple = ()
     other = next(p for p in positions if p != lanes_loop)
     for fv in _divisors(outer_extents[lanes_loop], MAX_UNROLL):
         for fo in _divisors(outer_extents[other], MAX_UNROLL):

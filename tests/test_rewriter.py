@@ -368,6 +368,7 @@ def test_default_tile_of_power_of_two_loops_has_16_accumulators(rng):
     ([12, 128, 8], (2, 16), ((1, 8), (2, 2))),  # a batched matmul's rows x column blocks
     ([128, 3], (1, 16), ((0, 4), (1, 3))),  # 12 accumulators before 8 rows x 1 block
     ([1, 32, 7, 7, 1], (1, 16), ((1, 2), (3, 7))),  # a conv's blocks are not innermost
+    ([17, 48], (1, 16), ((0, 17),)),  # 17 rows: no tile of 12; the whole-row tile stays
 ])
 def test_streamed_panel_tile(extents, stream, tile):
     """Where the instruction's vector operand varies along one of the two innermost loops (a
@@ -375,9 +376,9 @@ def test_streamed_panel_tile(extents, stream, tile):
     the fewest bytes past L1 per instruction: the other loop (rows) takes the larger factor."""
     from unit_tvm.schedules import cpu, register_tiles
 
-    config = cpu.default_config(extents, threads=2, stream=stream)
+    config = cpu.default_config(extents, threads=2, stream=stream, row=0)
     assert config.unroll == tile
-    assert config.accumulators() <= register_tiles.WIDE_TILE
+    assert config.accumulators() <= max(register_tiles.WIDE_TILE, extents[0])
 
 
 def test_dense_default_tile_is_eight_rows_by_two_blocks(rng):
