@@ -79,8 +79,7 @@ class CpuConfig:
 
 def default_config(outer_extents: Sequence[int], threads: int, acc_budget: int = ACCUMULATORS,
                    row: int | None = None, front: int = -1,
-                   wide_budget: int | None = WIDE_TILE, tile: tuple | None = None,
-                   stream: tuple[int, int] | None = None) -> CpuConfig:
+                   wide_budget: int | None = WIDE_TILE, tile: tuple | None = None) -> CpuConfig:
     """The default breakpoint pair for outer data-parallel loop extents (outermost first).
 
     Second breakpoint: unroll the two innermost outer loops of extent > 1 (rows and columns)
@@ -91,13 +90,12 @@ def default_config(outer_extents: Sequence[int], threads: int, acc_budget: int =
     a row no such tile divides well (17 columns; `row`: that loop's position) is one tile as
     wide as the row (register_tiles); when the two loops' divisors give at most half of
     `wide_budget` (powers of two: 8), a tile of `wide_budget` where they have one (None: never).
-    tile: a register tile chosen already (operand_reuse_tile) instead of the above.
-    stream: (position, lanes) of the loop the instruction's vector operand varies along; where
-    it is one of the two innermost, register_tiles.stream_tile's tile of up to `wide_budget`.
+    tile: a register tile chosen already (operand_reuse_tile, or `default`'s stream_tile)
+    instead of the above.
     First breakpoint: fuse leading loops, in the order `front` gives them, while the fused
     extent stays <= MAX_PARALLEL_EXTENT, at least one chunk per thread.
     """
-    unroll = tile or default_tile(outer_extents, acc_budget, row, wide_budget, stream)
+    unroll = tile or default_tile(outer_extents, acc_budget, row, wide_budget)
     remaining = list(outer_extents)
     for p, f in unroll:
         remaining[p] //= f

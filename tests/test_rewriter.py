@@ -1,5 +1,6 @@
 """Rewriter + unit_tvm.build: tensorized kernels equal numpy on every kind of layout and size."""
 
+import math
 import warnings
 
 import numpy as np
@@ -374,11 +375,11 @@ def test_streamed_panel_tile(extents, stream, tile):
     """Where the instruction's vector operand varies along one of the two innermost loops (a
     dense layer's column blocks), the default tile has at least STREAM_FLOOR accumulators and
     the fewest bytes past L1 per instruction: the other loop (rows) takes the larger factor."""
-    from unit_tvm.schedules import cpu, register_tiles
+    from unit_tvm.schedules import register_tiles as rt
 
-    config = cpu.default_config(extents, threads=2, stream=stream, row=0)
-    assert config.unroll == tile
-    assert config.accumulators() <= max(register_tiles.WIDE_TILE, extents[0])
+    unroll = rt.default_tile(extents, rt.ACCUMULATORS, 0, rt.WIDE_TILE, stream)
+    assert unroll == tile
+    assert math.prod(f for _, f in unroll) <= max(rt.WIDE_TILE, extents[0])
 
 
 def test_dense_default_tile_is_eight_rows_by_two_blocks(rng):

@@ -39,8 +39,9 @@ MIN_REUSE = 4
 # compiled to a loop over window rows instead of straight code).
 MIN_STREAM_BYTES = 64 * 1024
 # Larger panels get no prefetch: the panel fetched ahead has to sit in L2 beside the one every
-# row of tiles still re-reads, and two of these fill half of the smallest L2 of these servers
-# (512 KB, Zen 3). Measured on Zen 5 (fp32, weights in cache): ResNet's 3x3 convs at 7x7
+# row of tiles still re-reads: two of these fill a quarter of a 1 MB L2 (Skylake-SP, Zen 4 /
+# Zen 5) and half of Zen 3's 512 KB (Haswell's 256 KB would need less; not measured).
+# Measured on Zen 5 (fp32, weights in cache): ResNet's 3x3 convs at 7x7
 # (512 channels, 2 blocks: a 590 KB panel) 505-517 us with the prefetch, 413 us without; at
 # 14x14 (147 KB) 432-463 against 406; end to end (`profile --fp32`, weights from memory)
 # ResNet-50 18.1-18.5 ms either way, BERT-base 46.4-50.9 with it, 44.7-48.4 capped.
