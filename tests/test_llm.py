@@ -234,3 +234,16 @@ def test_openvino_genai_runs_the_same_weights(tmp_path, llama):
     for row, token in zip(logits, new):
         spread = row.max() - row.min()
         assert row[token] >= row.max() - 0.02 * spread, (token, int(row.argmax()))
+
+
+def test_genai_is_left_out_where_the_isa_is_held(monkeypatch, llama, capsys):
+    # OpenVINO GenAI finds no primitive for its int8-weight matmuls under ONEDNN_MAX_CPU_ISA
+    # below the CPU's: bench-llm leaves it out with the reason rather than crash mid-run
+    from unit_tvm.bench import llama_isa
+    from unit_tvm.bench.llm import gguf_engines
+
+    monkeypatch.setenv("UNIT_TVM_ISA", "avx2")
+    if not llama_isa.is_held("avx2"):
+        pytest.skip("this CPU is at most AVX2: the level holds nothing back")
+    assert gguf_engines(llama, (), threads=2, context=64, genai=("q8_0",)) == []
+    assert "OpenVINO GenAI left out at ISA level avx2" in capsys.readouterr().err

@@ -40,7 +40,9 @@ def _print_profiles(engines, bandwidth: float) -> None:
 def cmd_bench_llm(args):
     """unit-tvm bench-llm MODEL: tokens/s table (and --json)."""
     from .bandwidth import read_bandwidth
+    from .bench.engines import isa_obedience
     from .bench.llm import gguf_engines, measure, table
+    from .target import isa_level
     from .testing import llm_zoo
 
     model = llm_zoo.get(args.model)
@@ -54,8 +56,10 @@ def cmd_bench_llm(args):
     rates = measure(engines, llm_zoo.MODELS[args.model].vocab, rounds=args.rounds)
     references = [e.name for e in engines if not e.name.startswith("unit-tvm")]
     print(f"{args.model}, batch 1, {threads} threads, median tokens/s of {args.rounds} "
-          "interleaved rounds (best in brackets); llama.cpp and OpenVINO GenAI are built for "
-          "this host and ignore --isa")
+          "interleaved rounds (best in brackets)")
+    for e in engines:
+        if isa_obedience(e.name, isa_level()):
+            print(f"  {e.name} at ISA level {isa_level()}: {isa_obedience(e.name, isa_level())}")
     print(table(rates, engines, bandwidth, references))
     if args.profile:
         _print_profiles(engines, bandwidth)

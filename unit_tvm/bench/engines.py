@@ -60,7 +60,12 @@ class Engine:
 _ISA_OBEDIENCE = (
     ("unit-tvm", "held (its LLVM target)"),
     ("TVM", "held (its LLVM target)"),
+    # measured on Zen 5 (GenAI 2026.4.1): under ONEDNN_MAX_CPU_ISA=AVX2, AVX512_CORE or
+    # AVX512_CORE_VNNI its int8-weight matmuls (FullyConnectedCompressed) find no primitive
+    ("OpenVINO GenAI", "cannot be held (its int8-weight matmuls find no primitive below the "
+                       "CPU's ISA): left out"),
     ("OpenVINO", "held (ONEDNN_MAX_CPU_ISA)"),
+    ("llama.cpp", "held (built again for the level: bench/llama_isa.py)"),
     ("PyTorch PT2E", "held (oneDNN: ONEDNN_MAX_CPU_ISA; ATen: ATEN_CPU_CAPABILITY)"),
     ("PyTorch int8", "partly: convs held (oneDNN), linear layers run FBGEMM on this CPU's ISA"),
     ("PyTorch", "held (oneDNN: ONEDNN_MAX_CPU_ISA; ATen: ATEN_CPU_CAPABILITY)"),

@@ -4,6 +4,7 @@ from the same weights), with every engine's workloads interleaved round by round
 effective GB/s against the host's measured read bandwidth."""
 
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -142,13 +143,22 @@ def gguf_engines(model, qtypes: Sequence[str], threads: int, context: int,
                  folder: str | None = None, genai: Sequence[str] = ()) -> list:
     """llama.cpp engines over GGUF files of `model` in each of `qtypes`, and OpenVINO GenAI
     engines over the same files for each of `genai`."""
-    from . import gguf_export
+    from . import gguf_export, llama_isa
+    from .engines import isa_obedience
     from ..llm.config import from_hf
+    from ..target import isa_level
 
     cfg = from_hf(model)
     folder = Path(folder or tempfile.mkdtemp(prefix="unit_tvm_gguf_"))
     per_weight = {"q8_0": 34 / 32, "q4_0": 18 / 32}  # bytes per weight with the block scale
     engines: list = []
+    level = isa_level()
+    if genai and llama_isa.is_held(level):
+        print(f"OpenVINO GenAI left out at ISA level {level}: "
+              f"{isa_obedience('OpenVINO GenAI', level)}", file=sys.stderr)
+        genai = ()
+    if qtypes:  # before llama_cpp is imported: the build held to --isa, where it holds back
+        llama_isa.use_build_for(level)
     paths = {}
     for qt in dict.fromkeys((*qtypes, *genai)):
         paths[qt] = gguf_export.write(model, folder / f"model-{qt}.gguf", qt)
