@@ -30,6 +30,12 @@ OPERAND_REGISTERS = 4
 # default (dense layers now take stream_tile's). The tuning space keeps the register file's
 # bound.
 ACCUMULATORS = 14
+# A tile of this many accumulators or fewer still leaves issue slots idle: where the rows and
+# columns give no more (and no wide tile), a factor of the channel blocks is taken as well.
+# Zen 5, fp32, Inception's 80 -> 192 3x3 at 73x73 (71 rows x 72 columns): 1 x 8 3316-3400 us,
+# 3 blocks x 4 columns 2947-3082, 2 x 6 3030-3166, 2 x 8 3048-3248, 4 x 3 3177-3346.
+# (Its 32 -> 64 3x3 at 147x147 keeps 3 rows x 3 columns: 2 blocks x 7 columns ran 13% slower.)
+IDLE_TILE = 8
 # The tile taken instead where the loops' divisors give no more than 8 under that budget
 # (powers of two). Zen 5, BERT-base's bf16 attention matmuls alone: 42.5 -> 35.8 and 46.6 ->
 # 39.4 us; tuning chose 16 for Inception's 8x8 layers too.
@@ -109,6 +115,12 @@ def default_tile(outer_extents: Sequence[int], acc_budget: int, row: int | None,
         # reach only 8 under the budget: take 4 x 4 (or 8 x 2) where they have it
         wider = _register_tile(outer_extents, live[-2:], wide_budget)
         unroll = wider if math.prod(f for _, f in wider) == wide_budget else unroll
+    if math.prod(f for _, f in unroll) <= IDLE_TILE < acc_budget and len(live) > 2:
+        # still idle slots (Inception's 71 rows x 72 columns give 1 x 8): the channel blocks
+        # take a factor where that holds more accumulators (3 blocks x 4 columns)
+        third = _register_tile(outer_extents, live[-3:], acc_budget)
+        if math.prod(f for _, f in third) > math.prod(f for _, f in unroll):
+            unroll = third
     return _row_tile(outer_extents, row, math.prod(f for _, f in unroll)) or unroll
 
 

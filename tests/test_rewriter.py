@@ -363,6 +363,35 @@ def test_default_tile_of_power_of_two_loops_has_16_accumulators(rng):
                                   np.einsum("bik,bjk->bij", a.astype(np.int32), b.astype(np.int32)))
 
 
+def test_idle_tile_takes_a_channel_block_factor(rng):
+    """Rows and columns whose divisors give at most IDLE_TILE accumulators and no wide tile
+    (Inception's 71 rows x 72 columns: 1 x 8) take a factor of the channel blocks as well
+    (3 blocks x 4 columns); 3 rows x 3 columns, an 8x8 layer's 4 x 4 and AVX2's budget of 8
+    keep theirs. A float32 conv with 11 rows x 8 columns gets 3 x 4 and matches numpy."""
+    from unit_tvm.rewriter import prepare_for
+    from unit_tvm.schedules import cpu, register_tiles as rt
+
+    assert rt.default_tile([1, 12, 71, 72, 1], 14, 3, 16, (1, 16)) == ((1, 3), (3, 4))
+    assert rt.default_tile([1, 4, 147, 147, 1], 14, 3, 16, (1, 16)) == ((2, 3), (3, 3))
+    assert rt.default_tile([1, 24, 8, 8, 1], 14, 3, 16, (1, 16)) == ((2, 4), (3, 4))
+    assert rt.default_tile([1, 12, 71, 72, 1], 8, 3, None) == ((3, 8),)
+    op = ops.conv2d_nchwc(1, 16, 13, 10, 48, 3, 3, x=1, y=16, a_dtype="float32",
+                          b_dtype="float32", acc="float32", word=1)
+    fma = unit_tvm.intrinsics.get("x86.vfmadd231ps.512")
+    target = unit_tvm.target.instruction_target(fma)
+    assert cpu.default(prepare_for(op, fma, target), target).unroll == ((1, 3), (3, 4))
+    require_host("x86.vfmadd231ps.512")
+    d = rng.standard_normal((1, 16, 13, 10, 1)).astype("float32")
+    w = rng.standard_normal((3, 16, 3, 3, 1, 16, 1)).astype("float32")
+    got = _run([*op.op.input_tensors, op], [d, w], intrinsic=fma)
+    x = d[0, :, :, :, 0]  # [c, h, w]
+    k = w[:, :, :, :, 0, :, 0].transpose(0, 4, 1, 2, 3).reshape(48, 16, 3, 3)  # [k, c, r, s]
+    want = np.einsum("chwrs,kcrs->khw", np.lib.stride_tricks.sliding_window_view(
+        x, (3, 3), axis=(1, 2)), k)
+    np.testing.assert_allclose(got[0].transpose(0, 3, 1, 2).reshape(48, 11, 8), want,
+                               rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("extents, stream, tile", [
     ([128, 48], (1, 16), ((0, 8), (1, 2))),  # rows take 8: each weight vector serves 8
     ([198, 48], (1, 16), ((0, 6), (1, 2))),  # 198 rows: 6, not 2 rows x 8 blocks
