@@ -83,7 +83,12 @@ def ensure_built(level: str) -> Path:
     if done.returncode != 0:
         shutil.rmtree(staging, ignore_errors=True)
         raise RuntimeError(f"building llama.cpp for {level} failed:\n{done.stderr[-2000:]}")
-    staging.rename(folder)
+    try:
+        staging.rename(folder)
+    except OSError:  # another process finished the same build first: keep its copy
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (folder / "llama_cpp" / "__init__.py").exists():
+            raise
     return folder
 
 
