@@ -108,18 +108,18 @@ def default_tile(outer_extents: Sequence[int], acc_budget: int, row: int | None,
         if math.prod(f for _, f in streamed) >= STREAM_FLOOR:
             return streamed
     unroll = _register_tile(outer_extents, live[-2:], acc_budget)
-    if math.prod(f for _, f in unroll) * 2 <= acc_budget and len(live) > 2:
-        unroll = _register_tile(outer_extents, live[-3:], acc_budget)
     if wide_budget and math.prod(f for _, f in unroll) * 2 <= wide_budget:
         # power-of-two extents (a batched matmul's 128 rows x 8 column blocks, an 8x8 layer)
         # reach only 8 under the budget: take 4 x 4 (or 8 x 2) where they have it
         wider = _register_tile(outer_extents, live[-2:], wide_budget)
         unroll = wider if math.prod(f for _, f in wider) == wide_budget else unroll
-    if math.prod(f for _, f in unroll) <= IDLE_TILE < acc_budget and len(live) > 2:
-        # still idle slots (Inception's 71 rows x 72 columns give 1 x 8): the channel blocks
+    acc = math.prod(f for _, f in unroll)
+    half = acc * 2 <= acc_budget  # a 7x7 layer's 7: the channel blocks always join
+    if len(live) > 2 and (half or acc <= IDLE_TILE < acc_budget):
+        # idle issue slots (Inception's 71 rows x 72 columns give 1 x 8): the channel blocks
         # take a factor where that holds more accumulators (3 blocks x 4 columns)
         third = _register_tile(outer_extents, live[-3:], acc_budget)
-        if math.prod(f for _, f in third) > math.prod(f for _, f in unroll):
+        if half or math.prod(f for _, f in third) > acc:
             unroll = third
     return _row_tile(outer_extents, row, math.prod(f for _, f in unroll)) or unroll
 

@@ -57,9 +57,10 @@ def cmd_bench_llm(args):
     references = [e.name for e in engines if not e.name.startswith("unit-tvm")]
     print(f"{args.model}, batch 1, {threads} threads, median tokens/s of {args.rounds} "
           "interleaved rounds (best in brackets)")
+    level = isa_level()
     for e in engines:
-        if isa_obedience(e.name, isa_level()):
-            print(f"  {e.name} at ISA level {isa_level()}: {isa_obedience(e.name, isa_level())}")
+        if isa_obedience(e.name, level):
+            print(f"  {e.name} at ISA level {level}: {isa_obedience(e.name, level)}")
     print(table(rates, engines, bandwidth, references))
     if args.profile:
         _print_profiles(engines, bandwidth)
