@@ -50,5 +50,9 @@ class Strategy(Protocol):
     def from_key(self, key: dict[str, Any]) -> Config:
         """The config a database record names (ValueError / KeyError when it names none)."""
 
+    def weight_panel(self, config: Any, prepared: Prepared) -> int:
+        """Blocks of the weights' lanes the config's tile reads per reduction step, packed
+        together where the weights are packed at compile time (1: the blocks stay apart)."""
+
     def describe(self, config: Any, prepared: Prepared) -> str:
         """The config in a few words, with the op's loop names (for `unit-tvm profile`)."""

@@ -174,6 +174,11 @@ def from_key(d: dict[str, Any]) -> GpuConfig:
     return GpuConfig.from_key(d)
 
 
+def weight_panel(config: GpuConfig, prepared: Prepared) -> int:
+    """1: a thread block's warps read their fragments' blocks wherever they lie."""
+    return 1
+
+
 def describe(config: GpuConfig, prepared: Prepared | None = None) -> str:
     """e.g. 'p2, warps 2x2, k_step 2, split_k 1, fused HW, implicit' (for `unit-tvm profile`)."""
     return (f"p{config.p}, warps {config.warps_m}x{config.warps_n}, k_step {config.k_step}, "

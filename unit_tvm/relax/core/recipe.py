@@ -176,11 +176,15 @@ def for_instruction(recipe, intrin):
 
 class Blocks(NamedTuple):
     """How a kernel packs channels for its instruction: NCHW[x]c activations, NCHW[y]c
-    accumulators, KCRS[x/word]c[y]k[word]c weights (a depthwise conv's: x taps together)."""
+    accumulators, KCRS[x/word]c[y]k[word]c weights (a depthwise conv's: x taps together).
+    panel: a dense layer's weights hold `panel` blocks of y columns interleaved per step of
+    the reduction, N[K/x][panel][x/word]k[y]n[word]k, where the register tile reads that many
+    blocks at once (the strategy's weight_panel): the tile then reads one stream, not `panel`."""
 
     x: int
     y: int
     word: int
+    panel: int = 1
 
 
 def blocks_of(intrin):

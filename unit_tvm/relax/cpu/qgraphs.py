@@ -14,6 +14,7 @@ from ..core.recipe import (blocked_index, blocks_of, dtypes, fits_groups, folds_
     group_channels, in_shape, is_depthwise, out_dtype, out_shape, pads_with_zero, w_arg_shape)
 from .qarith import (arguments, epilogue_fn, load_input, logical_index, operand_at, packed_output,
     pad_value, placeholders, quantized, round_up, second_operand)
+from .weights import dense_weight_shape
 
 
 class _Graph(NamedTuple):
@@ -30,10 +31,17 @@ class _Graph(NamedTuple):
     zero_padding: tuple = ()  # prepare.ZeroPadding: taps of the input that may be skipped
 
 
-def tensorized_graph(recipe, intrin, target=None):
+# whose graphs read weights in panels (Blocks.panel). Not conv2d: measured on Zen 5 (fp32,
+# eight chained 512 -> 512 3x3 convs at 7x7, weights from memory), a 2-block panel made each
+# layer 620-741 us against 454-530 in the blocks' own streams (in cache: equal)
+PANEL_KINDS = ("dense",)
+
+
+def tensorized_graph(recipe, intrin, target=None, panel=1):
     """(prepared graph, Blocks) computing the recipe with `intrin`; weights arrive packed.
     target: where it runs, for the output columns a register tile needs (tiled_extent; None:
-    32 vector registers' widths)."""
+    32 vector registers' widths). panel: a dense layer's weight panel (Blocks.panel, PANEL_KINDS);
+    other graphs take 1."""
     columns = functools.partial(tiled_extent,
                                 reuse=target is not None and reuses_operands(intrin, target))
     if not is_depthwise(recipe) and not fits_groups(recipe, intrin):
@@ -57,6 +65,7 @@ def tensorized_graph(recipe, intrin, target=None):
     elif recipe.kind == "bmm":
         graph = _bmm_graph(recipe, blocks, columns)
     else:
+        blocks = blocks._replace(panel=panel)
         graph = _dense_graph(recipe, blocks, columns)
     params = arguments(graph.x, graph.w, graph.comp, graph.mult, graph.bias, graph.res)
     prepared = prepare(graph.acc, intrin, params=params,
@@ -133,7 +142,7 @@ def _conv_input(recipe, x, x_blk, padded_width):
 
 def _conv_graph(recipe, blocks, columns):
     """A conv2d over NCHW[x]c input and KCRS[x/word]c[y]k[word]c weights."""
-    x_blk, y_blk, word = blocks
+    x_blk, y_blk, word = blocks.x, blocks.y, blocks.word
     acc_t = dtypes(recipe)[2]
     n, c, h, w_ = recipe.in_shape
     k, _, r, s = recipe.w_shape
@@ -183,7 +192,7 @@ def _width_folded_graph(recipe, blocks, columns):
     (recipe.folds_width), with KCR[S/word][y]k[word]s (KCTR[S/word][y]k[word]s) weights: an RGB
     stem's 7-column window is two words of four columns (8/7 of its work) instead of 3 channels
     padded to 4 (4/3)."""
-    _, y_blk, word = blocks
+    y_blk, word = blocks.y, blocks.word
     acc_t = dtypes(recipe)[2]
     n, c, *extents = recipe.in_shape
     k, _, *window = recipe.w_shape
@@ -226,7 +235,7 @@ def _conv3d_graph(recipe, blocks, columns):
     place or padded as they are, else the NCDHW input quantized, padded and packed in one
     pass), KCTRS[x/word]c[y]k[word]c weights, NCDHW[y]c accumulators, an NCDHW result (or
     NCDHW[y]c for conv readers)."""
-    x_blk, y_blk, word = blocks
+    x_blk, y_blk, word = blocks.x, blocks.y, blocks.word
     acc_t = dtypes(recipe)[2]
     k, _, t, r, s = recipe.w_shape
     (st, sh, sw), (dt, dh, dw) = recipe.stride, recipe.dilation
@@ -299,7 +308,7 @@ def _input_channel(group, rc, cg, ib, groups):
 
 def _dense_graph(recipe, blocks, columns):
     """A dense layer over [rows, K] input and N[x/word]k[y]n[word]k weights."""
-    x_blk, y_blk, word = blocks
+    x_blk, y_blk, word = blocks.x, blocks.y, blocks.word
     acc_t, pad = dtypes(recipe)[2], pad_value(recipe)
     m, kk = recipe.in_shape
     nn_ = recipe.out_channels
@@ -308,15 +317,21 @@ def _dense_graph(recipe, blocks, columns):
     # register tile can use (197 tokens -> 198: a one-row tile ran at 35% of peak)
     mp = columns(m)
     x, w, comp, mult, bias, res = placeholders(
-        recipe, recipe.in_shape, (np_ // y_blk, kp // x_blk, x_blk // word, y_blk, word))
+        recipe, recipe.in_shape, dense_weight_shape(nn_, kk, blocks))
     xq = te.compute((mp, kp), lambda i, j: tirx.if_then_else(
         tirx.all(j < kk, i < m),
         load_input(x, recipe, (tirx.min(i, m - 1), tirx.min(j, kk - 1))), pad), name="xq")
     r = te.reduce_axis((0, kp), name="k")
+    panel = blocks.panel
+
+    def weight(j, r):
+        inner = (r % x_blk // word, j % y_blk, r % word)
+        if panel == 1:
+            return w[(j // y_blk, r // x_blk, *inner)]
+        return w[(j // (y_blk * panel), r // x_blk, j // y_blk % panel, *inner)]
+
     acc = te.compute((mp, np_), lambda i, j: te.sum(
-        xq[i, r].astype(acc_t)
-        * w[j // y_blk, r // x_blk, r % x_blk // word, j % y_blk, r % word].astype(acc_t),
-        axis=r), name="acc")
+        xq[i, r].astype(acc_t) * weight(j, r).astype(acc_t), axis=r), name="acc")
     fn = epilogue_fn(recipe, comp, mult, bias, res)
     return _Graph(x, w, comp, mult, bias, res, acc, lambda value, idx: fn(value(idx), idx[-1], idx))
 
@@ -326,7 +341,7 @@ def _bmm_graph(recipe, blocks, columns):
     y [B, K, N] (qbmm.quantized_y) packed to [B, N/y, K/x, x/word, y, word] inside the kernel
     (both change every call), rows padded like a dense layer's; bf16: both float32, rounded to
     bf16 as they are packed."""
-    x_blk, y_blk, word = blocks
+    x_blk, y_blk, word = blocks.x, blocks.y, blocks.word
     acc_t, pad = dtypes(recipe)[2], pad_value(recipe)
     nb, m, kk = recipe.in_shape
     nn_ = recipe.out_channels

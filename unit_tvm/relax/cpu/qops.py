@@ -15,11 +15,12 @@ weights in the kernels' layouts, in numpy, in weights.py.
 
 from tvm import te, tirx
 
+from ... import schedules
 from ...rewriter import schedule
 from ..core.recipe import ATTR, dtypes, in_shape, out_shape, w_arg_shape
 from .qarith import (arguments, epilogue_fn, load_input, logical_index, operand_at, packed_output,
     pad_value, placeholders, second_operand)
-from .qgraphs import tensorized_graph
+from .qgraphs import PANEL_KINDS, tensorized_graph
 from .weights import plain_weight_shape
 
 
@@ -160,8 +161,15 @@ def _plain_bmm(recipe):
 
 
 def tensorized_func(recipe, intrin, target, config=None):
-    """(PrimFunc, Blocks, prepared) of the recipe tensorized with intrin, scheduled with config."""
+    """(PrimFunc, Blocks, prepared) of the recipe tensorized with intrin, scheduled with config
+    (None: the strategy's default); a dense layer's weights packed in the panel the config's
+    register tile reads (the strategy's weight_panel), a conv2d's too."""
     prepared, blocks = tensorized_graph(recipe, intrin, target)
+    strategy = schedules.for_target(target)
+    config = config if config is not None else strategy.default(prepared, target)
+    panel = strategy.weight_panel(config, prepared)
+    if recipe.kind in PANEL_KINDS and panel > 1:
+        prepared, blocks = tensorized_graph(recipe, intrin, target, panel)
     func = schedule(prepared, intrin, config, target).mod["main"]
     func = func.with_attr(ATTR, recipe.to_json()).with_attr("tirx.is_scheduled", True)
     return func, blocks, prepared

@@ -46,7 +46,7 @@ def pack_weight(recipe, w, blocks: Blocks):
     """int8 (bf16) weights -> the packed layout of ops.conv2d_nchwc / ops.dense_packed,
     KCRS[x/word]c[y]k[word]c (word: the instruction's weight_word), zero-padded; a depthwise
     conv's (x: taps per instruction) as KR[S/x][y]k[x]s."""
-    x, y, word = blocks
+    x, y = blocks.x, blocks.y
     if is_depthwise(recipe):
         # KR[S/x][y]k[x]s (x: the instruction's taps): per channel block and kernel row, x taps
         # of each channel together, padded with zero weights (the extra taps add nothing)
@@ -66,7 +66,7 @@ def pack_weight(recipe, w, blocks: Blocks):
 def pack_conv_weight(w, blocks: Blocks):
     """KCRS -> KCRS[x/word]c[y]k[word]c, zero-padded to whole blocks (ops.conv2d_nchwc); a
     conv3d's KCTRS the same way, with its window's three axes (ops.conv3d_ncdhwc)."""
-    x, y, word = blocks
+    x, y, word = blocks.x, blocks.y, blocks.word
     k, c, *window = w.shape
     kp, cp = _round_up(k, y), _round_up(c, x)
     wp = np.zeros((kp, cp, *window), w.dtype)
@@ -80,7 +80,7 @@ def pack_width_folded_weight(w, blocks: Blocks):
     """KCRS -> KCR[S/word][y]k[word]s (KCTRS -> KCTR[S/word][y]k[word]s) for a conv whose
     reduction lanes are a word of window columns (recipe.folds_width): zero weights past the
     window's last column and the last output channel."""
-    _, y, word = blocks
+    y, word = blocks.y, blocks.word
     k, c, *window = w.shape
     kp, sp = _round_up(k, y), _round_up(window[-1], word)
     wp = np.zeros((kp, c, *window[:-1], sp), w.dtype)
@@ -92,11 +92,26 @@ def pack_width_folded_weight(w, blocks: Blocks):
 
 
 def pack_dense_weight(w, blocks: Blocks):
-    """[N, K] -> [N/y, K/x, x/word, y, word], zero-padded to whole blocks (ops.dense_packed)."""
-    x, y, word = blocks
+    """[N, K] -> [N/y, K/x, x/word, y, word] (ops.dense_packed), or with blocks.panel = p > 1
+    [N/(y p), K/x, p, x/word, y, word]: p blocks of columns interleaved per reduction step;
+    zero-padded to whole blocks."""
+    x, y, word, panel = blocks
     n, kk = w.shape
     np_, kp = _round_up(n, y), _round_up(kk, x)
+    if np_ // y % panel:
+        raise ValueError(f"a panel of {panel} blocks does not divide {np_ // y} blocks of {y}")
     wp = np.zeros((np_, kp), w.dtype)
     wp[:n, :kk] = w
     return np.ascontiguousarray(
-        wp.reshape(np_ // y, y, kp // x, x // word, word).transpose(0, 2, 3, 1, 4))
+        wp.reshape(np_ // (y * panel), panel, y, kp // x, x // word, word)
+        .transpose(0, 3, 1, 4, 2, 5).reshape(dense_weight_shape(n, kk, blocks)))
+
+
+def dense_weight_shape(n: int, k: int, blocks: Blocks) -> tuple[int, ...]:
+    """The packed shape pack_dense_weight gives an [n, k] weight: the panel axis appears only
+    where it is more than one block."""
+    x, y, word, panel = blocks
+    np_, kp = _round_up(n, y), _round_up(k, x)
+    if panel == 1:
+        return (np_ // y, kp // x, x // word, y, word)
+    return (np_ // (y * panel), kp // x, panel, x // word, y, word)
