@@ -331,13 +331,24 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
                           wide_budget=wide_budget, tile=unroll)
 
 
+# Columns of weights per memory stream of a register tile: each stream then moves one cache
+# line per reduction index. Measured on Zen 5 (cold 16 MB GEMVs, a tile of 8 column blocks,
+# speed against the 8 blocks' own streams, in slow / fast memory phases): vpdpbusd (16
+# columns a block) 2 blocks a stream 0.99-1.00 / 1.10, 4 blocks 0.99 / 1.10, 8 blocks
+# 0.93-0.94 / 1.06; AVX2's quad form (8 columns) 4 blocks 1.09-1.10 / 1.18, 8 blocks
+# 1.11-1.14 / 1.30 on 2048 -> 8192 (on 8192 -> 2048: 4 blocks 1.02, 8 blocks 1.01).
+PANEL_COLUMNS = 64
+
+
 def weight_panel(config: CpuConfig, prepared: Prepared) -> int:
     """Blocks of the streamed operand's lanes (a dense layer's column blocks) that `config`'s
-    register tile reads per reduction step: packed next to each other (Blocks.panel), they are
-    one memory stream instead of that many (measured on Zen 5, cold 16 MB GEMVs: AVX2's
-    vpmaddubsw quad form 0.81-0.86x of vpdpbusd's speed with 8 streams, 0.97-1.03x with one)."""
+    register tile reads per reduction step and that sit side by side in its packed weights
+    (Blocks.panel): as many as make PANEL_COLUMNS columns, within the tile's blocks."""
     lanes = lanes_loop(prepared)
-    return 1 if lanes is None else dict(config.unroll).get(lanes, 1)
+    if lanes is None:
+        return 1
+    per_block = intrinsics.get(prepared.mapping.intrinsic).channel_blocks[1]
+    return math.gcd(dict(config.unroll).get(lanes, 1), max(1, PANEL_COLUMNS // per_block))
 
 
 def lanes_loop(prepared: Prepared) -> int | None:
