@@ -1,6 +1,8 @@
 """Dense weights packed in the panel their register tile reads (Blocks.panel): the layout, and
 kernels reading it equal to the plain int8 op on every instruction of this host."""
 
+import platform
+
 import numpy as np
 import pytest
 
@@ -29,14 +31,20 @@ def test_a_panel_interleaves_column_blocks_per_reduction_step():
         pack_dense_weight(w, Blocks(4, 16, 4, panel=4))
 
 
-def test_single_row_dense_reads_its_tile_panel_on_every_instruction():
+# this host, and on x86 the same host held to the pre-VNNI classes (their code runs here)
+_LEVELS = ("native", "avx512_core", "avx2") if platform.machine() == "x86_64" else ("native",)
+
+
+@pytest.mark.parametrize("level", _LEVELS)
+def test_single_row_dense_reads_its_tile_panel_on_every_instruction(level):
     """A decode step's GEMV (one row): its default tile takes several column blocks, its
     weights are packed in that panel, and the result equals the plain int8 op's on every
-    instruction of this host (weights within the pair forms' bounds)."""
-    target = unit_tvm.target.host()
+    instruction of this host at `level` (weights within the quad form's bound, which the
+    recipe states, so the pre-VNNI quad and pair forms are candidates too)."""
+    target = unit_tvm.target.restricted(level)
     n, k = 256, 192
     recipe = Recipe(kind="dense", in_shape=(1, k), w_shape=(n, k), out_channels=n,
-                    out_shape=(1, n), x_scale=0.1, x_zp=3)
+                    out_shape=(1, n), x_scale=0.1, x_zp=3, w_pair_bound=128, w_pair_words=2)
     found = candidates(recipe, target)
     if not found:
         pytest.skip(f"no u8 x s8 instruction runs on {target}")
@@ -51,6 +59,7 @@ def test_single_row_dense_reads_its_tile_panel_on_every_instruction():
     panels = {}
     for intrin in found:
         func, blocks, prepared = tensorized_func(recipe, intrin, target)
+        assert intrin.supported(target), intrin.name
         strategy = schedules.for_target(target)
         panels[intrin.name] = blocks.panel
         assert blocks.panel == strategy.weight_panel(strategy.default(prepared, target),
@@ -59,3 +68,5 @@ def test_single_row_dense_reads_its_tile_panel_on_every_instruction():
                                 np.zeros((1, n), "float32")])
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=intrin.name)
     assert max(panels.values()) > 1, panels
+    if level == "avx2":  # AVX2's 8-column blocks: 8 of them in one stream
+        assert panels.get("x86.vpmaddubsw.quad.256") == 8, panels
