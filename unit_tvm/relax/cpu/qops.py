@@ -163,7 +163,7 @@ def _plain_bmm(recipe):
 def tensorized_func(recipe, intrin, target, config=None):
     """(PrimFunc, Blocks, prepared) of the recipe tensorized with intrin, scheduled with config
     (None: the strategy's default); a dense layer's weights packed in the panel the config's
-    register tile reads (the strategy's weight_panel), a conv2d's too."""
+    register tile reads (the strategy's weight_panel; qgraphs.PANEL_KINDS)."""
     prepared, blocks = tensorized_graph(recipe, intrin, target)
     strategy = schedules.for_target(target)
     config = config if config is not None else strategy.default(prepared, target)
