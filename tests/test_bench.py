@@ -303,5 +303,6 @@ def test_each_engine_says_whether_it_keeps_to_the_isa_level():
     assert isa_obedience("ORT int8", "avx2").startswith("NOT held")
     assert isa_obedience("unit-tvm int8", "avx2").startswith("held")
     assert isa_obedience("OpenVINO int8", "avx512_core").startswith("held")
+    assert isa_obedience("OpenVINO fp32", "avx2").startswith("partly")
     assert isa_obedience("PyTorch int8", "avx2").startswith("partly")
     assert isa_obedience("PyTorch PT2E int8", "avx2").startswith("held")

@@ -64,6 +64,11 @@ _ISA_OBEDIENCE = (
     # AVX512_CORE_VNNI its int8-weight matmuls (FullyConnectedCompressed) find no primitive
     ("OpenVINO GenAI", "cannot be held (its int8-weight matmuls find no primitive below the "
                        "CPU's ISA): left out"),
+    # measured on Zen 5 (OpenVINO 2026.4.1, 2 threads): under ONEDNN_MAX_CPU_ISA=AVX2 a float32
+    # 3x3 conv ran at 255 GFLOPS (native 499), the AVX2 multiply-add's peak, but a 128 x 768 x
+    # 3072 float32 MatMul at 464 (native 447), past that peak: its float32 matmuls ignore the cap
+    ("OpenVINO fp32", "partly: convs held (ONEDNN_MAX_CPU_ISA), float32 MatMul / "
+                      "FullyConnected run this CPU's ISA"),
     ("OpenVINO", "held (ONEDNN_MAX_CPU_ISA)"),
     ("llama.cpp", "held (built again for the level: bench/llama_isa.py)"),
     ("PyTorch PT2E", "held (oneDNN: ONEDNN_MAX_CPU_ISA; ATen: ATEN_CPU_CAPABILITY)"),
