@@ -28,9 +28,9 @@ from . import loop_order
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)
 from .padding_taps import skip_padding
-from .register_tiles import (ACCUMULATORS, ACCUMULATORS_16, OPERAND_REGISTERS, VECTOR_REGISTERS,
-                             WIDE_TILE, default_tile, operand_reuse_tile, reuses_operands,
-                             tile_factors, tiled_extent)
+from .register_tiles import (ACCUMULATORS, ACCUMULATORS_16, OPERAND_REGISTERS,
+                             REUSE_ACCUMULATORS, VECTOR_REGISTERS, WIDE_TILE, default_tile,
+                             operand_reuse_tile, reuses_operands, tile_factors, tiled_extent)
 
 if TYPE_CHECKING:
     import tvm
@@ -319,7 +319,7 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
     if reuses_operands(intrin, target):
         reuse = operand_reuse_tile(extents, lanes,
                                    vector_registers(target) - intrin.scratch_registers,
-                                   budget)
+                                   REUSE_ACCUMULATORS)
     row = None if tile or not wide else _row_loop(prepared)
     wide_budget = WIDE_TILE if wide and not tile else None
     unroll = reuse or default_tile(extents, budget, row, wide_budget,

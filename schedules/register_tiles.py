@@ -52,22 +52,44 @@ STREAM_FLOOR = 12
 MAX_UNROLL = 8  # the paper's second-breakpoint bound per loop
 TILE_WIDTHS = range(4, MAX_UNROLL + 1)  # output columns a register tile holds
 REUSE_COLUMNS = 2  # the fewest steps of each loop in an operand_reuse_tile
+# The accumulators of an operand_reuse_tile where the register file allows them (16 registers:
+# 12 accumulators, the inner loop's 3 operands held, 1 in flight). Measured on Zen 5 held to
+# AVX2 (2 threads, fp32 convs, min of 7 interleaved rounds): 4 channel blocks x 3 columns
+# ran a 1x1 192 -> 192 at 24x24 at 170 us against 198-201 for 2 x 4 and 4 x 2 (8
+# accumulators); 6 x 2 173 us; 3 x 4 and 2 x 6 (4 and 6 operands held: 17 and 19 registers)
+# spilled (240, 252 us). oneDNN's AVX2 float32 convs hold the same 4 x 3.
+REUSE_ACCUMULATORS = 12
+# How many more columns a conv may compute so that an operand_reuse_tile reaches
+# REUSE_ACCUMULATORS (56 -> 57, 28 -> 30, 14 -> 15; not 7 -> 9). Measured as above, the extra
+# columns included: 1x1 256 -> 64 at 56 columns 458 us (2 x 4), at 57 406 (4 x 3); 1x1 128 ->
+# 512 at 28 / 30 448 / 413; 3x3 64 -> 64 at 56 / 57 995 / 886; 3x3 256 -> 256 at 14 / 15
+# 1001 / 893.
+REUSE_WIDENING = 8  # fewer than extent / this many columns more (8 stays 8)
 # The widest register tile: one accumulator per column of a whole row, the register file's
 # bound. Measured on VNNI (Zen 4), Inception's 17x17 layers as one 17-accumulator tile per row
 # against 18 columns in 4 x 3 tiles: 1x1 768 -> 192 111.7 vs 118.1 us, 7x1 181.4 vs 187.9.
 ROW_TILE = VECTOR_REGISTERS - OPERAND_REGISTERS
 
 
-def tiled_extent(extent: int, reuse: bool = False) -> int:
+def tiled_extent(extent: int, reuse: bool = False, blocks: int | None = None,
+                 registers: int = 16) -> int:
     """The number of output columns to compute so that a register tile fits: `extent` when a
     width in TILE_WIDTHS divides it or one tile holds the whole row (<= ROW_TILE: 17, 23), else
     the next multiple of the width that pads least (71 -> 72, 73 -> 75). A prime count would
     otherwise leave a one-column tile. reuse: the tile is operand_reuse_tile's (see
-    reuses_operands), whose columns come REUSE_COLUMNS at a time: an odd count one more where
-    that adds at most a fifth (ResNet's 7 -> 8: 8 products per 7, against 26-46% of the peak
-    for the tiles 16 registers allow on 7 columns, 64-68% with 8; Inception's 17 -> 18; 3
-    stays). Padding 14 to 16 for 4-column tiles measured slower (58-74% against 79-86%)."""
+    reuses_operands) over `blocks` channel blocks (None: unknown) and the columns, from
+    `registers` vector registers: the fewest columns (fewer than an eighth more:
+    REUSE_WIDENING) on which it holds REUSE_ACCUMULATORS; else columns REUSE_COLUMNS at a
+    time: an odd count one more where that adds at most a fifth (ResNet's 7 -> 8: 8 products
+    per 7, against 26-46% of the peak for the tiles 16 registers allow on 7 columns, 64-68%
+    with 8; 3 stays). Padding 14 to 16 for 4-column tiles measured slower (58-74% against
+    79-86%)."""
     if reuse:
+        for wider in range(extent, extent + (extent - 1) // REUSE_WIDENING + 1):
+            tile = blocks and operand_reuse_tile([blocks, wider], 0, registers,
+                                                 REUSE_ACCUMULATORS)
+            if tile and math.prod(f for _, f in tile) >= REUSE_ACCUMULATORS:
+                return wider
         padded = -(-extent // REUSE_COLUMNS) * REUSE_COLUMNS
         return padded if (padded - extent) * 5 <= extent else extent
     if (extent < TILE_WIDTHS[0] or extent <= ROW_TILE
@@ -158,9 +180,11 @@ def operand_reuse_tile(outer_extents: Sequence[int], lanes_loop: int | None,
     """The register tile of at most `accumulators` that loads the fewest operands per
     instruction from a file of `registers` vectors, or None: f_m blocks of the loop split from
     the instruction's lanes (`lanes_loop`: a vector of the shared operand each) by f_u steps
-    of one other loop (a broadcast each); f_m * f_u accumulators, the smaller operand set held
-    in registers, one register for the other's operand in flight and one spare (a tile that
-    fills all 16 made LLVM spill: 3 channel blocks x 4 columns). Most instructions per operand
+    of one other loop (a broadcast each); f_m * f_u accumulators, the operands of the inner of
+    the two loops (the tile is unrolled in loop order) held in registers while the outer
+    loop's come one at a time: f_m * f_u + f_inner + 1 <= registers (LLVM's allocation: 4
+    blocks x 3 columns fills 16 registers and runs at the peak, 3 blocks x 4 columns needs 17
+    and spills; REUSE_ACCUMULATORS). Most instructions per operand
     loaded (f_m * f_u / (f_m + f_u)) first, then most accumulators, then the innermost loop (a
     conv's columns). Each operand is used at least REUSE_COLUMNS times: a tile of one column
     streams its weights (a whole reduction of each block) from L2 for every pixel (8 blocks x
@@ -171,7 +195,8 @@ def operand_reuse_tile(outer_extents: Sequence[int], lanes_loop: int | None,
     64 -> 192 / 256 channels at 48x48 / 56x56, 2 channel blocks x 4 columns 117-202, the rows
     x columns tile of 8 (one weight vector, 8 broadcasts) 81-137; 3x3 convs of 64 and 128
     channels at 56x56 / 28x28, 182-194 against 172-184; 12 accumulators (2 x 6, 4 x 3,
-    3 x 4) ranged from 104 to 208 with LLVM's register allocation, so the budget stays 8."""
+    3 x 4) ranged from 104 to 208 with LLVM's register allocation (the inner loop's operand
+    count decides: REUSE_ACCUMULATORS)."""
     if lanes_loop is None or outer_extents[lanes_loop] <= 1:
         return None
     best, tile = None, None
@@ -180,7 +205,8 @@ def operand_reuse_tile(outer_extents: Sequence[int], lanes_loop: int | None,
             continue
         for fm in _divisors(outer_extents[lanes_loop], MAX_UNROLL):
             for fu in _divisors(extent, MAX_UNROLL):
-                if (fm * fu > accumulators or fm * fu + min(fm, fu) + 2 > registers
+                inner = fu if other > lanes_loop else fm
+                if (fm * fu > accumulators or fm * fu + inner + 1 > registers
                         or min(fm, fu) < REUSE_COLUMNS):
                     continue
                 score = (fm * fu / (fm + fu), fm * fu, other)

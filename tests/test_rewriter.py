@@ -448,8 +448,9 @@ def test_default_tile_fits_sixteen_registers_on_avx2():
 
 def test_avx2_fma_tile_reuses_broadcasts_across_channel_blocks(rng):
     """On 16 registers the float32 multiply-add's default tile spans blocks of output channels
-    x columns (each broadcast pixel feeds several weight vectors: 2 x 4, 6 operand loads per 8
-    instructions) instead of rows x columns (one weight vector, 8 broadcasts: 9 loads); with
+    x columns (each broadcast pixel feeds several weight vectors: 2 x 4 on 16 columns, 6
+    operand loads per 8 instructions; 4 x 3 where the columns allow, tests/test_reuse_tiles.py)
+    instead of rows x columns (one weight vector, 8 broadcasts: 9 loads); with
     32 registers, and for an instruction whose scratch registers are unknown (the pre-VNNI
     forms), the measured rows x columns tile stays. The 2 x 4 tile's conv equals float64."""
     from unit_tvm.schedules import cpu, register_tiles
@@ -465,7 +466,8 @@ def test_avx2_fma_tile_reuses_broadcasts_across_channel_blocks(rng):
     tile = dict(config.unroll)
     assert tile.get(lanes, 1) * max(f for p, f in config.unroll if p != lanes) == 8, config
     assert tile.get(lanes, 1) >= 2 and len(tile) == 2, config
-    # the bound: accumulators, the held operand set, one in flight and one spare <= 16
+    # the bound: accumulators, the inner loop's operands held, one in flight <= 16 (16
+    # columns have no 3 for 4 x 3: 2 x 4 and 4 x 2 tie)
     assert register_tiles.operand_reuse_tile([1, 8, 16, 16], 1, 16, 12) == ((1, 2), (3, 4))
     assert register_tiles.operand_reuse_tile([1, 1, 16, 16], 1, 16, 8) is None
     pre_vnni = prepare(ops.conv2d_nchw(64, 16, 64, 1), unit_tvm.intrinsics.get(

@@ -10,6 +10,7 @@ from tvm import te, tirx
 
 from ...prepare import ZeroPadding, prepare
 from ...schedules.register_tiles import reuses_operands, tiled_extent
+from ...target import vector_registers
 from ..core.recipe import (blocked_index, blocks_of, dtypes, fits_groups, folds_width,
     group_channels, in_shape, is_depthwise, out_dtype, out_shape, pads_with_zero, w_arg_shape)
 from .qarith import (arguments, epilogue_fn, load_input, logical_index, operand_at, packed_output,
@@ -42,8 +43,9 @@ def tensorized_graph(recipe, intrin, target=None, panel=1):
     target: where it runs, for the output columns a register tile needs (tiled_extent; None:
     32 vector registers' widths). panel: a dense layer's weight panel (Blocks.panel, PANEL_KINDS);
     other graphs take 1."""
-    columns = functools.partial(tiled_extent,
-                                reuse=target is not None and reuses_operands(intrin, target))
+    reuse = target is not None and reuses_operands(intrin, target)
+    columns = functools.partial(tiled_extent, reuse=reuse, registers=(
+        vector_registers(target) - intrin.scratch_registers if reuse else 0))
     if not is_depthwise(recipe) and not fits_groups(recipe, intrin):
         raise ValueError(f"grouped conv ({recipe.groups} groups of {group_channels(recipe)} "
                          f"channels): {intrin.name}'s channel blocks do not tile its groups")
@@ -154,10 +156,9 @@ def _conv_graph(recipe, blocks, columns):
     x, w, comp, mult, bias, res = placeholders(
         recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // word, y_blk, word))
     # output columns computed: padded when their count has no divisor a register tile can
-    # use and is too wide for one tile (71, 73), the extra columns reading padding and cropped
-    # by the epilogue
-    owp = columns(ow)
-    xb, ib = _conv_input(recipe, x, x_blk, max(w_ + pl + pr, (owp - 1) * sw + (s - 1) * dw + 1))
+    # use and is too wide for one tile (71, 73), the extra columns cropped by the epilogue
+    owp = columns(ow, blocks=kp // y_blk)
+    xb, ib, col = _conv_columns(recipe, x, x_blk, ow, owp)
     rc, rr, rs = (te.reduce_axis((0, e), name=nm)
                   for e, nm in ((cp, "rc"), (r, "rr"), (s, "rs")))
 
@@ -165,13 +166,34 @@ def _conv_graph(recipe, blocks, columns):
         group = ko // (kg // y_blk) if recipe.groups > 1 else 0  # output block ko's group
         blk, lane = _input_channel(group, rc, cg, ib, recipe.groups)
         return te.sum(
-            xb[b, blk, i * sh + rr * dh, j * sw + rs * dw, lane].astype(acc_t)
+            xb[b, blk, i * sh + rr * dh, col(j) * sw + rs * dw, lane].astype(acc_t)
             * w[ko, rc // x_blk, rr, rs, rc % x_blk // word, ki, rc % word].astype(acc_t),
             axis=[rc, rr, rs])
 
     acc = te.compute((n, kp // y_blk, oh, owp, y_blk), acc_body, name="acc")
     epi = _conv_epilogue(recipe, epilogue_fn(recipe, comp, mult, bias, res), y_blk)
     return _Graph(x, w, comp, mult, bias, res, acc, epi, _window_padding(recipe, xb, x))
+
+
+def _conv_columns(recipe, x, x_blk, ow, owp):
+    """(input, its channel block, column -> input column base) of a conv2d computing `owp`
+    output columns where it has `ow`. Where the producer's blocks are read in place at `ow`
+    columns, the extra ones re-read the last real column (their results are cropped): a
+    wider input would be a copy of it on every call. Elsewhere the input is padded (it is
+    copied anyway, with the conv's own padding) and they read zeros."""
+    _, _, _, w_ = recipe.in_shape
+    _, pl, _, pr = recipe.padding
+    (_, sw), (_, dw) = recipe.stride, recipe.dilation
+    s = recipe.w_shape[-1]
+
+    def width(columns):
+        return max(w_ + pl + pr, (columns - 1) * sw + (s - 1) * dw + 1)
+
+    if owp > ow:
+        in_place = _producer_blocks(recipe, x, x_blk, width(ow))
+        if in_place is not None and in_place[0] is x:
+            return (*in_place, lambda j: tirx.min(j, ow - 1))
+    return (*_conv_input(recipe, x, x_blk, width(owp)), lambda j: j)
 
 
 def _window_padding(recipe, xb, x):
