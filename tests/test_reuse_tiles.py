@@ -1,6 +1,7 @@
 """The 16-register float32 tile (AVX2's vfmadd231ps): 4 channel blocks x 3 columns, the
 inner loop's operands held, and the conv columns widened to a multiple of 3 for it, the
-extra columns re-reading the last real one where the input is read in place."""
+extra columns re-reading the last real one where the input is read in place (a 1x1 conv's
+channels then as blocks x lanes, so that its reads are affine)."""
 
 import numpy as np
 import torch
@@ -58,7 +59,10 @@ def test_widened_columns_read_in_place_or_from_the_padded_copy():
     assert cpu.outer_extents(one)[-2] == 15
     assert not one.stages, one.stages  # no copy of the input
     assert dict(cpu.default(one, avx2).unroll) == {1: 4, 3: 3}
+    # its channels as blocks x lanes (affine reads), a window's taps keep one channel loop
+    assert [ax.var.name for ax in one.core.op.reduce_axis] == ["rco", "rci", "rr", "rs"]
     three, _ = tensorized_graph(_recipe(32, 14, 3, 1), intrin, avx2)
+    assert [ax.var.name for ax in three.core.op.reduce_axis] == ["rc", "rr", "rs"]
     assert cpu.outer_extents(three)[-2] == 15
     assert dict(cpu.default(three, avx2).unroll) == {1: 4, 3: 3}
 
