@@ -164,7 +164,7 @@ def _conv_graph(recipe, blocks, columns):
     # x lanes, so that each input read is affine (rc // ib and rc % ib recomputed per channel
     # spilled a 12-accumulator tile's registers; with a window, the taps innermost under the
     # lanes ran 3x3 convs at 60% against 95%)
-    by_block = x_blk == 1 < ib and r * s == 1 and recipe.groups == 1 and cp % ib == 0
+    by_block = x_blk == 1 and ib > 1 and r * s == 1 and recipe.groups == 1 and cp % ib == 0
     rcs = ([te.reduce_axis((0, cp // ib), name="rco"), te.reduce_axis((0, ib), name="rci")]
            if by_block else [te.reduce_axis((0, cp), name="rc")])
 
