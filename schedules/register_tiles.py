@@ -1,8 +1,9 @@
 """Register tiles of the CPU strategy: how many accumulators a tile holds and over which loops
 (rows x columns with 32 vector registers; rows x column blocks where the weight panel streams
-from L2: stream_tile; channel blocks x columns where each broadcast costs a register:
-operand_reuse_tile), and how many output columns a graph computes so that a tile divides them
-(tiled_extent). schedules/cpu.py builds its configs from these."""
+from L2: stream_tile; a conv's channel blocks x columns on 32 registers: block_tile, and where
+each broadcast costs a register: operand_reuse_tile), and how many output columns a graph
+computes so that a tile divides them (tiled_extent). schedules/cpu.py builds its configs
+from these."""
 
 from __future__ import annotations
 
@@ -34,8 +35,22 @@ ACCUMULATORS = 14
 # columns give no more (and no wide tile), a factor of the channel blocks is taken as well.
 # Zen 5, fp32, Inception's 80 -> 192 3x3 at 73x73 (71 rows x 72 columns): 1 x 8 3316-3400 us,
 # 3 blocks x 4 columns 2947-3082, 2 x 6 3030-3166, 2 x 8 3048-3248, 4 x 3 3177-3346.
-# (Its 32 -> 64 3x3 at 147x147 keeps 3 rows x 3 columns: 2 blocks x 7 columns ran 13% slower.)
 IDLE_TILE = 8
+# A conv's register tile on 32 registers where its columns allow: this many output-channel
+# blocks (the instruction's vector operand) x BLOCK_TILE_COLUMNS columns. Each reduction step
+# then loads 2 vectors and 7 broadcasts for 14 instructions, where a rows x columns tile of one
+# block loads 1 vector and 14 broadcasts (each a line of its own at stride 2): with two
+# 512-bit multiply-adds a cycle (Zen 5) the loads, not the instruction, set the pace. Measured
+# on Zen 5 (2 threads; kernels alone, min of 5 interleaved rounds, rows x columns 2 x 7
+# against 2 blocks x 7): float32 ResNet stem 74.5% -> 92% of the peak, stride-2 3x3 convs
+# 76-78% -> 89-92%, stride-1 3x3 at 56 / 28 columns 90-94% -> 92-96%, Inception's 32 -> 64
+# 3x3 at 147 columns 86% (3 x 3) -> 91%; int8 (vpdpbusd) stem 65% -> 95%, stride 2 84-85% ->
+# 89-94%, stride 1 92-95% -> 95-96%; the pre-VNNI quad form within 2% either way. Other
+# factors were not as steady: 4 blocks x 3 columns 69-77%, 2 x 6 on 72 columns 62% (3 x 4:
+# 81%), 2 x 8 on 72 columns 70% — but on a row of exactly 8 columns (Inception's 8x8
+# layers, in the model) 2 x 8 beat the 4 rows x 4 columns wide tile by 7-25%.
+BLOCK_TILE_BLOCKS = 2
+BLOCK_TILE_COLUMNS = 7
 # The tile taken instead where the loops' divisors give no more than 8 under that budget
 # (powers of two). Zen 5, BERT-base's bf16 attention matmuls alone: 42.5 -> 35.8 and 46.6 ->
 # 39.4 us; tuning chose 16 for Inception's 8x8 layers too.
@@ -123,12 +138,18 @@ def default_tile(outer_extents: Sequence[int], acc_budget: int, row: int | None,
                  wide_budget: int | None, stream: tuple[int, int] | None = None) -> tuple:
     """cpu.default_config's register tile: rows x columns, widened as its docstring says;
     stream_tile's where `stream` (lanes loop, lanes) names one of the two innermost loops and
-    that tile reaches STREAM_FLOOR (17 rows have none: they keep the whole-row tile)."""
+    that tile reaches STREAM_FLOOR (17 rows have none: they keep the whole-row tile);
+    block_tile's where it names a loop above them (a conv's channel blocks) and the columns
+    allow it. Neither without `wide_budget` (16 registers, tile instructions)."""
     live = [p for p, ext in enumerate(outer_extents) if ext > 1]
     if stream and wide_budget and len(live) >= 2 and stream[0] in live[-2:]:
         streamed = stream_tile(outer_extents, live[-2:], stream, wide_budget)
         if math.prod(f for _, f in streamed) >= STREAM_FLOOR:
             return streamed
+    if stream and wide_budget:
+        blocked = block_tile(outer_extents, live, stream[0])
+        if blocked:
+            return blocked
     unroll = _register_tile(outer_extents, live[-2:], acc_budget)
     if wide_budget and math.prod(f for _, f in unroll) * 2 <= wide_budget:
         # power-of-two extents (a batched matmul's 128 rows x 8 column blocks, an 8x8 layer)
@@ -144,6 +165,24 @@ def default_tile(outer_extents: Sequence[int], acc_budget: int, row: int | None,
         if half or math.prod(f for _, f in third) > acc:
             unroll = third
     return _row_tile(outer_extents, row, math.prod(f for _, f in unroll)) or unroll
+
+
+def block_tile(outer_extents: Sequence[int], live: Sequence[int],
+               lanes_loop: int) -> tuple | None:
+    """A conv's register tile on 32 registers: BLOCK_TILE_BLOCKS blocks of `lanes_loop` (the
+    loop the instruction's vector operand varies along, above the rows and columns) x
+    BLOCK_TILE_COLUMNS columns where that many divide the innermost loop (the columns), or x a
+    whole row of 8 (see BLOCK_TILE_COLUMNS); None where the blocks or columns allow neither,
+    or where the vector operand's loop is one of the two innermost (a dense layer's blocks:
+    stream_tile). `live`: positions of the loops of extent > 1."""
+    if (len(live) < 3 or lanes_loop not in live[:-2]
+            or outer_extents[lanes_loop] % BLOCK_TILE_BLOCKS):
+        return None
+    columns = live[-1]
+    extent = outer_extents[columns]
+    width = (BLOCK_TILE_COLUMNS if extent % BLOCK_TILE_COLUMNS == 0
+             else extent if extent == MAX_UNROLL else None)
+    return width and ((lanes_loop, BLOCK_TILE_BLOCKS), (columns, width))
 
 
 def stream_tile(outer_extents: Sequence[int], positions: Sequence[int],

@@ -366,14 +366,15 @@ def test_default_tile_of_power_of_two_loops_has_16_accumulators(rng):
 def test_idle_tile_takes_a_channel_block_factor(rng):
     """Rows and columns whose divisors give at most IDLE_TILE accumulators and no wide tile
     (Inception's 71 rows x 72 columns: 1 x 8) take a factor of the channel blocks as well
-    (3 blocks x 4 columns); 3 rows x 3 columns, an 8x8 layer's 4 x 4 and AVX2's budget of 8
-    keep theirs. A float32 conv with 11 rows x 8 columns gets 3 x 4 and matches numpy."""
+    (3 blocks x 4 columns); 3 rows x 3 columns, an 8x8 layer's 4 x 4 (where no channel-block
+    loop is named: block_tile takes those, test_block_tiles.py) and AVX2's budget of 8 keep
+    theirs. A float32 conv with 11 rows x 8 columns gets 3 x 4 and matches numpy."""
     from unit_tvm.rewriter import prepare_for
     from unit_tvm.schedules import cpu, register_tiles as rt
 
     assert rt.default_tile([1, 12, 71, 72, 1], 14, 3, 16, (1, 16)) == ((1, 3), (3, 4))
-    assert rt.default_tile([1, 4, 147, 147, 1], 14, 3, 16, (1, 16)) == ((2, 3), (3, 3))
-    assert rt.default_tile([1, 24, 8, 8, 1], 14, 3, 16, (1, 16)) == ((2, 4), (3, 4))
+    assert rt.default_tile([1, 4, 147, 147, 1], 14, 3, 16, None) == ((2, 3), (3, 3))
+    assert rt.default_tile([1, 24, 8, 8, 1], 14, 3, 16, None) == ((2, 4), (3, 4))
     assert rt.default_tile([1, 12, 71, 72, 1], 8, 3, None) == ((3, 8),)
     op = ops.conv2d_nchwc(1, 16, 13, 10, 48, 3, 3, x=1, y=16, a_dtype="float32",
                           b_dtype="float32", acc="float32", word=1)
