@@ -99,6 +99,8 @@ VPDPBUSD = Intrinsic(
     emit=_vpdpbusd_emit(16, "llvm.x86.avx512.vpdpbusd.512"),
     doc="AVX512-VNNI vpdpbusd zmm: 16 lanes, each the sum of 4 u8*s8 products added to s32. "
     "Exact (no saturation in this non-'s' form).",
+    # the broadcast word is an embedded {1to16} memory operand: nothing besides the operands
+    scratch_registers=0,
 )
 
 VPDPBUSD_256 = Intrinsic(

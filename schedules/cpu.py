@@ -322,8 +322,10 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
                                    REUSE_ACCUMULATORS)
     row = None if tile or not wide else _row_loop(prepared)
     wide_budget = WIDE_TILE if wide and not tile else None
+    free = (None if intrin.scratch_registers is None
+            else vector_registers(target) - intrin.scratch_registers)
     unroll = reuse or default_tile(extents, budget, row, wide_budget,
-                                   None if lanes is None else (lanes, intrin.lanes))
+                                   None if lanes is None else (lanes, intrin.lanes), free)
     factors = dict(unroll)
     steps = [n // factors.get(p, 1) for p, n in enumerate(extents)]
     return default_config(extents, _threads(target), budget, row=row,

@@ -49,7 +49,12 @@ IDLE_TILE = 8
 # factors were not as steady: 4 blocks x 3 columns 69-77%, 2 x 6 on 72 columns 62% (3 x 4:
 # 81%), 2 x 8 on 72 columns 70% — but on a row of exactly 8 columns (Inception's 8x8
 # layers, in the model) 2 x 8 beat the 4 rows x 4 columns wide tile by 7-25%.
-BLOCK_TILE_BLOCKS = 2
+# An odd number of blocks takes 3 where 3 divides it and the register file holds the tile
+# (21 accumulators + 7 broadcasts + 1 in flight + the instruction's scratch registers, where
+# they are known): Zen 5, Inception's 48- and 96-channel convs at 35 columns, float32, 73-79%
+# of the peak with the 7-accumulator rows x columns tile, 90-96% as 3 x 7; vpdpbusd 31.0 ->
+# 25.2 us on a 48-channel 3x3; the pre-VNNI quad form (scratch not known) 38.1 -> 42-50 us.
+BLOCK_TILE_BLOCKS = (2, 3)
 BLOCK_TILE_COLUMNS = 7
 # The tile taken instead where the loops' divisors give no more than 8 under that budget
 # (powers of two). Zen 5, BERT-base's bf16 attention matmuls alone: 42.5 -> 35.8 and 46.6 ->
@@ -135,19 +140,21 @@ def _row_tile(outer_extents, row, accumulators):
 
 
 def default_tile(outer_extents: Sequence[int], acc_budget: int, row: int | None,
-                 wide_budget: int | None, stream: tuple[int, int] | None = None) -> tuple:
+                 wide_budget: int | None, stream: tuple[int, int] | None = None,
+                 registers: int | None = None) -> tuple:
     """cpu.default_config's register tile: rows x columns, widened as its docstring says;
     stream_tile's where `stream` (lanes loop, lanes) names one of the two innermost loops and
     that tile reaches STREAM_FLOOR (17 rows have none: they keep the whole-row tile);
     block_tile's where it names a loop above them (a conv's channel blocks) and the columns
-    allow it. Neither without `wide_budget` (16 registers, tile instructions)."""
+    allow it (`registers`: what block_tile may fill). Neither without `wide_budget` (16
+    registers, tile instructions)."""
     live = [p for p, ext in enumerate(outer_extents) if ext > 1]
     if stream and wide_budget and len(live) >= 2 and stream[0] in live[-2:]:
         streamed = stream_tile(outer_extents, live[-2:], stream, wide_budget)
         if math.prod(f for _, f in streamed) >= STREAM_FLOOR:
             return streamed
     if stream and wide_budget:
-        blocked = block_tile(outer_extents, live, stream[0])
+        blocked = block_tile(outer_extents, live, stream[0], registers)
         if blocked:
             return blocked
     unroll = _register_tile(outer_extents, live[-2:], acc_budget)
@@ -162,27 +169,40 @@ def default_tile(outer_extents: Sequence[int], acc_budget: int, row: int | None,
         # idle issue slots (Inception's 71 rows x 72 columns give 1 x 8): the channel blocks
         # take a factor where that holds more accumulators (3 blocks x 4 columns)
         third = _register_tile(outer_extents, live[-3:], acc_budget)
+        if wide_budget and registers is not None and math.prod(f for _, f in third) <= IDLE_TILE:
+            # still idle (5 blocks x 73 rows x 75 columns: 5): up to the wide budget, 5 x 3,
+            # where the instruction's registers are known. Zen 5, Inception's 64 -> 80 1x1 at
+            # 73x75 in float32: 394 -> 114 us (tuned); the pre-VNNI quad form (not known)
+            # ran a 3 x 5 tile 9% slower than 7 accumulators
+            wider = _register_tile(outer_extents, live[-3:], wide_budget)
+            third = max(third, wider, key=lambda t: math.prod(f for _, f in t))
         if half or math.prod(f for _, f in third) > acc:
             unroll = third
     return _row_tile(outer_extents, row, math.prod(f for _, f in unroll)) or unroll
 
 
-def block_tile(outer_extents: Sequence[int], live: Sequence[int],
-               lanes_loop: int) -> tuple | None:
-    """A conv's register tile on 32 registers: BLOCK_TILE_BLOCKS blocks of `lanes_loop` (the
-    loop the instruction's vector operand varies along, above the rows and columns) x
-    BLOCK_TILE_COLUMNS columns where that many divide the innermost loop (the columns), or x a
-    whole row of 8 (see BLOCK_TILE_COLUMNS); None where the blocks or columns allow neither,
-    or where the vector operand's loop is one of the two innermost (a dense layer's blocks:
-    stream_tile). `live`: positions of the loops of extent > 1."""
-    if (len(live) < 3 or lanes_loop not in live[:-2]
-            or outer_extents[lanes_loop] % BLOCK_TILE_BLOCKS):
+def block_tile(outer_extents: Sequence[int], live: Sequence[int], lanes_loop: int,
+               registers: int | None = None) -> tuple | None:
+    """A conv's register tile on 32 registers: the first of BLOCK_TILE_BLOCKS that divides the
+    blocks of `lanes_loop` (the loop the instruction's vector operand varies along, above the
+    rows and columns) x BLOCK_TILE_COLUMNS columns where that many divide the innermost loop
+    (the columns), or 2 blocks x a whole row of 8 (see BLOCK_TILE_COLUMNS); None where the
+    loops allow neither, or where the vector operand's loop is one of the two innermost (a
+    dense layer's blocks: stream_tile). `live`: positions of the loops of extent > 1;
+    `registers`: the vector registers a tile may fill (None: unknown, 2 blocks only)."""
+    if len(live) < 3 or lanes_loop not in live[:-2]:
         return None
     columns = live[-1]
-    extent = outer_extents[columns]
-    width = (BLOCK_TILE_COLUMNS if extent % BLOCK_TILE_COLUMNS == 0
-             else extent if extent == MAX_UNROLL else None)
-    return width and ((lanes_loop, BLOCK_TILE_BLOCKS), (columns, width))
+    extent, blocks = outer_extents[columns], outer_extents[lanes_loop]
+    if extent % BLOCK_TILE_COLUMNS == 0:
+        fm = next((f for f in BLOCK_TILE_BLOCKS if blocks % f == 0 and (
+            f == BLOCK_TILE_BLOCKS[0] or registers is not None
+            and (f + 1) * BLOCK_TILE_COLUMNS + 1 <= registers)), None)
+        return fm and ((lanes_loop, fm), (columns, BLOCK_TILE_COLUMNS))
+    fm = BLOCK_TILE_BLOCKS[0]
+    if extent == MAX_UNROLL and blocks % fm == 0:
+        return ((lanes_loop, fm), (columns, extent))
+    return None
 
 
 def stream_tile(outer_extents: Sequence[int], positions: Sequence[int],

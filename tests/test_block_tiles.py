@@ -36,6 +36,20 @@ def test_conv_tiles_two_channel_blocks_by_seven_columns(extents, tile):
     assert rt.default_tile([1, 4, 56, 56, 1], 8, 3, None, STREAM) != ((1, 2), (3, 7))
 
 
+@pytest.mark.parametrize("extents, known, unknown", [
+    ([1, 3, 35, 35, 1], ((1, 3), (3, 7)), ((3, 7),)),  # 3 blocks x 7: 29 registers
+    ([1, 3, 28, 28, 1], ((1, 3), (3, 7)), ((2, 2), (3, 7))),
+    ([1, 5, 73, 75, 1], ((1, 5), (3, 3)), ((3, 5),)),  # idle at 5: the wide budget's 15
+    ([1, 9, 8, 8, 1], ((2, 4), (3, 4)), ((2, 4), (3, 4))),  # 3 x 8 would need 33 registers
+])
+def test_known_registers_allow_three_blocks(extents, known, unknown):
+    """Where the instruction's scratch registers are known (32 free), an odd number of blocks
+    takes 3 x 7 and a tile still idle takes the wide budget; unknown, neither."""
+    args = (extents, rt.ACCUMULATORS, 3, rt.WIDE_TILE, STREAM)
+    assert rt.default_tile(*args, registers=32) == known
+    assert rt.default_tile(*args) == unknown
+
+
 def _conv_reference(data, kern, stride):
     """conv2d_nchwc's result from its packed operands, in numpy (float64 or int64)."""
     _, cb, h, w, x = data.shape
@@ -46,17 +60,19 @@ def _conv_reference(data, kern, stride):
     return np.einsum("chwrs,kcrs->khw", win, k)
 
 
-def _tiled_conv(name, dtypes, stride, rng):
-    """(result, reference) of a stride-`stride` 3x3 conv, 64 output channels (4 blocks), 14
-    output columns, built for intrinsic `name` with its default config (the block tile)."""
+def _tiled_conv(name, dtypes, stride, rng, blocks=4):
+    """(result, reference) of a stride-`stride` 3x3 conv, `blocks` blocks of 16 output
+    channels, 14 output columns, built for intrinsic `name` with its default config (the block
+    tile: 2 blocks x 7 columns, 3 x 7 where the blocks are odd)."""
     intrin = intrinsics.get(name)
     x, y = intrin.channel_blocks
     size = 13 * stride + 3
-    op = ops.conv2d_nchwc(1, 16, size, size, 64, 3, 3, stride, x=x, y=y, a_dtype=dtypes[0],
-                          b_dtype=dtypes[1], acc=dtypes[2], word=intrin.weight_word)
+    op = ops.conv2d_nchwc(1, 16, size, size, 16 * blocks, 3, 3, stride, x=x, y=y,
+                          a_dtype=dtypes[0], b_dtype=dtypes[1], acc=dtypes[2],
+                          word=intrin.weight_word)
     target = instruction_target(intrin)
     config = cpu.default(prepare_for(op, intrin, target), target)
-    assert config.unroll == ((1, 2), (3, 7)), config
+    assert config.unroll == ((1, 2 if blocks % 2 == 0 else 3), (3, 7)), config
     data_t, kern_t = op.op.input_tensors
     if dtypes[0] == "float32":
         arrays = [rng.standard_normal([int(d) for d in t.shape]).astype("float32")
@@ -68,20 +84,24 @@ def _tiled_conv(name, dtypes, stride, rng):
     out = np.zeros([int(s) for s in op.shape], dtypes[2])
     args = measure.to_device(arrays + [out], tvm.cpu())
     mod(*args)
-    got = args[-1].numpy()[0].transpose(0, 3, 1, 2).reshape(64, 14, 14)
+    got = args[-1].numpy()[0].transpose(0, 3, 1, 2).reshape(16 * blocks, 14, 14)
     wide = "float64" if dtypes[0] == "float32" else "int64"
     return got, _conv_reference(*(a.astype(wide) for a in arrays), stride)
 
 
-def test_float32_block_tile_computes_the_conv(rng):
-    """A stride-2 float32 conv on the block tile (AVX-512 multiply-add) matches numpy."""
+@pytest.mark.parametrize("blocks", [4, 3])
+def test_float32_block_tile_computes_the_conv(rng, blocks):
+    """A stride-2 float32 conv on the block tile (AVX-512 multiply-add; 4 and 3 blocks of 16
+    output channels: 2 x 7 and 3 x 7) matches numpy."""
     require_host("x86.vfmadd231ps.512")
-    got, want = _tiled_conv("x86.vfmadd231ps.512", ("float32", "float32", "float32"), 2, rng)
+    got, want = _tiled_conv("x86.vfmadd231ps.512", ("float32", "float32", "float32"), 2, rng,
+                            blocks)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
 
 
-def test_int8_block_tile_is_exact(rng):
-    """The same conv in int8 on vpdpbusd: the int32 sums are exact."""
+@pytest.mark.parametrize("blocks", [4, 3])
+def test_int8_block_tile_is_exact(rng, blocks):
+    """The same convs in int8 on vpdpbusd (stride 1): the int32 sums are exact."""
     require_host("x86.vpdpbusd")
-    got, want = _tiled_conv("x86.vpdpbusd", ("uint8", "int8", "int32"), 1, rng)
+    got, want = _tiled_conv("x86.vpdpbusd", ("uint8", "int8", "int32"), 1, rng, blocks)
     np.testing.assert_array_equal(got, want)
