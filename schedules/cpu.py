@@ -23,7 +23,7 @@ from tvm import s_tir, te
 
 from .. import intrinsics
 from ..prefetch import PREFETCH_ATTR
-from ..target import l2_bytes, vector_registers
+from ..target import l1_bytes, l2_bytes, vector_registers
 from . import loop_order
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)
@@ -329,7 +329,8 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
     factors = dict(unroll)
     steps = [n // factors.get(p, 1) for p, n in enumerate(extents)]
     return default_config(extents, _threads(target), budget, row=row,
-                          front=loop_order.front(operands, axes, steps, l2_bytes(target)),
+                          front=loop_order.front(operands, axes, steps, l2_bytes(target),
+                                                 l1_bytes(target)),
                           wide_budget=wide_budget, tile=unroll)
 
 

@@ -73,18 +73,22 @@ def lanes_loop(operands: TileOperands | None, axes: Sequence[str]) -> int | None
 
 
 def front(operands: TileOperands | None, axes: Sequence[str], steps: Sequence[int],
-          l2_bytes: int) -> int:
+          l2_bytes: int, l1_bytes: int = 0) -> int:
     """CpuConfig.front for outer loops `axes` taking `steps` register tiles each: the lanes
     loop (the broadcast operand re-read once per further step of it) or the rows (the first
     loop only the broadcast operand varies along: the vector operand re-read per row step),
     whichever re-reads fewer bytes from beyond a core's L2 (an operand larger than
-    `l2_bytes`), then fewer bytes in all; -1 where that loop is outermost already, or where a
+    `l2_bytes`), then from beyond its L1 (larger than `l1_bytes`), then fewer bytes in all; -1
+    where that loop is outermost already, or where a
     loop moves both operands (a batched matmul's batch) or either is missing. Measured (Zen 5,
     1 MB L2, fp32, 2 threads, % of the peak): ResNet-50's 1x1 convs whose input outgrows L2
     (512 -> 128 at 28x28, 256 -> 64 at 56x56, 256 -> 512 stride 2) 82-85 with blocks first,
     88-90 with rows; 3x3 convs of 64 channels at 56x56 and 128 at 28x28 93-95 with blocks
     first, 86-87 with rows; 1024 -> 2048 stride 2 at 14x14 (8 MB of weights) 91 with blocks,
-    79 with rows; BERT's dense layers chose their column blocks first in every tuning run."""
+    79 with rows; BERT's dense layers chose their column blocks first in every tuning run.
+    ResNet's stem (37 KB of weights, an L1's worth on Zen 5, re-read per row; 635 KB of input
+    re-read per pair of channel blocks), in the model, min of 2 runs: 571 us blocks first,
+    480 rows first."""
     lanes = lanes_loop(operands, axes)
     if operands is None or lanes is None or steps[lanes] <= 1:
         return -1
@@ -96,9 +100,10 @@ def front(operands: TileOperands | None, axes: Sequence[str], steps: Sequence[in
     if rows is None:
         return -1
 
-    def rereads(operand: Operand, times: int) -> tuple[int, int]:
+    def rereads(operand: Operand, times: int) -> tuple[int, int, int]:
         extra = (times - 1) * operand.nbytes
-        return (extra if operand.nbytes > l2_bytes else 0, extra)
+        return (extra if operand.nbytes > l2_bytes else 0,
+                extra if operand.nbytes > l1_bytes else 0, extra)
 
     first = lanes if rereads(bc, steps[lanes]) <= rereads(vec, steps[rows]) else rows
     return -1 if first == live[0] else first

@@ -1,5 +1,5 @@
 """The outermost loop of a default CPU config (schedules/loop_order.py): the order that re-reads
-fewer bytes from beyond L2, decided from the operands' sizes."""
+fewer bytes from beyond L2 (then L1), decided from the operands' sizes."""
 
 import pytest
 
@@ -38,6 +38,20 @@ def test_l2_size_decides_what_is_cheap_to_reread():
     conv = _conv(144 << 10, 841 << 10)
     assert loop_order.front(conv, AXES, [1, 4, 28, 8], MB) == -1
     assert loop_order.front(conv, AXES, [1, 4, 28, 8], 512 << 10) == 2
+
+
+def test_weights_in_l1_are_cheap_to_reread():
+    """ResNet's stem (37 KB of weights re-read per row, 635 KB of input per pair of channel
+    blocks): by bytes alone the blocks go first; where the weights fit L1 (48 KB, Zen 5), the
+    rows. A 32 KB L1 keeps the blocks."""
+    stem = _conv(37632, 635 << 10)
+    steps = [1, 2, 112, 16]
+    assert loop_order.front(stem, AXES, steps, MB) == -1
+    assert loop_order.front(stem, AXES, steps, MB, 48 << 10) == 2
+    assert loop_order.front(stem, AXES, steps, MB, 32 << 10) == -1
+    zen5, zen3 = ({"kind": "llvm", "mcpu": cpu} for cpu in ("znver5", "znver3"))
+    assert unit_tvm.target.l1_bytes(zen5) == 48 << 10
+    assert unit_tvm.target.l1_bytes(zen3) == 32 << 10
 
 
 def test_no_order_is_chosen_without_two_operands_or_with_a_shared_loop():

@@ -190,6 +190,19 @@ def l2_bytes(target) -> int:
     return _L2_BYTES.get(mcpu, DEFAULT_L2_BYTES)
 
 
+# Per-core L1 data cache, the same way: 48 KB on Zen 5 and Intel's cores since Ice Lake; 32 KB
+# on the others (Haswell to Skylake-SP, Zen 1-4, Neoverse).
+_L1_BYTES = {"znver5": 48 << 10, "icelake-server": 48 << 10, "sapphirerapids": 48 << 10,
+             "emeraldrapids": 48 << 10, "graniterapids": 48 << 10}
+DEFAULT_L1_BYTES = 32 << 10
+
+
+def l1_bytes(target) -> int:
+    """Bytes of one core's L1 data cache on a CPU target (by its -mcpu; 32 KB when unknown)."""
+    mcpu = str(as_target(target).attrs.get("mcpu", ""))
+    return _L1_BYTES.get(mcpu, DEFAULT_L1_BYTES)
+
+
 def float_lanes(target) -> int:
     """float32 lanes of one vector register of a CPU target: 16 with AVX-512, 8 with AVX, 4
     otherwise (SSE, NEON)."""
