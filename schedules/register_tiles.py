@@ -198,7 +198,7 @@ def block_tile(outer_extents: Sequence[int], live: Sequence[int], lanes_loop: in
         fm = next((f for f in BLOCK_TILE_BLOCKS if blocks % f == 0 and (
             f == BLOCK_TILE_BLOCKS[0] or registers is not None
             and (f + 1) * BLOCK_TILE_COLUMNS + 1 <= registers)), None)
-        return fm and ((lanes_loop, fm), (columns, BLOCK_TILE_COLUMNS))
+        return None if fm is None else ((lanes_loop, fm), (columns, BLOCK_TILE_COLUMNS))
     fm = BLOCK_TILE_BLOCKS[0]
     if extent == MAX_UNROLL and blocks % fm == 0:
         return ((lanes_loop, fm), (columns, extent))
