@@ -79,8 +79,8 @@ def front(operands: TileOperands | None, axes: Sequence[str], steps: Sequence[in
     loop only the broadcast operand varies along: the vector operand re-read per row step),
     whichever re-reads fewer bytes from beyond a core's L2 (an operand larger than
     `l2_bytes`), then from beyond its L1 (larger than `l1_bytes`), then fewer bytes in all; -1
-    where that loop is outermost already, or where a
-    loop moves both operands (a batched matmul's batch) or either is missing. Measured (Zen 5,
+    where that loop is outermost already, or where a loop moves both operands (a batched
+    matmul's batch) or either is missing. Measured (Zen 5,
     1 MB L2, fp32, 2 threads, % of the peak): ResNet-50's 1x1 convs whose input outgrows L2
     (512 -> 128 at 28x28, 256 -> 64 at 56x56, 256 -> 512 stride 2) 82-85 with blocks first,
     88-90 with rows; 3x3 convs of 64 channels at 56x56 and 128 at 28x28 93-95 with blocks
