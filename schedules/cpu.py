@@ -30,7 +30,8 @@ from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
 from .padding_taps import skip_padding
 from .register_tiles import (ACCUMULATORS, ACCUMULATORS_16, OPERAND_REGISTERS,
                              REUSE_ACCUMULATORS, VECTOR_REGISTERS, WIDE_TILE, default_tile,
-                             operand_reuse_tile, reuses_operands, tile_factors, tiled_extent)
+                             operand_reuse_tile, reuses_operands, tile_factors, tile_registers,
+                             tiled_extent)
 
 if TYPE_CHECKING:
     import tvm
@@ -316,16 +317,13 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
     axes = _outer_axes(prepared)
     lanes = loop_order.lanes_loop(operands, axes)
     reuse = None
-    if reuses_operands(intrin, target):
-        reuse = operand_reuse_tile(extents, lanes,
-                                   vector_registers(target) - intrin.scratch_registers,
-                                   REUSE_ACCUMULATORS)
+    registers = tile_registers(intrin, target)
+    if registers is not None and reuses_operands(intrin, target):
+        reuse = operand_reuse_tile(extents, lanes, registers, REUSE_ACCUMULATORS)
     row = None if tile or not wide else _row_loop(prepared)
     wide_budget = WIDE_TILE if wide and not tile else None
-    free = (None if intrin.scratch_registers is None
-            else vector_registers(target) - intrin.scratch_registers)
     unroll = reuse or default_tile(extents, budget, row, wide_budget,
-                                   None if lanes is None else (lanes, intrin.lanes), free)
+                                   None if lanes is None else (lanes, intrin.lanes), registers)
     factors = dict(unroll)
     steps = [n // factors.get(p, 1) for p, n in enumerate(extents)]
     # the L1 tier of the loop order only where the tile is not operand_reuse_tile's: held to

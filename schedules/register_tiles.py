@@ -293,6 +293,14 @@ def _register_tile(outer_extents, positions, acc_budget):
     return unroll
 
 
+def tile_registers(intrin: Intrinsic, target: tvm.target.Target) -> int | None:
+    """Vector registers a register tile of `intrin` may fill on `target`: the register file
+    less the instruction's scratch registers, or None where those are not known."""
+    if intrin.scratch_registers is None:
+        return None
+    return vector_registers(target) - intrin.scratch_registers
+
+
 def reuses_operands(intrin: Intrinsic, target: tvm.target.Target) -> bool:
     """Whether `intrin`'s default register tile on `target` is operand_reuse_tile's: a
     broadcast instruction whose scratch registers are known, on 16 vector registers. There

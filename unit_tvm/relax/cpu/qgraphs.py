@@ -9,8 +9,7 @@ from typing import NamedTuple
 from tvm import te, tirx
 
 from ...prepare import ZeroPadding, prepare
-from ...schedules.register_tiles import reuses_operands, tiled_extent
-from ...target import vector_registers
+from ...schedules.register_tiles import reuses_operands, tile_registers, tiled_extent
 from ..core.recipe import (blocked_index, blocks_of, dtypes, fits_groups, folds_width,
     group_channels, in_shape, is_depthwise, out_dtype, out_shape, pads_with_zero, w_arg_shape)
 from .qarith import (arguments, epilogue_fn, load_input, logical_index, operand_at, packed_output,
@@ -44,8 +43,8 @@ def tensorized_graph(recipe, intrin, target=None, panel=1):
     32 vector registers' widths). panel: a dense layer's weight panel (Blocks.panel, PANEL_KINDS);
     other graphs take 1."""
     reuse = target is not None and reuses_operands(intrin, target)
-    columns = functools.partial(tiled_extent, reuse=reuse, registers=(
-        vector_registers(target) - intrin.scratch_registers if reuse else 0))
+    columns = functools.partial(tiled_extent, reuse=reuse,
+                                registers=tile_registers(intrin, target) if reuse else 0)
     if not is_depthwise(recipe) and not fits_groups(recipe, intrin):
         raise ValueError(f"grouped conv ({recipe.groups} groups of {group_channels(recipe)} "
                          f"channels): {intrin.name}'s channel blocks do not tile its groups")
