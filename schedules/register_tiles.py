@@ -92,7 +92,7 @@ ROW_TILE = VECTOR_REGISTERS - OPERAND_REGISTERS
 
 
 def tiled_extent(extent: int, reuse: bool = False, blocks: int | None = None,
-                 registers: int = 16) -> int:
+                 registers: int = 16, window: bool = False) -> int:
     """The number of output columns to compute so that a register tile fits: `extent` when a
     width in TILE_WIDTHS divides it or one tile holds the whole row (<= ROW_TILE: 17, 23), else
     the next multiple of the width that pads least (71 -> 72, 73 -> 75). A prime count would
@@ -102,8 +102,9 @@ def tiled_extent(extent: int, reuse: bool = False, blocks: int | None = None,
     REUSE_WIDENING) on which it holds REUSE_ACCUMULATORS; else columns REUSE_COLUMNS at a
     time: an odd count one more where that adds at most a fifth (ResNet's 7 -> 8: 8 products
     per 7, against 26-46% of the peak for the tiles 16 registers allow on 7 columns, 64-68%
-    with 8; 3 stays). Padding 14 to 16 for 4-column tiles measured slower (58-74% against
-    79-86%)."""
+    with 8; 3 stays), unless they feed a window (`window`: a conv kernel of more than one
+    pixel), which keeps them. Padding 14 to 16 for 4-column tiles measured slower (58-74%
+    against 79-86%)."""
     if reuse:
         for wider in range(extent, extent + (extent - 1) // REUSE_WIDENING + 1):
             tile = blocks and operand_reuse_tile([blocks, wider], 0, registers,
@@ -111,7 +112,16 @@ def tiled_extent(extent: int, reuse: bool = False, blocks: int | None = None,
             if tile and math.prod(f for _, f in tile) >= REUSE_ACCUMULATORS:
                 return wider
         padded = -(-extent // REUSE_COLUMNS) * REUSE_COLUMNS
-        return padded if (padded - extent) * 5 <= extent else extent
+        # Where no 12-accumulator tile fits (ResNet's 7 columns), a conv with a window keeps
+        # its odd count in one row tile (1 block x 7 columns) rather than computing a column
+        # more in 2 x 4 tiles. Measured on Zen 5 held to AVX2 in the model (`profile --fp32`,
+        # alternated, 2 rounds each): resnet18's 512 -> 512 3x3 at 7x7 911-980 us against
+        # 1021-1088, its stride-2 256 -> 512 3x3 523-553 against 549-579, resnet50's 512 ->
+        # 512 3x3 933-975 against 1052-1117; its 1x1 convs at 7x7 ran 3-6% faster widened
+        # (2048 -> 512: 500-512 us against 514-538), so they keep the extra column. (2 rows x
+        # 7 columns, 14 accumulators and one weight vector, ran the 14-56 column layers 5% to
+        # 3x slower than 4 x 3 on widened rows.)
+        return padded if (padded - extent) * 5 <= extent and not window else extent
     if (extent < TILE_WIDTHS[0] or extent <= ROW_TILE
             or any(extent % t == 0 for t in TILE_WIDTHS)):
         return extent

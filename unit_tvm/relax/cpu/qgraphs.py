@@ -156,7 +156,7 @@ def _conv_graph(recipe, blocks, columns):
         recipe, in_shape(recipe), (kp // y_blk, cp // x_blk, r, s, x_blk // word, y_blk, word))
     # output columns computed: padded when their count has no divisor a register tile can
     # use and is too wide for one tile (71, 73), the extra columns cropped by the epilogue
-    owp = columns(ow, blocks=kp // y_blk)
+    owp = columns(ow, blocks=kp // y_blk, window=r * s > 1)
     xb, ib, col = _conv_columns(recipe, x, x_blk, ow, owp)
     rr, rs = te.reduce_axis((0, r), name="rr"), te.reduce_axis((0, s), name="rs")
     # a 1x1 conv of a one-channel instruction reading channel blocks: the channels as blocks
