@@ -25,6 +25,7 @@ from .. import intrinsics
 from ..prefetch import PREFETCH_ATTR
 from ..target import l1_bytes, l2_bytes, vector_registers
 from . import loop_order
+from .cpu_loops import lanes_loop, outer_axes, outer_extents, row_loop  # noqa: F401
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)
 from .padding_taps import skip_padding
@@ -246,39 +247,6 @@ def prepare_options(target: tvm.target.Target) -> dict[str, Any]:
 
 
 # -- the tuning interface every strategy offers (the tuner calls only these) --------------------
-def outer_extents(prepared: Prepared) -> list[int]:
-    """Extents of the core's data-parallel loops left outside the instruction (strategy input)."""
-    return [ext for ext, _ in _outer_loops(prepared)]
-
-
-def _outer_loops(prepared: Prepared) -> list[tuple[int, bool]]:
-    """(extent, mapped to the instruction) of each of the core's outer data-parallel loops."""
-    core = prepared.core.op
-    mapped = {m.op_index: m for m in prepared.mapping.loops}
-    out = []
-    for idx in sorted(_kept_axes(prepared)):
-        ext = int(core.axis[idx].dom.extent)
-        m = mapped.get(idx)
-        out.append((ext, False) if m is None else (ext // m.intrin_extent, True))
-    return out
-
-
-def _kept_axes(prepared: Prepared) -> set[int]:
-    """Indices of the core's data-parallel axes that leave an outer loop: all but those the
-    instruction maps whole."""
-    whole = {m.op_index for m in prepared.mapping.loops if m.op_extent == m.intrin_extent}
-    return {i for i in range(len(prepared.core.op.axis)) if i not in whole}
-
-
-def _row_loop(prepared):
-    """Position among outer_extents of the loop tiled_extent sizes (prepare's tile_columns):
-    the op's innermost data-parallel loop the instruction does not map (a conv's output columns,
-    a dense layer's rows). The core's outer loops start with the op's, in its order."""
-    mapped = {m.op_loop for m in prepared.original_mapping.loops}
-    free = [p for p, ax in enumerate(prepared.original.op.axis) if ax.var.name not in mapped]
-    return free[-1] if free else None
-
-
 def describe(config: CpuConfig, prepared: Prepared) -> str:
     """e.g. 'loops 1x4x14x14: tile L2/2 x L3/7 (14 acc), parallel L1.L2.L3': the outer
     data-parallel loops (outer_extents, numbered from the outermost), the register tile's loops
@@ -314,13 +282,13 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
               else ACCUMULATORS if wide else ACCUMULATORS_16)
     extents = outer_extents(prepared)
     operands = loop_order.tile_operands(prepared)
-    axes = _outer_axes(prepared)
+    axes = outer_axes(prepared)
     lanes = loop_order.lanes_loop(operands, axes)
     reuse = None
     registers = tile_registers(intrin, target)
     if registers is not None and reuses_operands(intrin, target):
         reuse = operand_reuse_tile(extents, lanes, registers, REUSE_ACCUMULATORS)
-    row = None if tile or not wide else _row_loop(prepared)
+    row = None if tile or not wide else row_loop(prepared)
     wide_budget = WIDE_TILE if wide and not tile else None
     unroll = reuse or default_tile(extents, budget, row, wide_budget,
                                    None if lanes is None else (lanes, intrin.lanes), registers)
@@ -353,18 +321,6 @@ def weight_panel(config: CpuConfig, prepared: Prepared) -> int:
         return 1
     per_block = intrinsics.get(prepared.mapping.intrinsic).channel_blocks[1]
     return math.gcd(dict(config.unroll).get(lanes, 1), max(1, PANEL_COLUMNS // per_block))
-
-
-def lanes_loop(prepared: Prepared) -> int | None:
-    """Position among outer_extents of the loop the instruction's vector operand varies along
-    and its broadcast operand does not (loop_order.lanes_loop), or None."""
-    return loop_order.lanes_loop(loop_order.tile_operands(prepared), _outer_axes(prepared))
-
-
-def _outer_axes(prepared: Prepared) -> list[str]:
-    """Loop variable names of the core's outer data-parallel loops (outer_extents' order)."""
-    kept = _kept_axes(prepared)
-    return [ax.var.name for i, ax in enumerate(prepared.core.op.axis) if i in kept]
 
 
 def space(prepared: Prepared, target: tvm.target.Target) -> list[CpuConfig]:
