@@ -29,6 +29,12 @@ class Strategy(Protocol):
         """Keyword arguments of unit_tvm.prepare.prepare for this target (how operands are
         staged, whether a register tile's columns are padded)."""
 
+    def tile_columns(self, prepared: Prepared, intrin: Intrinsic,
+                     target: tvm.target.Target | None) -> int | None:
+        """Output columns the default tile wants computed where they differ from those the
+        op was prepared with (prepare_options' rule), else None: the rewriter then prepares
+        the op again with them."""
+
     def schedule(self, prepared: Prepared, intrin: Intrinsic, config: Any = None,
                  target: tvm.target.Target | None = None) -> s_tir.Schedule:
         """The Prepared graph scheduled with `config` (None: `default`) and tensorized."""

@@ -25,6 +25,7 @@ from .. import intrinsics
 from ..prefetch import PREFETCH_ATTR
 from ..target import l1_bytes, l2_bytes, vector_registers
 from . import loop_order
+from .cpu_columns import tile_columns  # noqa: F401  (the strategy's, see base.Strategy)
 from .cpu_loops import lanes_loop, outer_axes, outer_extents, row_loop  # noqa: F401
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)

@@ -223,6 +223,12 @@ def prepare_options(target: tvm.target.Target) -> dict[str, Any]:
     return {"separable": True, "tile_columns": None, "tile_rows": paired_tiles}
 
 
+def tile_columns(prepared: Prepared, intrin: Intrinsic,
+                 target: tvm.target.Target | None) -> int | None:
+    """None: a fragment's columns are not padded for a register tile (base.Strategy)."""
+    return None
+
+
 def _within_shared_memory(config: GpuConfig, frag: Fragment,
                           sizes: tuple[int, int, int]) -> tuple[GpuConfig, bool]:
     """(config, pad rows?): the block epilogue's tile, the pipeline's second stages, then the

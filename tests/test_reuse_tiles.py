@@ -4,18 +4,20 @@ extra columns re-reading the last real one where the input is read in place (a 1
 channels then as blocks x lanes, so that its reads are affine)."""
 
 import numpy as np
+import pytest
 import torch
 import tvm
 from torch import nn
 from tvm import relax
 
 import unit_tvm
-from unit_tvm import frontends, intrinsics
+from unit_tvm import frontends, intrinsics, ops
 from unit_tvm.relax.core.recipe import Recipe
 from unit_tvm.relax.cpu.qgraphs import tensorized_graph
+from unit_tvm.rewriter import prepare_for
 from unit_tvm.schedules import cpu
 from unit_tvm.schedules.register_tiles import operand_reuse_tile, tiled_extent
-from unit_tvm.target import restricted
+from unit_tvm.target import instruction_target, restricted
 
 from .conftest import require_host
 
@@ -116,3 +118,47 @@ def test_widened_convs_match_pytorch_held_to_avx2(rng):
         want = model(torch.tensor(x)).numpy()
     assert {row[1] for row in report} == {AVX2}, report
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def _op_conv(channels, hw, kernel, stride=1):
+    return ops.conv2d_nchwc(1, channels, hw, hw, 32, kernel, kernel, stride, x=1, y=8,
+                            a_dtype="float32", b_dtype="float32", acc="float32", word=1)
+
+
+def test_an_op_takes_the_graph_pass_columns():
+    """The op-level path (rewriter.prepare_for) asks the strategy for the columns of its
+    default tile and prepares the op again with them: a 1x1 conv's 14 columns become 15
+    (4 x 3), a stride-2 3x3's prime 17 become 18, ResNet's 7 stay with a window and become
+    8 without; on 32 registers nothing changes."""
+    avx2 = restricted("avx2")
+    intrin = intrinsics.get(AVX2)
+    for op, columns, unroll in ((_op_conv(64, 14, 1), 15, {1: 4, 3: 3}),
+                                (_op_conv(16, 35, 3, 2), 18, {1: 4, 3: 3}),
+                                (_op_conv(64, 9, 3), 7, {3: 7}),
+                                (_op_conv(64, 7, 1), 8, {1: 2, 3: 4})):
+        prepared = prepare_for(op, intrin, avx2)
+        assert cpu.outer_extents(prepared)[-2] == columns, op
+        assert dict(cpu.default(prepared, avx2).unroll) == unroll, op
+    wide = intrinsics.get("x86.vfmadd231ps.512")
+    op = ops.conv2d_nchwc(1, 64, 14, 14, 32, 1, 1, 1, x=1, y=16, a_dtype="float32",
+                          b_dtype="float32", acc="float32", word=1)
+    assert cpu.outer_extents(prepare_for(op, wide, instruction_target(wide)))[-2] == 14
+
+
+@pytest.mark.parametrize("channels,hw,kernel,stride", [(64, 14, 1, 1), (16, 35, 3, 2)])
+def test_widened_op_matches_numpy(channels, hw, kernel, stride, rng):
+    """The widened op-level convs, built held to AVX2, against numpy (extra columns cropped)."""
+    require_host(AVX2)
+    op = _op_conv(channels, hw, kernel, stride)
+    d = rng.standard_normal((1, channels, hw, hw, 1)).astype("float32")
+    w = rng.standard_normal((4, channels, kernel, kernel, 1, 8, 1)).astype("float32")
+    mod = unit_tvm.build([*op.op.input_tensors, op], restricted("avx2"), intrinsic=AVX2)
+    out = np.zeros([int(s) for s in op.shape], "float32")
+    args = [tvm.runtime.tensor(a) for a in (d, w, out)]
+    mod(*args)
+    x = np.lib.stride_tricks.sliding_window_view(d[0, :, :, :, 0], (kernel, kernel), (1, 2))
+    x = x[:, ::stride, ::stride]
+    k = w[:, :, :, :, 0, :, 0].transpose(0, 4, 1, 2, 3).reshape(32, channels, kernel, kernel)
+    want = np.einsum("chwrs,kcrs->khw", x, k)
+    got = args[-1].numpy()[0].transpose(0, 3, 1, 2).reshape(32, *want.shape[1:])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

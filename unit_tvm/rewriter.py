@@ -49,6 +49,13 @@ def prepare_for(op, intrin, target, mapping=None, params=None, epilogue=None):
     """prepare() with the target strategy's choices (`prepare_options`): on GPU operands are
     staged one loop per dimension (fragment loads); on CPU a register tile's columns are padded
     to a width it can hold (schedules.register_tiles.tiled_extent: 71 -> 72; 17 stays, one
-    tile wide)."""
-    options = schedules.for_target(target).prepare_options(target)
+    tile wide), then, where the strategy's default tile wants other columns for the prepared
+    op (its `tile_columns`: 14 -> 15 for AVX2's 4 x 3), prepared again with those."""
+    strategy = schedules.for_target(target)
+    options = strategy.prepare_options(target)
+    prepared = prepare(op, intrin, mapping, params, epilogue=epilogue, **options)
+    wanted = strategy.tile_columns(prepared, intrin, target)
+    if wanted is None:
+        return prepared
+    options = {**options, "tile_columns": lambda _extent: wanted}
     return prepare(op, intrin, mapping, params, epilogue=epilogue, **options)

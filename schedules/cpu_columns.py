@@ -1,0 +1,62 @@
+"""The output columns an op computes for its default register tile, decided from the prepared op
+as the graph pass decides them from its recipe: where the tile reuses operands (16 vector
+registers, register_tiles.reuses_operands), register_tiles.tiled_extent widens the columns
+to a count its 12-accumulator tile divides, given the channel blocks and whether a window
+reads the columns. The op-level path (rewriter.prepare_for) prepares an op once with the
+plain rule, asks here, and prepares it again where the answer differs."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import tvm
+from tvm import tirx
+
+from .. import intrinsics
+from ..te_expr import loads
+from .cpu_loops import lanes_loop, outer_extents, row_loop
+from .register_tiles import reuses_operands, tile_registers, tiled_extent
+
+if TYPE_CHECKING:
+    from unit_tvm.intrinsics import Intrinsic
+    from unit_tvm.prepare import Prepared
+
+
+def tile_columns(prepared: Prepared, intrin: Intrinsic,
+                 target: tvm.target.Target | None) -> int | None:
+    """Output columns the default tile wants computed where they differ from the prepared
+    op's, else None. Measured on Zen 5 held to AVX2 (Table I in float32, min of 5 interleaved
+    rounds, % of 262 GFLOPS): L1 288 -> 384 3x3 stride 2 at 17 columns 66.8 -> 95.3% (18
+    columns, 4 x 3), L8 1024 -> 512 1x1 at 14 81.3 -> 92.7% (15), L13 576 -> 128 75.0 ->
+    86.3%, L3 1056 -> 192 1x1 at 7 70.2 -> 78.4% (8 columns, 6 x 2)."""
+    if target is None or prepared.original is None or not reuses_operands(intrin, target):
+        return None
+    lanes, row = lanes_loop(prepared), row_loop(prepared)
+    if lanes is None or row is None or lanes == row:
+        return None
+    column = prepared.original.op.axis[row]
+    extents = outer_extents(prepared)
+    wanted = tiled_extent(int(column.dom.extent), reuse=True, blocks=extents[lanes],
+                          registers=tile_registers(intrin, target) or 0,
+                          window=_window_reads(prepared, column.var.name))
+    return wanted if wanted != extents[row] else None
+
+
+def _window_reads(prepared: Prepared, column: str) -> bool:
+    """Whether the instruction's broadcast operand reads the columns through a window: one of
+    its indices combines the column variable with a reduction of more than one step (a conv's
+    s * j + rs),
+    as tensorized_graph's `window` (a kernel of more than one pixel) says for the graph pass."""
+    intrin = intrinsics.get(prepared.mapping.intrinsic)
+    tensor = next((a.op_tensor for a in prepared.original_mapping.operands
+                   if a.intrin_operand == intrin.broadcast_operand), None)
+    op = prepared.original.op
+    reduce = {ax.var.name for ax in op.reduce_axis if int(ax.dom.extent) > 1}
+    for load in loads(op.body[0]):
+        if load.args[0].op.name != tensor:
+            continue
+        for index in list(load.args)[1:]:
+            names = {v.name for v in tirx.analysis.undefined_vars(index)}
+            if column in names and names & reduce:
+                return True
+    return False
