@@ -92,7 +92,7 @@ ROW_TILE = VECTOR_REGISTERS - OPERAND_REGISTERS
 
 
 def tiled_extent(extent: int, reuse: bool = False, blocks: int | None = None,
-                 registers: int = 16, window: bool = False) -> int:
+                 registers: int = 16, window: bool = False, columns_inner: bool = True) -> int:
     """The number of output columns to compute so that a register tile fits: `extent` when a
     width in TILE_WIDTHS divides it or one tile holds the whole row (<= ROW_TILE: 17, 23), else
     the next multiple of the width that pads least (71 -> 72, 73 -> 75). A prime count would
@@ -103,12 +103,13 @@ def tiled_extent(extent: int, reuse: bool = False, blocks: int | None = None,
     time: an odd count one more where that adds at most a fifth (ResNet's 7 -> 8: 8 products
     per 7, against 26-46% of the peak for the tiles 16 registers allow on 7 columns, 64-68%
     with 8; 3 stays), unless they feed a window (`window`: a conv kernel of more than one
-    pixel), which keeps them. Padding 14 to 16 for 4-column tiles measured slower (58-74%
-    against 79-86%)."""
+    pixel), which keeps them. columns_inner: the columns' loop runs inside the blocks' (a
+    conv's), else outside (a dense layer's rows), which decides the operands the tile holds.
+    Padding 14 to 16 for 4-column tiles measured slower (58-74% against 79-86%)."""
     if reuse:
         for wider in range(extent, extent + (extent - 1) // REUSE_WIDENING + 1):
-            tile = blocks and operand_reuse_tile([blocks, wider], 0, registers,
-                                                 REUSE_ACCUMULATORS)
+            loops, lanes = ([blocks, wider], 0) if columns_inner else ([wider, blocks], 1)
+            tile = blocks and operand_reuse_tile(loops, lanes, registers, REUSE_ACCUMULATORS)
             if tile and math.prod(f for _, f in tile) >= REUSE_ACCUMULATORS:
                 return wider
         padded = -(-extent // REUSE_COLUMNS) * REUSE_COLUMNS

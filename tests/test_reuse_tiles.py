@@ -162,3 +162,32 @@ def test_widened_op_matches_numpy(channels, hw, kernel, stride, rng):
     want = np.einsum("chwrs,kcrs->khw", x, k)
     got = args[-1].numpy()[0].transpose(0, 3, 1, 2).reshape(32, *want.shape[1:])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_a_dense_layers_rows_sit_outside_its_column_blocks():
+    """A dense layer's rows run outside its column blocks, so its tile holds the blocks'
+    weights: 128 rows of 256 blocks widen to 132 (6 rows x 2 blocks, 15 registers), not to
+    129 (3 x 4 would hold 4 weights: 17); 96 blocks keep 128 (4 rows x 3 blocks)."""
+    assert tiled_extent(128, reuse=True, blocks=256, columns_inner=False) == 132
+    assert tiled_extent(128, reuse=True, blocks=256) == 129
+    assert tiled_extent(128, reuse=True, blocks=96, columns_inner=False) == 128
+    avx2, intrin = restricted("avx2"), intrinsics.get(AVX2)
+    op = ops.dense_packed(128, 2048, 16, 8, 1, "float32", "float32", "float32", word=1)
+    prepared = prepare_for(op, intrin, avx2)
+    assert cpu.outer_extents(prepared) == [132, 256]
+    assert dict(cpu.default(prepared, avx2).unroll) == {0: 6, 1: 2}
+
+
+def test_widened_dense_op_matches_numpy(rng):
+    """A dense op whose rows widen (13 -> 14: no 12-accumulator tile on 8 blocks, the even
+    rule), built held to AVX2, against numpy (the extra row cropped)."""
+    require_host(AVX2)
+    op = ops.dense_packed(13, 64, 24, 8, 1, "float32", "float32", "float32", word=1)
+    a = rng.standard_normal((13, 24)).astype("float32")
+    b = rng.standard_normal((8, 24, 1, 8, 1)).astype("float32")
+    assert cpu.outer_extents(prepare_for(op, intrinsics.get(AVX2), restricted("avx2")))[0] > 13
+    mod = unit_tvm.build([*op.op.input_tensors, op], restricted("avx2"), intrinsic=AVX2)
+    args = [tvm.runtime.tensor(x) for x in (a, b, np.zeros((13, 64), "float32"))]
+    mod(*args)
+    want = a @ b[:, :, 0, :, 0].transpose(0, 2, 1).reshape(64, 24).T
+    np.testing.assert_allclose(args[-1].numpy(), want, rtol=1e-5, atol=1e-5)

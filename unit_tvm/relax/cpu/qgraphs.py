@@ -345,8 +345,10 @@ def _dense_graph(recipe, blocks, columns):
     nn_ = recipe.out_channels
     kp, np_ = round_up(kk, x_blk), round_up(nn_, y_blk)
     # rows computed: padded like a conv's output columns when their count has no divisor a
-    # register tile can use (197 tokens -> 198: a one-row tile ran at 35% of peak)
-    mp = columns(m)
+    # register tile can use (197 tokens -> 198: a one-row tile ran at 35% of peak), or, where
+    # the tile reuses operands, for 12 accumulators (128 rows -> 132 for 6 rows x 2 blocks of
+    # 256); the rows' loop runs outside the column blocks'
+    mp = columns(m, blocks=np_ // y_blk, columns_inner=False)
     x, w, comp, mult, bias, res = placeholders(
         recipe, recipe.in_shape, dense_weight_shape(nn_, kk, blocks))
     xq = te.compute((mp, kp), lambda i, j: tirx.if_then_else(
