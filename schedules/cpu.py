@@ -13,12 +13,14 @@ fused into the parallel loop.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import tvm
 from tvm import s_tir, te
 
 from .. import intrinsics
@@ -26,7 +28,9 @@ from ..prefetch import PREFETCH_ATTR
 from ..target import l1_bytes, l2_bytes, vector_registers
 from . import loop_order
 from .cpu_columns import tile_columns  # noqa: F401  (the strategy's, see base.Strategy)
-from .cpu_loops import lanes_loop, outer_axes, outer_extents, row_loop  # noqa: F401
+from .cache_blocks import reduction_chunk
+from .cpu_loops import (broadcast_step_bytes, lanes_loop, outer_axes,  # noqa: F401
+                        outer_extents, reduce_extents, row_loop)
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)
 from .padding_taps import skip_padding
@@ -158,6 +162,11 @@ def apply(sch: s_tir.Schedule, block: SBlockRV, outer_spatial: list[LoopRV],
     registers. Without one, a cache_write stage plays that role.
     """
     unroll_of = dict(config.unroll)
+    reduce_loops = list(reduce_loops)
+    chunks = []  # cache blocks of the reduction: each runs over the outer loops below them
+    for pos, f in config.reduce_split:
+        chunk, reduce_loops[pos] = sch.split(reduce_loops[pos], [None, f])
+        chunks.append(chunk)
     outer, inner = [], []
     for pos, loop in enumerate(outer_spatial):
         f = unroll_of.get(pos, 1)
@@ -172,21 +181,25 @@ def apply(sch: s_tir.Schedule, block: SBlockRV, outer_spatial: list[LoopRV],
     # innermost among the outer loops, where they cost nothing
     units = [lp for lp in outer if int(sch.get(lp).extent) == 1]
     outer = [lp for lp in outer if int(sch.get(lp).extent) != 1] + units
-    sch.reorder(*outer, *reduce_loops, *inner, *intrin_loops)
-    if reduce_loops:  # prefetch the next tile's weights while this one runs (unit_tvm.prefetch)
-        sch.annotate(reduce_loops[0], PREFETCH_ATTR, 1)
     n_par = min(config.parallel, len(outer) - len(units)) if len(outer) > len(units) else 1
+    sch.reorder(*outer[:n_par], *chunks, *outer[n_par:], *reduce_loops, *inner, *intrin_loops)
+    # prefetch the next tile's weights while this one runs (unit_tvm.prefetch); not in cache
+    # blocks, where the panel is in L1 already and the prefetch calls, which LLVM must assume
+    # write memory, kept it from holding the accumulators in registers (33% of the peak)
+    if reduce_loops and not chunks:
+        sch.annotate(reduce_loops[0], PREFETCH_ATTR, 1)
     if n_par > 1:
         outer = [sch.fuse(*outer[:n_par])] + outer[n_par:]
     if outer:
         if write_back is None:
             write_back = sch.cache_write(block, 0, "global")
-        sch.reverse_compute_at(write_back, outer[-1])
+        # with chunks, the accumulators outlive a tile: written back once all chunks ran
+        sch.reverse_compute_at(write_back, outer[0] if chunks else outer[-1])
         vectorize_lanes(sch, write_back)
         sch.parallel(outer[0])
     for loop in inner:
         sch.unroll(loop)
-    first = reduce_loops[0] if reduce_loops else (inner[0] if inner else intrin_loops[0])
+    first = (chunks or reduce_loops or inner or intrin_loops)[0]
     sch.decompose_reduction(block, first)
     return outer[-1] if outer else None
 
@@ -219,7 +232,7 @@ def schedule(prepared: Prepared, intrin: Intrinsic, config: CpuConfig | None = N
     reduce = [outer[i] for i in sorted(outer) if i >= n_spatial]
     if config is None:
         config = default(prepared, target)
-    _check(config, outer_extents(prepared))
+    _check(config, outer_extents(prepared), reduce_extents(prepared))
     epilogue = sch.get_sblock(prepared.output.op.name)
     if prepared.shifted:
         # the epilogue also reads the compensation, produced once at root; TVM can only compute a
@@ -231,14 +244,19 @@ def schedule(prepared: Prepared, intrin: Intrinsic, config: CpuConfig | None = N
     return skip_padding(sch, prepared.zero_padding)
 
 
-def _check(config: CpuConfig, extents: Sequence[int]) -> None:
-    """ValueError unless each unroll factor of `config` divides its outer loop (a tile that does
-    not would fail inside TVM's tensorize); the tuner's space only holds such configs, a user's
-    or an old database record's may not."""
+def _check(config: CpuConfig, extents: Sequence[int], reductions: Sequence[int]) -> None:
+    """ValueError unless each unroll factor of `config` divides its outer loop and each cache
+    block its reduction loop (one that does not would fail inside TVM's tensorize); the
+    tuner's space only holds such configs, a user's or an old database record's may not."""
     for p, f in config.unroll:
         if not 0 <= p < len(extents) or f < 1 or extents[p] % f:
             raise ValueError(f"CpuConfig unroll ({p}, {f}): no register tile of the op's outer "
                              f"loops {'x'.join(map(str, extents))} (factors must divide them)")
+    for p, f in config.reduce_split:
+        if not 0 <= p < len(reductions) or f < 1 or reductions[p] % f:
+            raise ValueError(f"CpuConfig reduce_split ({p}, {f}): no cache block of the op's "
+                             f"reduction loops {'x'.join(map(str, reductions)) or '(none)'} "
+                             "(blocks must divide them)")
 
 
 def prepare_options(target: tvm.target.Target) -> dict[str, Any]:
@@ -258,8 +276,9 @@ def describe(config: CpuConfig, prepared: Prepared) -> str:
     order = [p for p in _order(len(extents), config.front) if extents[p] // unroll.get(p, 1) > 1]
     fused = ".".join(f"L{p}" for p in order[:max(config.parallel, 1)]) or "-"
     front = f", L{config.front} first" if config.front >= 0 else ""
+    chunks = "".join(f", reduction R{p} in blocks of {f}" for p, f in config.reduce_split)
     return (f"loops {'x'.join(map(str, extents))}: tile {tile} ({config.accumulators()} acc), "
-            f"parallel {fused}{front}")
+            f"parallel {fused}{front}{chunks}")
 
 
 def _threads(target: tvm.target.Target) -> int:
@@ -299,9 +318,35 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
     # AVX2 (Zen 5, in the model) ResNet's stem on the 4 x 3 tile ran 2107 us with its rows
     # first against 1008 with its blocks, where 32 registers' 2 x 7 ran 480 against 571
     l1 = 0 if reuse else l1_bytes(target)
-    return default_config(extents, _threads(target), budget, row=row,
-                          front=loop_order.front(operands, axes, steps, l2_bytes(target), l1),
-                          wide_budget=wide_budget, tile=unroll)
+    config = default_config(extents, _threads(target), budget, row=row,
+                            front=loop_order.front(operands, axes, steps, l2_bytes(target), l1),
+                            wide_budget=wide_budget, tile=unroll)
+    return _with_cache_blocks(config, prepared, intrin, target, lanes, steps)
+
+
+def _with_cache_blocks(config: CpuConfig, prepared: Prepared, intrin: Intrinsic,
+                       target: tvm.target.Target, lanes: int | None,
+                       steps: Sequence[int]) -> CpuConfig:
+    """`config` with its reduction in cache blocks (cache_blocks.reduction_chunk) where its
+    channel blocks' loop runs outermost, alone in the parallel loop with a step per thread,
+    the tiles below re-read their panel and the weights fit in L2; else `config`."""
+    order = [p for p in _order(len(steps), config.front) if steps[p] > 1]
+    if lanes is None or not order or order[0] != lanes or steps[lanes] < _threads(target):
+        return config
+    vector = [t for t in intrin.inputs if t.op.name != intrin.broadcast_operand]
+    if len(vector) != 1:
+        return config
+    step_bytes = (math.prod(int(d) for d in vector[0].shape)
+                  * tvm.DataType(str(vector[0].dtype)).bits // 8)
+    tile = dict(config.unroll).get(lanes, 1)
+    operands = loop_order.tile_operands(prepared)
+    chunk = reduction_chunk(reduce_extents(prepared), step_bytes * tile, l1_bytes(target),
+                            math.prod(steps[p] for p in order[1:]),
+                            broadcast_step_bytes(prepared),
+                            operands is not None and operands.vector.nbytes <= l2_bytes(target))
+    if chunk is None:
+        return config
+    return dataclasses.replace(config, reduce_split=((0, chunk),), parallel=1)
 
 
 # Columns of weights per memory stream of a register tile: each stream then moves one cache

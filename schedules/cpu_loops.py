@@ -4,8 +4,14 @@ tile's width pads and the channel blocks the instruction's vector operand varies
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
+import tvm
+from tvm import tirx
+
+from .. import intrinsics
+from ..te_expr import loads, substitute
 from . import loop_order
 
 if TYPE_CHECKING:
@@ -50,3 +56,55 @@ def lanes_loop(prepared: Prepared) -> int | None:
     """Position among outer_extents of the loop the instruction's vector operand varies along
     and its broadcast operand does not (loop_order.lanes_loop), or None."""
     return loop_order.lanes_loop(loop_order.tile_operands(prepared), outer_axes(prepared))
+
+
+def reduce_extents(prepared: Prepared) -> list[int]:
+    """Steps of the core's reduction loops left outside the instruction, outermost first (the
+    loops `schedule` passes to `apply` as its reduce loops)."""
+    core = prepared.core.op
+    n_spatial = len(core.axis)
+    mapped = {m.op_index: m for m in prepared.mapping.loops}
+    out = []
+    for i, ax in enumerate(core.reduce_axis):
+        m = mapped.get(n_spatial + i)
+        ext = int(ax.dom.extent)
+        if m is None:
+            out.append(ext)
+        elif m.op_extent != m.intrin_extent:
+            out.append(ext // m.intrin_extent)
+    return out
+
+
+def broadcast_step_bytes(prepared: Prepared) -> int | None:
+    """Bytes the instruction's broadcast operand's address moves per step of the outermost
+    reduction loop outside the instruction (a GEMM's row: 4; an NCHW plane per input channel:
+    its whole plane), or None (no broadcast operand, no such loop, an index that is not
+    affine in it)."""
+    core = prepared.core.op
+    intrin = intrinsics.get(prepared.mapping.intrinsic)
+    name = next((a.op_tensor for a in prepared.mapping.operands
+                 if a.intrin_operand == intrin.broadcast_operand), None)
+    n_spatial = len(core.axis)
+    mapped = {m.op_index: m for m in prepared.mapping.loops}
+    outer = [(ax, mapped[n_spatial + i].intrin_extent if n_spatial + i in mapped else 1)
+             for i, ax in enumerate(core.reduce_axis)
+             if mapped.get(n_spatial + i) is None
+             or mapped[n_spatial + i].op_extent != mapped[n_spatial + i].intrin_extent]
+    if name is None or not outer:
+        return None
+    var, step = outer[0][0].var, outer[0][1]
+    analyzer = tvm.sym.Analyzer()
+    for load in loads(core.body[0]):
+        tensor = load.args[0]
+        if tensor.op.name != name:
+            continue
+        shape = [int(d) for d in tensor.shape]
+        flat = sum(idx * math.prod(shape[i + 1:]) for i, idx in enumerate(list(load.args)[1:]))
+        others = [(v, tirx.const(0, str(v.ty))) for v in tirx.analysis.undefined_vars(flat)
+                  if not v.same_as(var)]
+        moved = analyzer.simplify(substitute(flat, [*others, (var, tirx.const(step, str(var.ty)))])
+                                  - substitute(flat, [*others, (var, tirx.const(0, str(var.ty)))]))
+        if not isinstance(moved, tirx.IntImm):
+            return None
+        return abs(int(moved)) * tvm.DataType(str(tensor.dtype)).bits // 8
+    return None
