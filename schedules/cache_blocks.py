@@ -10,12 +10,25 @@ accumulators go to memory and back once per chunk (a few vectors per hundred ins
 Measured on Zen 5 (float32, 2 threads, Table I's 1024 -> 512 1x1 conv at 14x14, % of the
 peak): 67-76% as one block, 92.7% in chunks of 128 channels (the accumulators held in
 registers across a chunk: the tile's prefetch calls, which LLVM must assume write memory,
-are left out there, else it kept them in memory and ran at 33%)."""
+are left out there, else it kept them in memory and ran at 33%). Where the default keeps a
+reduction whole (weights beyond L2, an input that stays in a line), the tuner measures it
+in blocks right after the default (schedules.cpu.seeds)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import tvm
+
+from .. import intrinsics
+from ..target import l1_bytes, l2_bytes
+from . import loop_order
+from .cpu_loops import broadcast_step_bytes, lanes_loop, reduce_extents
+
+if TYPE_CHECKING:
+    from unit_tvm.prepare import Prepared
 
 LINE_BYTES = 64  # a cache line
 MIN_CHUNK = 32  # reduction steps per chunk at least: the accumulators' trip to memory amortised
@@ -49,3 +62,29 @@ def reduction_chunk(reduce_extents: Sequence[int], panel_step_bytes: int, l1_byt
         return None
     fits = [d for d in range(MIN_CHUNK, outer) if outer % d == 0 and d * per_step <= budget]
     return max(fits) if fits else None
+
+
+
+def tile_chunk(prepared: Prepared, target: tvm.target.Target, unroll: dict[int, int],
+               steps: Sequence[int], order: Sequence[int], threads: int,
+               anywhere: bool = False) -> int | None:
+    """The cache block (reduction_chunk) of the prepared op's register tile `unroll` (loop
+    position -> factor), whose outer loops take `steps` tiles each and run in `order` (those
+    of one step left out), or None: only where its channel blocks' loop runs outermost,
+    alone in the parallel loop with a step per thread. anywhere: whatever the input's step
+    and the weights' size (a candidate for the tuner)."""
+    lanes = lanes_loop(prepared)
+    if lanes is None or not order or order[0] != lanes or steps[lanes] < threads:
+        return None
+    intrin = intrinsics.get(prepared.mapping.intrinsic)
+    vector = [t for t in intrin.inputs if t.op.name != intrin.broadcast_operand]
+    if len(vector) != 1:
+        return None
+    step_bytes = (math.prod(int(d) for d in vector[0].shape)
+                  * tvm.DataType(str(vector[0].dtype)).bits // 8)
+    operands = loop_order.tile_operands(prepared)
+    in_l2 = operands is not None and operands.vector.nbytes <= l2_bytes(target)
+    return reduction_chunk(reduce_extents(prepared), step_bytes * unroll.get(lanes, 1),
+                           l1_bytes(target), math.prod(steps[p] for p in order[1:]),
+                           LINE_BYTES if anywhere else broadcast_step_bytes(prepared),
+                           anywhere or in_l2)

@@ -28,9 +28,9 @@ from ..prefetch import PREFETCH_ATTR
 from ..target import l1_bytes, l2_bytes, vector_registers
 from . import loop_order
 from .cpu_columns import tile_columns  # noqa: F401  (the strategy's, see base.Strategy)
-from .cache_blocks import reduction_chunk
-from .cpu_loops import (broadcast_step_bytes, lanes_loop, outer_axes,  # noqa: F401
-                        outer_extents, reduce_extents, row_loop)
+from .cache_blocks import tile_chunk
+from .cpu_loops import (lanes_loop, outer_axes, outer_extents, reduce_extents,  # noqa: F401
+                        row_loop)
 from .cpu_stages import (inline_copy_stages, parallel_stage, producer_stages,
                          vectorize_lanes)
 from .padding_taps import skip_padding
@@ -321,29 +321,16 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
     config = default_config(extents, _threads(target), budget, row=row,
                             front=loop_order.front(operands, axes, steps, l2_bytes(target), l1),
                             wide_budget=wide_budget, tile=unroll)
-    return _with_cache_blocks(config, prepared, intrin, target, lanes, steps)
+    return _in_cache_blocks(config, prepared, target, steps)
 
 
-def _with_cache_blocks(config: CpuConfig, prepared: Prepared, intrin: Intrinsic,
-                       target: tvm.target.Target, lanes: int | None,
-                       steps: Sequence[int]) -> CpuConfig:
-    """`config` with its reduction in cache blocks (cache_blocks.reduction_chunk) where its
-    channel blocks' loop runs outermost, alone in the parallel loop with a step per thread,
-    the tiles below re-read their panel and the weights fit in L2; else `config`."""
+def _in_cache_blocks(config: CpuConfig, prepared: Prepared, target: tvm.target.Target,
+                     steps: Sequence[int], anywhere: bool = False) -> CpuConfig:
+    """`config` with its reduction in the cache blocks cache_blocks.tile_chunk finds for it
+    (the channel blocks then alone in the parallel loop), else `config`."""
     order = [p for p in _order(len(steps), config.front) if steps[p] > 1]
-    if lanes is None or not order or order[0] != lanes or steps[lanes] < _threads(target):
-        return config
-    vector = [t for t in intrin.inputs if t.op.name != intrin.broadcast_operand]
-    if len(vector) != 1:
-        return config
-    step_bytes = (math.prod(int(d) for d in vector[0].shape)
-                  * tvm.DataType(str(vector[0].dtype)).bits // 8)
-    tile = dict(config.unroll).get(lanes, 1)
-    operands = loop_order.tile_operands(prepared)
-    chunk = reduction_chunk(reduce_extents(prepared), step_bytes * tile, l1_bytes(target),
-                            math.prod(steps[p] for p in order[1:]),
-                            broadcast_step_bytes(prepared),
-                            operands is not None and operands.vector.nbytes <= l2_bytes(target))
+    chunk = tile_chunk(prepared, target, dict(config.unroll), steps, order, _threads(target),
+                       anywhere)
     if chunk is None:
         return config
     return dataclasses.replace(config, reduce_split=((0, chunk),), parallel=1)
@@ -370,16 +357,27 @@ def weight_panel(config: CpuConfig, prepared: Prepared) -> int:
 
 
 def space(prepared: Prepared, target: tvm.target.Target) -> list[CpuConfig]:
-    """Every config the tuner may try for a Prepared op, the default first."""
+    """Every config the tuner may try for a Prepared op, the default first, then the
+    default's reduction in cache blocks where the default keeps it whole (`seeds`)."""
     first = default(prepared, target)
-    return [first] + [c for c in config_space(outer_extents(prepared), _threads(target),
-                                              _register_bound(target))
-                      if c != first]
+    head = [first] + seeds(prepared, target)
+    return head + [c for c in config_space(outer_extents(prepared), _threads(target),
+                                           _register_bound(target))
+                   if c not in head]
 
 
 def seeds(prepared: Prepared, target: tvm.target.Target) -> list[CpuConfig]:
-    """Configs to measure right after the default: none (the CPU space is sampled at random)."""
-    return []
+    """Configs to measure right after the default: the default's reduction in cache blocks
+    where its panel outgrows L1 but the default keeps it whole (weights beyond L2, an input
+    that stays in a line: cache_blocks.reduction_chunk), else none (the rest of the CPU space
+    is sampled at random)."""
+    first = default(prepared, target)
+    if first.reduce_split:
+        return []
+    factors = dict(first.unroll)
+    steps = [n // factors.get(p, 1) for p, n in enumerate(outer_extents(prepared))]
+    blocked = _in_cache_blocks(first, prepared, target, steps, anywhere=True)
+    return [blocked] if blocked != first else []
 
 
 def from_key(d: dict[str, Any]) -> CpuConfig:

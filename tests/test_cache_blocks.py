@@ -75,3 +75,17 @@ def test_a_cache_block_that_does_not_divide_is_refused():
                            reduce_split=((0, 100),))
     with pytest.raises(ValueError, match="cache block"):
         cpu.schedule(prepared, intrin, config, target)
+
+
+def test_the_tuner_measures_cache_blocks_the_default_declines():
+    """Weights beyond L2 (1024 -> 512: 2 MB) keep the default's reduction whole; the tuner's
+    seeds (measured right after the default) hold it in cache blocks, and so does its space.
+    Where the default blocks it already, nothing more."""
+    intrin, target = intrinsics.get("x86.vfmadd231ps"), restricted("avx2")
+    prepared = prepare_for(_nchw_1x1(1024, 512, 14, 8), intrin, target)
+    assert not cpu.default(prepared, target).reduce_split
+    seeds = cpu.seeds(prepared, target)
+    assert len(seeds) == 1 and seeds[0].reduce_split == ((0, 128),), seeds
+    assert seeds[0] in cpu.space(prepared, target)
+    blocked = prepare_for(_nchw_1x1(576, 64, 14, 8), intrin, target)
+    assert cpu.default(blocked, target).reduce_split and not cpu.seeds(blocked, target)
