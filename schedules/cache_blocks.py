@@ -64,7 +64,6 @@ def reduction_chunk(reduce_extents: Sequence[int], panel_step_bytes: int, l1_byt
     return max(fits) if fits else None
 
 
-
 def tile_chunk(prepared: Prepared, target: tvm.target.Target, unroll: dict[int, int],
                steps: Sequence[int], order: Sequence[int], threads: int,
                anywhere: bool = False) -> int | None:

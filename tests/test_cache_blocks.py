@@ -40,28 +40,29 @@ def _nchw_1x1(channels, out, hw, lanes):
 @pytest.mark.parametrize("name,level", [("x86.vfmadd231ps.512", None),
                                         ("x86.vfmadd231ps", "avx2")])
 def test_a_deep_nchw_1x1_conv_runs_in_cache_blocks_and_matches_numpy(name, level, rng):
-    """576 -> 64 channels at 14x14 from NCHW planes: the default splits the channels into
-    blocks (reported by describe) and the kernel matches numpy."""
+    """576 -> 128 channels at 14x14 from NCHW planes (4 tiles of channel blocks: one per
+    thread on up to 4 cores): the default splits the channels into blocks (reported by
+    describe) and the kernel matches numpy."""
     intrin = intrinsics.get(name)
     target = restricted(level) if level else host()
     if intrin.missing_features(target):
         pytest.skip(f"{name}: this host lacks {intrin.missing_features(target)}")
     lanes = intrin.lanes
-    op = _nchw_1x1(576, 64, 14, lanes)
+    op = _nchw_1x1(576, 128, 14, lanes)
     prepared = prepare_for(op, intrin, target)
     config = cpu.default(prepared, target)
     assert config.reduce_split and 576 % config.reduce_split[0][1] == 0, config
     assert "in blocks of" in cpu.describe(config, prepared)
     require_host(name)
     d = rng.standard_normal((1, 576, 14, 14, 1)).astype("float32")
-    w = rng.standard_normal((64 // lanes, 576, 1, 1, 1, lanes, 1)).astype("float32")
+    w = rng.standard_normal((128 // lanes, 576, 1, 1, 1, lanes, 1)).astype("float32")
     mod = unit_tvm.build([*op.op.input_tensors, op], target, intrinsic=name)
     args = [tvm.runtime.tensor(a) for a in (d, w, np.zeros([int(s) for s in op.shape],
                                                             "float32"))]
     mod(*args)
-    k = w[:, :, 0, 0, 0, :, 0].transpose(0, 2, 1).reshape(64, 576)
+    k = w[:, :, 0, 0, 0, :, 0].transpose(0, 2, 1).reshape(128, 576)
     want = np.einsum("kc,chw->khw", k, d[0, :, :, :, 0])
-    got = args[-1].numpy()[0].transpose(0, 3, 1, 2).reshape(64, 14, 14)
+    got = args[-1].numpy()[0].transpose(0, 3, 1, 2).reshape(128, 14, 14)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
@@ -87,5 +88,5 @@ def test_the_tuner_measures_cache_blocks_the_default_declines():
     seeds = cpu.seeds(prepared, target)
     assert len(seeds) == 1 and seeds[0].reduce_split == ((0, 128),), seeds
     assert seeds[0] in cpu.space(prepared, target)
-    blocked = prepare_for(_nchw_1x1(576, 64, 14, 8), intrin, target)
+    blocked = prepare_for(_nchw_1x1(576, 128, 14, 8), intrin, target)
     assert cpu.default(blocked, target).reduce_split and not cpu.seeds(blocked, target)
