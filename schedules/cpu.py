@@ -314,12 +314,19 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
                                    None if lanes is None else (lanes, intrin.lanes), registers)
     factors = dict(unroll)
     steps = [n // factors.get(p, 1) for p, n in enumerate(extents)]
-    # the L1 tier of the loop order only where the tile is not operand_reuse_tile's: held to
-    # AVX2 (Zen 5, in the model) ResNet's stem on the 4 x 3 tile ran 2107 us with its rows
-    # first against 1008 with its blocks, where 32 registers' 2 x 7 ran 480 against 571
-    l1 = 0 if reuse else l1_bytes(target)
+    # the channel blocks (the lanes loop) first on the 16-register reuse tile, where the
+    # loop order's tiers measured worse (Zen 5 held to AVX2, in the model, us): the L1 tier
+    # ran ResNet's stem 2107 rows first against 1008 with its blocks (32 registers' 2 x 7:
+    # 480 against 571), the L2 tier ResNet-50's 128 -> 128 3x3 stride 2 at 56x56 1237-1291
+    # against 960-974, Inception's 32 -> 64 3x3 at 147 columns 3329-3347 against 2980-2987
+    # (its 80 -> 192 at 71: 5196-5237 against 5275; the rest within 1-2%)
+    if reuse:
+        live = [p for p, n in enumerate(steps) if n > 1]
+        front = -1 if lanes is None or not live or live[0] == lanes else lanes
+    else:
+        front = loop_order.front(operands, axes, steps, l2_bytes(target), l1_bytes(target))
     config = default_config(extents, _threads(target), budget, row=row,
-                            front=loop_order.front(operands, axes, steps, l2_bytes(target), l1),
+                            front=front,
                             wide_budget=wide_budget, tile=unroll)
     return _in_cache_blocks(config, prepared, target, steps)
 
