@@ -40,7 +40,6 @@ from .register_tiles import (ACCUMULATORS, ACCUMULATORS_16, OPERAND_REGISTERS,
                              tiled_extent)
 
 if TYPE_CHECKING:
-    import tvm
     from tvm.s_tir.schedule import LoopRV, SBlockRV
 
     from unit_tvm.intrinsics import Intrinsic
@@ -325,8 +324,7 @@ def default(prepared: Prepared, target: tvm.target.Target) -> CpuConfig:
         front = -1 if lanes is None or not live or live[0] == lanes else lanes
     else:
         front = loop_order.front(operands, axes, steps, l2_bytes(target), l1_bytes(target))
-    config = default_config(extents, _threads(target), budget, row=row,
-                            front=front,
+    config = default_config(extents, _threads(target), budget, row=row, front=front,
                             wide_budget=wide_budget, tile=unroll)
     return _in_cache_blocks(config, prepared, target, steps)
 
@@ -367,7 +365,7 @@ def space(prepared: Prepared, target: tvm.target.Target) -> list[CpuConfig]:
     """Every config the tuner may try for a Prepared op, the default first, then the
     default's reduction in cache blocks where the default keeps it whole (`seeds`)."""
     first = default(prepared, target)
-    head = [first] + seeds(prepared, target)
+    head = [first] + _blocked_seeds(first, prepared, target)
     return head + [c for c in config_space(outer_extents(prepared), _threads(target),
                                            _register_bound(target))
                    if c not in head]
@@ -378,7 +376,13 @@ def seeds(prepared: Prepared, target: tvm.target.Target) -> list[CpuConfig]:
     where its panel outgrows L1 but the default keeps it whole (weights beyond L2, an input
     that stays in a line: cache_blocks.reduction_chunk), else none (the rest of the CPU space
     is sampled at random)."""
-    first = default(prepared, target)
+    return _blocked_seeds(default(prepared, target), prepared, target)
+
+
+def _blocked_seeds(first: CpuConfig, prepared: Prepared,
+                   target: tvm.target.Target) -> list[CpuConfig]:
+    """[the default `first` in cache blocks wherever they fit], or [] where `first` has them
+    already or none fit."""
     if first.reduce_split:
         return []
     factors = dict(first.unroll)

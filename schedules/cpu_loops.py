@@ -5,7 +5,7 @@ tile's width pads and the channel blocks the instruction's vector operand varies
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import tvm
 from tvm import tirx
@@ -58,21 +58,36 @@ def lanes_loop(prepared: Prepared) -> int | None:
     return loop_order.lanes_loop(loop_order.tile_operands(prepared), outer_axes(prepared))
 
 
-def reduce_extents(prepared: Prepared) -> list[int]:
-    """Steps of the core's reduction loops left outside the instruction, outermost first (the
-    loops `schedule` passes to `apply` as its reduce loops)."""
+class OuterReduction(NamedTuple):
+    """A reduction loop of the core left outside the instruction: its axis, its steps, and
+    how many of the axis' values one step covers (the instruction's extent where it is split
+    by it, else 1)."""
+
+    axis: tirx.IterVar
+    steps: int
+    stride: int
+
+
+def outer_reductions(prepared: Prepared) -> list[OuterReduction]:
+    """The core's reduction loops left outside the instruction, outermost first (the loops
+    `schedule` passes to `apply` as its reduce loops)."""
     core = prepared.core.op
     n_spatial = len(core.axis)
     mapped = {m.op_index: m for m in prepared.mapping.loops}
     out = []
     for i, ax in enumerate(core.reduce_axis):
         m = mapped.get(n_spatial + i)
-        ext = int(ax.dom.extent)
         if m is None:
-            out.append(ext)
+            out.append(OuterReduction(ax, int(ax.dom.extent), 1))
         elif m.op_extent != m.intrin_extent:
-            out.append(ext // m.intrin_extent)
+            out.append(OuterReduction(ax, int(ax.dom.extent) // m.intrin_extent,
+                                      m.intrin_extent))
     return out
+
+
+def reduce_extents(prepared: Prepared) -> list[int]:
+    """Steps of the core's reduction loops left outside the instruction, outermost first."""
+    return [r.steps for r in outer_reductions(prepared)]
 
 
 def broadcast_step_bytes(prepared: Prepared) -> int | None:
@@ -80,21 +95,15 @@ def broadcast_step_bytes(prepared: Prepared) -> int | None:
     reduction loop outside the instruction (a GEMM's row: 4; an NCHW plane per input channel:
     its whole plane), or None (no broadcast operand, no such loop, an index that is not
     affine in it)."""
-    core = prepared.core.op
     intrin = intrinsics.get(prepared.mapping.intrinsic)
     name = next((a.op_tensor for a in prepared.mapping.operands
                  if a.intrin_operand == intrin.broadcast_operand), None)
-    n_spatial = len(core.axis)
-    mapped = {m.op_index: m for m in prepared.mapping.loops}
-    outer = [(ax, mapped[n_spatial + i].intrin_extent if n_spatial + i in mapped else 1)
-             for i, ax in enumerate(core.reduce_axis)
-             if mapped.get(n_spatial + i) is None
-             or mapped[n_spatial + i].op_extent != mapped[n_spatial + i].intrin_extent]
+    outer = outer_reductions(prepared)
     if name is None or not outer:
         return None
-    var, step = outer[0][0].var, outer[0][1]
+    var, step = outer[0].axis.var, outer[0].stride
     analyzer = tvm.sym.Analyzer()
-    for load in loads(core.body[0]):
+    for load in loads(prepared.core.op.body[0]):
         tensor = load.args[0]
         if tensor.op.name != name:
             continue
