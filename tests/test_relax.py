@@ -413,6 +413,31 @@ def test_quantize_needs_calibration_and_a_known_dtype():
         quantize(mod, calibration_data=xs, dtype="float16")
 
 
+class Denormal(nn.Module):
+    """SmallCNN reading its input scaled into float32's denormals (~1e-39): the first conv's
+    calibrated range is too narrow for a uint8 step whose inverse float32 can hold."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = SmallCNN()
+
+    def forward(self, x):
+        return self.net(x * 1e-39)
+
+
+def test_denormal_activations_quantize_to_the_zero_point():
+    """A range of denormals gets the least step (u8_values.MIN_STEP): the model compiles
+    (TVM refused the inverse step as a float32 literal) and its values, which no float32
+    product keeps anyway, round to the zero point: the output stays the fp32 model's."""
+    model = Denormal()
+    cal, xs, refs = _prepare(model, (1, 3, 16, 16))
+    mod = frontends.from_torch(model, [torch.tensor(xs[0])])
+    ex = unit_tvm.compile(mod, quantize={"calibration_data": cal})
+    for got, ref in zip(_run(ex, xs), refs):
+        assert np.isfinite(got).all()
+        assert _cos(got, ref) > 0.99
+
+
 def _bf16(a):
     import ml_dtypes
 

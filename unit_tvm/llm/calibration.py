@@ -3,6 +3,7 @@ itself (PyTorch, float32) on calibration prompts: the int8 form's per-tensor uin
 
 import numpy as np
 
+from ..relax.core.u8_values import uint8_range
 from .graph import ActivationQuantization
 from .weights import LAYER_INPUTS, LM_HEAD_INPUT, input_name
 
@@ -45,10 +46,8 @@ def observe(model, prompts) -> dict[str, tuple[float, float]]:
 def uint8_quantization(lo: float, hi: float) -> ActivationQuantization:
     """The uint8 scale and zero point covering [lo, hi] (0 always inside, exactly
     representable)."""
-    lo, hi = min(lo, 0.0), max(hi, 0.0)
-    scale = (hi - lo) / 255.0 if hi > lo else 1.0
-    zero_point = int(np.clip(np.rint(-lo / scale), 0, 255))
-    return ActivationQuantization(float(np.float32(scale)), zero_point)
+    q = uint8_range(lo, hi)
+    return ActivationQuantization(float(np.float32(q.scale)), q.zp)
 
 
 def default_prompts(vocab: int, length: int, count: int = 4, seed: int = 0) -> list[np.ndarray]:

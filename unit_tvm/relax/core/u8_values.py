@@ -17,6 +17,7 @@ it with the helpers below and the pool kernels of u8_pools.py.
 
 from typing import NamedTuple
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -29,6 +30,21 @@ class QParams(NamedTuple):
     """A per-tensor uint8 quantization: real = (q - zp) * scale."""
     scale: float
     zp: int
+
+
+# The least step of an activation's uint8 grid: a calibrated range of denormal values (a
+# randomly initialised MobileViT's last stages, ~1e-40) would give a step whose inverse
+# exceeds float32 (TVM then refuses the literal); values below 255 steps of this carry no
+# information a float32 product can keep, and round to the zero point.
+MIN_STEP = 1e-30
+
+
+def uint8_range(lo: float, hi: float) -> QParams:
+    """The uint8 quantization of the range [lo, hi] widened to hold 0.0 exactly (zero padding,
+    ReLU), its step at least MIN_STEP."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    step = max((hi - lo) / 255.0, MIN_STEP) if hi > lo else 1.0
+    return QParams(step, int(np.clip(round(-lo / step), 0, 255)))
 
 
 class AvgPoolPlan(NamedTuple):

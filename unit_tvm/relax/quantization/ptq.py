@@ -87,10 +87,8 @@ def _activation_qparams(values, method, percentile):
         lo, hi = (float(v) for v in np.percentile(values, [100 - percentile, percentile]))
     else:
         raise ValueError(f"calibration method must be 'minmax' or 'percentile', got {method!r}")
-    lo, hi = min(lo, 0.0), max(hi, 0.0)  # 0.0 must be exact (padding, relu)
-    scale = (hi - lo) / 255.0 if hi > lo else 1.0
-    zp = int(np.clip(round(-lo / scale), 0, 255))
-    return scale, zp
+    q = u8_values.uint8_range(lo, hi)
+    return q.scale, q.zp
 
 
 def _recipe(chain, w_shape=None, **quantization):

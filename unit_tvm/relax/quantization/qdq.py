@@ -32,7 +32,7 @@ from tvm import relax
 from ..core.chains import CONVS
 from ..core.graph import const_value, dataflow_bindings, integer_range, op_name, rewrite_functions
 from ..core.graph import readers as graph_readers
-from ..core.u8_values import QParams
+from ..core.u8_values import QParams, uint8_range
 from .qdq_channels import per_tensor_channels
 
 _QUANTIZE, _DEQUANTIZE = "relax.quantize", "relax.dequantize"
@@ -209,10 +209,7 @@ def _per_tensor(scale, zp, integer_range) -> QParams:
     qmin, qmax = integer_range
     if scale.size == 1:
         return QParams(float(scale[0]), int(zp[0]) - qmin)
-    lo, hi = float(((qmin - zp) * scale).min()), float(((qmax - zp) * scale).max())
-    lo, hi = min(lo, 0.0), max(hi, 0.0)
-    step = (hi - lo) / 255.0 if hi > lo else 1.0
-    return QParams(step, int(np.clip(round(-lo / step), 0, 255)))
+    return uint8_range(float(((qmin - zp) * scale).min()), float(((qmax - zp) * scale).max()))
 
 
 def pair_dtypes(mod: tvm.IRModule) -> set:
