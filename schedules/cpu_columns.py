@@ -3,7 +3,10 @@ as the graph pass decides them from its recipe: where the tile reuses operands (
 registers, register_tiles.reuses_operands), register_tiles.tiled_extent widens the columns
 to a count its 12-accumulator tile divides, given the channel blocks and whether a window
 reads the columns. The op-level path (rewriter.prepare_for) prepares an op once with the
-plain rule, asks here, and prepares it again where the answer differs."""
+plain rule, asks here, and prepares it again where the answer differs. One difference from
+the graph pass, whose producers write padded layouts: an op on its own reads widened columns
+from a padded copy of its input, which a strided 1x1 conv with weights in L2 does not repay
+(it keeps its columns)."""
 
 from __future__ import annotations
 
@@ -13,8 +16,10 @@ import tvm
 from tvm import tirx
 
 from .. import intrinsics
-from ..te_expr import loads
+from ..target import l2_bytes
+from ..te_expr import loads, substitute
 from .cpu_loops import lanes_loop, outer_extents, row_loop
+from .loop_order import tile_operands
 from .register_tiles import reuses_operands, tile_registers, tiled_extent
 
 if TYPE_CHECKING:
@@ -38,11 +43,50 @@ def tile_columns(prepared: Prepared, intrin: Intrinsic,
         return None
     column = prepared.original.op.axis[row]
     extents = outer_extents(prepared)
+    window = _window_reads(prepared, column.var.name)
+    if not window and _strided_columns(prepared, column.var) and _weights_in_l2(prepared, target):
+        return None
     wanted = tiled_extent(int(column.dom.extent), reuse=True, blocks=extents[lanes],
                           registers=tile_registers(intrin, target) or 0,
-                          window=_window_reads(prepared, column.var.name),
-                          columns_inner=row > lanes)
+                          window=window, columns_inner=row > lanes)
     return wanted if wanted != extents[row] else None
+
+
+# A strided 1x1 conv computed on more columns than its output has reads them from a padded
+# copy of its whole input, stride^2 times the pixels it reads. Measured on Zen 5 held to AVX2
+# (min of 5 interleaved rounds, two runs, % of 258.9 GFLOPS): 64 -> 128 stride 2 at 56x56
+# (Table I's L15) 28 columns in 2 x 4 tiles 84.6-91.0% against 45-79% widened to 30 for
+# 4 x 3; 128 -> 128 79.7-87.5% against 50-51.5%; 64 -> 64 72.4% against 27.1%; 256 -> 512
+# (512 KB of weights) 67-83% against 71-73%. With weights beyond L2 the kernel is slow
+# enough that the 12-accumulator tile pays: 512 -> 1024 stride 2 at 28x28 (2 MB) 81.0%
+# widened to 15 columns against 70.4% on 14, 1024 -> 2048 at 14x14 61.3 against 59.7%.
+def _strided_columns(prepared: Prepared, column: tirx.Var) -> bool:
+    """Whether the instruction's broadcast operand reads the columns with a stride above 1
+    (an index that steps by more than one element per column)."""
+    intrin = intrinsics.get(prepared.mapping.intrinsic)
+    tensor = next((a.op_tensor for a in prepared.original_mapping.operands
+                   if a.intrin_operand == intrin.broadcast_operand), None)
+    analyzer = tvm.sym.Analyzer()
+    for load in loads(prepared.original.op.body[0]):
+        if load.args[0].op.name != tensor:
+            continue
+        for index in list(load.args)[1:]:
+            free = list(tirx.analysis.undefined_vars(index))
+            if not any(v.same_as(column) for v in free):
+                continue
+            at = [(v, tirx.const(0, str(v.ty))) for v in free if not v.same_as(column)]
+            one = substitute(index, at + [(column, tirx.const(1, str(column.ty)))])
+            zero = substitute(index, at + [(column, tirx.const(0, str(column.ty)))])
+            step = analyzer.simplify(one - zero)
+            if isinstance(step, tirx.IntImm) and abs(int(step)) > 1:
+                return True
+    return False
+
+
+def _weights_in_l2(prepared: Prepared, target: tvm.target.Target) -> bool:
+    """Whether the instruction's vector operand (a conv's weights) fits in L2."""
+    operands = tile_operands(prepared)
+    return operands is not None and operands.vector.nbytes <= l2_bytes(target)
 
 
 def _window_reads(prepared: Prepared, column: str) -> bool:

@@ -145,7 +145,23 @@ def test_an_op_takes_the_graph_pass_columns():
     assert cpu.outer_extents(prepare_for(op, wide, instruction_target(wide)))[-2] == 14
 
 
-@pytest.mark.parametrize("channels,hw,kernel,stride", [(64, 14, 1, 1), (16, 35, 3, 2)])
+def test_a_strided_pointwise_op_keeps_its_columns():
+    """A stride-2 1x1 conv built on its own keeps its 28 columns (2 x 4 tiles): more would
+    be read from a padded copy of its whole input, four times the pixels it reads (Table I's
+    L15 held to AVX2: 45-79% of the peak widened to 30, 85-91% on 28); with weights beyond
+    L2 it widens as before (512 -> 1024: 14 columns -> 15)."""
+    avx2 = restricted("avx2")
+    intrin = intrinsics.get(AVX2)
+    prepared = prepare_for(_op_conv(64, 56, 1, 2), intrin, avx2)
+    assert cpu.outer_extents(prepared)[-2] == 28
+    assert dict(cpu.default(prepared, avx2).unroll) == {1: 2, 3: 4}
+    big = ops.conv2d_nchwc(1, 512, 28, 28, 1024, 1, 1, 2, x=1, y=8, a_dtype="float32",
+                           b_dtype="float32", acc="float32", word=1)
+    assert cpu.outer_extents(prepare_for(big, intrin, avx2))[-2] == 15
+
+
+@pytest.mark.parametrize("channels,hw,kernel,stride",
+                         [(64, 14, 1, 1), (16, 35, 3, 2), (16, 28, 1, 2)])
 def test_widened_op_matches_numpy(channels, hw, kernel, stride, rng):
     """The widened op-level convs, built held to AVX2, against numpy (extra columns cropped)."""
     require_host(AVX2)
