@@ -64,23 +64,17 @@ def tile_columns(prepared: Prepared, intrin: Intrinsic,
 def _strided_columns(prepared: Prepared, column: tirx.Var) -> bool:
     """Whether the instruction's broadcast operand reads the columns with a stride above 1
     (an index that steps by more than one element per column)."""
-    intrin = intrinsics.get(prepared.mapping.intrinsic)
-    tensor = next((a.op_tensor for a in prepared.original_mapping.operands
-                   if a.intrin_operand == intrin.broadcast_operand), None)
     analyzer = tvm.sym.Analyzer()
-    for load in loads(prepared.original.op.body[0]):
-        if load.args[0].op.name != tensor:
+    for index in _broadcast_indices(prepared):
+        free = list(tirx.analysis.undefined_vars(index))
+        if not any(v.same_as(column) for v in free):
             continue
-        for index in list(load.args)[1:]:
-            free = list(tirx.analysis.undefined_vars(index))
-            if not any(v.same_as(column) for v in free):
-                continue
-            at = [(v, tirx.const(0, str(v.ty))) for v in free if not v.same_as(column)]
-            one = substitute(index, at + [(column, tirx.const(1, str(column.ty)))])
-            zero = substitute(index, at + [(column, tirx.const(0, str(column.ty)))])
-            step = analyzer.simplify(one - zero)
-            if isinstance(step, tirx.IntImm) and abs(int(step)) > 1:
-                return True
+        at = [(v, tirx.const(0, str(v.ty))) for v in free if not v.same_as(column)]
+        one = substitute(index, at + [(column, tirx.const(1, str(column.ty)))])
+        zero = substitute(index, at + [(column, tirx.const(0, str(column.ty)))])
+        step = analyzer.simplify(one - zero)
+        if isinstance(step, tirx.IntImm) and abs(int(step)) > 1:
+            return True
     return False
 
 
@@ -95,16 +89,19 @@ def _window_reads(prepared: Prepared, column: str) -> bool:
     its indices combines the column variable with a reduction of more than one step (a conv's
     s * j + rs),
     as tensorized_graph's `window` (a kernel of more than one pixel) says for the graph pass."""
+    op = prepared.original.op
+    reduce = {ax.var.name for ax in op.reduce_axis if int(ax.dom.extent) > 1}
+    for index in _broadcast_indices(prepared):
+        names = {v.name for v in tirx.analysis.undefined_vars(index)}
+        if column in names and names & reduce:
+            return True
+    return False
+
+
+def _broadcast_indices(prepared: Prepared) -> list:
+    """The indices of every load of the instruction's broadcast operand in the original op."""
     intrin = intrinsics.get(prepared.mapping.intrinsic)
     tensor = next((a.op_tensor for a in prepared.original_mapping.operands
                    if a.intrin_operand == intrin.broadcast_operand), None)
-    op = prepared.original.op
-    reduce = {ax.var.name for ax in op.reduce_axis if int(ax.dom.extent) > 1}
-    for load in loads(op.body[0]):
-        if load.args[0].op.name != tensor:
-            continue
-        for index in list(load.args)[1:]:
-            names = {v.name for v in tirx.analysis.undefined_vars(index)}
-            if column in names and names & reduce:
-                return True
-    return False
+    return [index for load in loads(prepared.original.op.body[0])
+            if load.args[0].op.name == tensor for index in list(load.args)[1:]]
