@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import tvm
 
 from .. import intrinsics
-from ..target import l1_bytes, l2_bytes
+from ..target import l1_bytes
 from . import loop_order
 from .cpu_loops import broadcast_step_bytes, lanes_loop, reduce_extents
 
@@ -81,8 +81,7 @@ def tile_chunk(prepared: Prepared, target: tvm.target.Target, unroll: dict[int, 
         return None
     step_bytes = (math.prod(int(d) for d in vector[0].shape)
                   * tvm.DataType(str(vector[0].dtype)).bits // 8)
-    operands = loop_order.tile_operands(prepared)
-    in_l2 = operands is not None and operands.vector.nbytes <= l2_bytes(target)
+    in_l2 = loop_order.weights_in_l2(prepared, target)
     return reduction_chunk(reduce_extents(prepared), step_bytes * unroll.get(lanes, 1),
                            l1_bytes(target), math.prod(steps[p] for p in order[1:]),
                            LINE_BYTES if anywhere else broadcast_step_bytes(prepared),

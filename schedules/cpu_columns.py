@@ -17,10 +17,9 @@ import tvm
 from tvm import tirx
 
 from .. import intrinsics
-from ..target import l2_bytes
 from ..te_expr import loads, substitute
 from .cpu_loops import lanes_loop, outer_extents, row_loop
-from .loop_order import tile_operands
+from .loop_order import weights_in_l2
 from .register_tiles import reuses_operands, tile_registers, tiled_extent
 
 if TYPE_CHECKING:
@@ -45,7 +44,7 @@ def tile_columns(prepared: Prepared, intrin: Intrinsic,
     column = prepared.original.op.axis[row]
     extents = outer_extents(prepared)
     window = _window_reads(prepared, column.var.name)
-    if not window and _strided_columns(prepared, column.var) and _weights_in_l2(prepared, target):
+    if not window and _strided_columns(prepared, column.var) and weights_in_l2(prepared, target):
         return None
     wanted = tiled_extent(int(column.dom.extent), reuse=True, blocks=extents[lanes],
                           registers=tile_registers(intrin, target) or 0,
@@ -77,11 +76,6 @@ def _strided_columns(prepared: Prepared, column: tirx.Var) -> bool:
             return True
     return False
 
-
-def _weights_in_l2(prepared: Prepared, target: tvm.target.Target) -> bool:
-    """Whether the instruction's vector operand (a conv's weights) fits in L2."""
-    operands = tile_operands(prepared)
-    return operands is not None and operands.vector.nbytes <= l2_bytes(target)
 
 
 def _window_reads(prepared: Prepared, column: str) -> bool:

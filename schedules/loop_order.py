@@ -16,6 +16,7 @@ import tvm
 from tvm import tirx
 
 from .. import intrinsics
+from ..target import l2_bytes as l2_size
 from ..te_expr import loads
 
 if TYPE_CHECKING:
@@ -61,6 +62,13 @@ def tile_operands(prepared: Prepared) -> TileOperands | None:
     return TileOperands(Operand(frozenset(axes.get(vector[0], ())), sizes.get(vector[0], 0)),
                         Operand(frozenset(axes.get(broadcast, ())), sizes.get(broadcast, 0)))
 
+
+
+def weights_in_l2(prepared: Prepared, target: tvm.target.Target) -> bool:
+    """Whether the instruction's vector operand (a conv's or dense layer's weights) fits in
+    the target's L2: where it does not, a model reads it from memory."""
+    operands = tile_operands(prepared)
+    return operands is not None and operands.vector.nbytes <= l2_size(target)
 
 def lanes_loop(operands: TileOperands | None, axes: Sequence[str]) -> int | None:
     """Position in `axes` (the core's outer loop variables, outermost first) of the first loop
