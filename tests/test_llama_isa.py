@@ -57,3 +57,18 @@ def test_build_folder_is_keyed_by_switches():
         for b in folders:
             same = llama_isa.cmake_args(a) == llama_isa.cmake_args(b)
             assert (folders[a].name.split("-")[-1] == folders[b].name.split("-")[-1]) == same
+
+
+def test_without_extra_buffers_switches_them_off_and_back():
+    """llama.cpp's AMX buffers crash on some hosts (unit_tvm.bench.llama_buffers): the engine
+    then loads with use_extra_bufts off, and only within the context manager."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (the bench extra)")
+    from llama_cpp import llama as high_level
+
+    from unit_tvm.bench import llama_buffers
+
+    defaults = high_level.llama_cpp.llama_model_default_params
+    assert defaults().use_extra_bufts
+    with llama_buffers.without_extra_buffers():
+        assert not high_level.llama_cpp.llama_model_default_params().use_extra_bufts
+    assert high_level.llama_cpp.llama_model_default_params is defaults

@@ -62,11 +62,22 @@ class LlamaCppEngine(StepEngine):
     """llama.cpp through llama-cpp-python, fed token ids (its thread counts set explicitly)."""
 
     def __init__(self, name, path, threads: int, context: int, weight_bytes: float):
+        from contextlib import nullcontext
+
         from llama_cpp import Llama  # the benchmark extra
 
+        from . import llama_buffers
+
+        buffers = nullcontext()
+        if not llama_buffers.extra_buffers_run(path, threads):
+            print(f"{name}: llama.cpp's AMX weight buffers crash on this host "
+                  "(ggml-org/llama.cpp#20824): loaded without extra buffer types",
+                  file=sys.stderr)
+            name, buffers = f"{name} no AMX", llama_buffers.without_extra_buffers()
         self.name, self.weight_bytes = name, weight_bytes
-        self.llm = Llama(model_path=str(path), n_ctx=context, n_batch=512, n_ubatch=512,
-                         n_threads=threads, n_threads_batch=threads, verbose=False)
+        with buffers:
+            self.llm = Llama(model_path=str(path), n_ctx=context, n_batch=512, n_ubatch=512,
+                             n_threads=threads, n_threads_batch=threads, verbose=False)
 
     def prefill(self, ids) -> None:
         self.llm.reset()
@@ -150,6 +161,7 @@ def gguf_engines(model, qtypes: Sequence[str], threads: int, context: int,
 
     cfg = from_hf(model)
     folder = Path(folder or tempfile.mkdtemp(prefix="unit_tvm_gguf_"))
+    folder.mkdir(parents=True, exist_ok=True)  # a --gguf-dir not made yet
     per_weight = {"q8_0": 34 / 32, "q4_0": 18 / 32}  # bytes per weight with the block scale
     engines: list = []
     level = isa_level()
