@@ -7,7 +7,8 @@ type, so the rule passes pointers and row strides to a few lines of LLVM IR (lin
 pragma_import_llvm, always inlined) that load the tiles, issue the dot product and store the
 accumulator tile; LLVM's AMX passes insert the tile configuration (ldtilecfg). Because the
 accumulator cannot stay in a tile register between two tensorized calls, the chained forms (x2,
-x4) run several instructions on one accumulator per call, with a 2x / 4x longer reduction. Linux
+x4) run several instructions on one accumulator per call, with a 2x / 4x longer reduction, on
+one, two (n2) or 2 x 2 (m2n2) accumulator tiles. Linux
 also requires each process to ask for the AMX tile-data state once (arch_prctl): the forms'
 host check does, which `intrinsics.for_target` runs and `target.prepare_host` calls before
 kernels run in a process that chose none (a loaded library, an RPC server).
@@ -36,42 +37,50 @@ _XFEATURE_XTILEDATA = 18
 _SYS_ARCH_PRCTL = 158
 
 
-def _chain_ir(kind: _Kind, steps: int, fname: str, cols: int = 1) -> str:
-    """LLVM IR of `steps` instructions (kind.op) into each of `cols` accumulator tiles side by
-    side (C is 16 x 16*cols, B 16*cols columns wide). The C tiles are loaded once; per step the A
-    tile (the next 64 bytes of each row) is loaded once and shared by the `cols` B tiles (the next
-    16 rows, one 64-byte column block each); the C tiles are stored once. The shape arguments of
-    the instruction are rows, C's column bytes and A's column bytes; strides are in bytes."""
+def _chain_ir(kind: _Kind, steps: int, fname: str, cols: int = 1, rows: int = 1) -> str:
+    """LLVM IR of `steps` instructions (kind.op) into each of rows x cols accumulator tiles (C
+    is 16*rows x 16*cols, A 16*rows rows, B 16*cols columns wide). The C tiles are loaded once;
+    per step each of the `rows` A tiles (the next 64 bytes of its 16 rows) and each of the `cols`
+    B tiles (the next 16 rows, one 64-byte column block each) is loaded once and shared by the
+    tiles of its row / column of C; the C tiles are stored once. With 2 x 2 (4 C, 2 A, 2 B) the
+    eight tile registers are all live. The shape arguments of the instruction are rows, C's
+    column bytes and A's column bytes; strides are in bytes."""
     op = kind.op
     lines = [
         "declare x86_amx @llvm.x86.tileloadd64.internal(i16, i16, ptr, i64)",
         f"declare x86_amx @llvm.x86.{op}.internal(i16, i16, i16, x86_amx, x86_amx, x86_amx)",
         "declare void @llvm.x86.tilestored64.internal(i16, i16, ptr, i64, x86_amx)",
         f"define void @{fname}(ptr %c, i64 %cs, ptr %a, i64 %as, ptr %b, i64 %bs) {{",
+        "  %cr = mul i64 %cs, 16",
+        "  %ar = mul i64 %as, 16",
     ]
-    for j in range(cols):
-        lines += [f"  %cp{j} = getelementptr i8, ptr %c, i64 {64 * j}",
-                  f"  %c{j}_0 = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
-                  f"ptr %cp{j}, i64 %cs)"]
+    tiles = [(r, j) for r in range(rows) for j in range(cols)]
+    for r, j in tiles:
+        lines += [f"  %co{r}{j} = add i64 {64 * j}, {'%cr' if r else 0}",
+                  f"  %cp{r}{j} = getelementptr i8, ptr %c, i64 %co{r}{j}",
+                  f"  %c{r}{j}_0 = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
+                  f"ptr %cp{r}{j}, i64 %cs)"]
     for i in range(steps):
-        lines += [
-            f"  %ap{i} = getelementptr i8, ptr %a, i64 {ROW_BYTES * i}",
-            f"  %at{i} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, ptr %ap{i}, "
-            "i64 %as)",
-            f"  %bo{i} = mul i64 %bs, {16 * i}",
-        ]
+        for r in range(rows):
+            lines += [
+                f"  %ao{i}_{r} = add i64 {ROW_BYTES * i}, {'%ar' if r else 0}",
+                f"  %ap{i}_{r} = getelementptr i8, ptr %a, i64 %ao{i}_{r}",
+                f"  %at{i}_{r} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
+                f"ptr %ap{i}_{r}, i64 %as)"]
+        lines.append(f"  %bo{i} = mul i64 %bs, {16 * i}")
         for j in range(cols):
             lines += [
                 f"  %bq{i}_{j} = add i64 %bo{i}, {64 * j}",
                 f"  %bp{i}_{j} = getelementptr i8, ptr %b, i64 %bq{i}_{j}",
                 f"  %bt{i}_{j} = call x86_amx @llvm.x86.tileloadd64.internal(i16 16, i16 64, "
-                f"ptr %bp{i}_{j}, i64 %bs)",
-                f"  %c{j}_{i + 1} = call x86_amx @llvm.x86.{op}.internal(i16 16, i16 64, "
-                f"i16 64, x86_amx %c{j}_{i}, x86_amx %at{i}, x86_amx %bt{i}_{j})",
-            ]
-    for j in range(cols):
-        lines.append(f"  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, ptr %cp{j}, "
-                     f"i64 %cs, x86_amx %c{j}_{steps})")
+                f"ptr %bp{i}_{j}, i64 %bs)"]
+        for r, j in tiles:
+            lines.append(
+                f"  %c{r}{j}_{i + 1} = call x86_amx @llvm.x86.{op}.internal(i16 16, i16 64, "
+                f"i16 64, x86_amx %c{r}{j}_{i}, x86_amx %at{i}_{r}, x86_amx %bt{i}_{j})")
+    for r, j in tiles:
+        lines.append(f"  call void @llvm.x86.tilestored64.internal(i16 16, i16 64, "
+                     f"ptr %cp{r}{j}, i64 %cs, x86_amx %c{r}{j}_{steps})")
     lines += ["  ret void", "}"]
     return "\n".join(lines) + "\n"
 
@@ -86,16 +95,16 @@ def request_tile_permission() -> bool:
         return False
 
 
-def _semantics(kind: _Kind, steps: int, cols: int) -> Callable[[], te.Tensor]:
+def _semantics(kind: _Kind, steps: int, cols: int, rows: int = 1) -> Callable[[], te.Tensor]:
     def semantics() -> te.Tensor:
         w = kind.word
         k_total, n_total = ROW_BYTES // 4 * w * steps, N * cols
-        a, b = placeholders(a=((M, k_total), kind.a_dtype),
+        a, b = placeholders(a=((M * rows, k_total), kind.a_dtype),
                             b=((k_total // w, n_total, w), kind.b_dtype))
         k = te.reduce_axis((0, k_total), name="k")
         acc = kind.c_dtype
         return te.compute(
-            (M, n_total),
+            (M * rows, n_total),
             lambda m, n: te.sum(a[m, k].astype(acc) * b[k // w, n, k % w].astype(acc), axis=k),
             name="d",
         )
@@ -108,15 +117,16 @@ def _ptr(buf: tirx.Buffer, dtype: str, row_elems: int, mask: int) -> tirx.Expr:
     return tirx.tvm_access_ptr(tirx.type_annotation(dtype), buf.data, buf.elem_offset, extent, mask)
 
 
-def _form_name(kind: _Kind, steps: int, cols: int) -> str:
-    """x86.tdpbusd, x86.tdpbusd.x4, x86.tdpbf16ps.x4.n2, ..."""
-    return (f"x86.{kind.op}" + (f".x{steps}" if steps > 1 else "")
-            + (f".n{cols}" if cols > 1 else ""))
+def _form_name(kind: _Kind, steps: int, cols: int, rows: int = 1) -> str:
+    """x86.tdpbusd, x86.tdpbusd.x4, x86.tdpbf16ps.x4.n2, x86.tdpbusd.x4.m2n2, ..."""
+    shape = f".m{rows}n{cols}" if rows > 1 else f".n{cols}" if cols > 1 else ""
+    return f"x86.{kind.op}" + (f".x{steps}" if steps > 1 else "") + shape
 
 
-def _emit(kind: _Kind, steps: int, cols: int) -> Callable[[dict[str, tirx.Buffer]], None]:
-    fname = "unit_tvm_" + _form_name(kind, steps, cols)[len("x86."):].replace(".", "_")
-    ir = _chain_ir(kind, steps, fname, cols)
+def _emit(kind: _Kind, steps: int, cols: int,
+          rows: int = 1) -> Callable[[dict[str, tirx.Buffer]], None]:
+    fname = "unit_tvm_" + _form_name(kind, steps, cols, rows)[len("x86."):].replace(".", "_")
+    ir = _chain_ir(kind, steps, fname, cols, rows)
     a_t, b_t = kind.storage
     elem = {"uint8": 1, "int8": 1, "uint16": 2}
     k_total = ROW_BYTES // elem[a_t] * steps
@@ -134,38 +144,47 @@ def _emit(kind: _Kind, steps: int, cols: int) -> Callable[[dict[str, tirx.Buffer
     return emit
 
 
-def _form(kind: _Kind, steps: int, cols: int = 1) -> Intrinsic:
-    name = _form_name(kind, steps, cols)
+def _form(kind: _Kind, steps: int, cols: int = 1, rows: int = 1) -> Intrinsic:
+    name = _form_name(kind, steps, cols, rows)
     k = ROW_BYTES // 4 * kind.word * steps
     chain = "" if steps == 1 else (
         f" {steps} {kind.op} chained on each accumulator tile (loaded and stored once, not per "
         f"instruction), so the reduction is {k} wide.")
-    if cols > 1:
+    if rows > 1:
+        chain += (f" {rows} x {cols} accumulator tiles (C is {M * rows}x{N * cols}): each A tile "
+                  f"is shared by a row of them, each B tile by a column.")
+    elif cols > 1:
         chain += (f" {cols} accumulator tiles side by side share each A tile (C is "
                   f"16x{N * cols}).")
     return Intrinsic(
         name,
         arch="x86_64",
         requires=((kind.feature, "amx-tile"),),
-        semantics=_semantics(kind, steps, cols),
-        emit=_emit(kind, steps, cols),
+        semantics=_semantics(kind, steps, cols, rows),
+        emit=_emit(kind, steps, cols, rows),
         strided=("a", "b", "d"),
         family="x86." + kind.feature,
         host_check=lambda: None if request_tile_permission() else
         "OS permission for AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM refused)",
-        doc=f"Intel {kind.feature.upper()} {kind.op}: C[16x{N * cols} {kind.c_dtype}] += "
-            f"A[16x{k} {kind.a_dtype}] . B[{k}x{N * cols} {kind.b_dtype}] (B packed as "
+        doc=f"Intel {kind.feature.upper()} {kind.op}: C[{M * rows}x{N * cols} {kind.c_dtype}] += "
+            f"A[{M * rows}x{k} {kind.a_dtype}] . B[{k}x{N * cols} {kind.b_dtype}] (B packed as "
             f"[{k // kind.word}][{N * cols}][{kind.word}]); rows of every tile may be strided."
             + chain,
     )
 
 
 # Longer chains first: the one whose reduction fits the op with the least padding is used. The
-# two-column forms (C 16x32) come after: ties go to the single column, which pads output channels
-# less; they are for callers that measure (bench-op tunes every form).
+# two-column forms (C 16x32) and the 2 x 2 form (C 32x32) come after: ties go to the single
+# tile, which pads output channels and rows less; they are for callers that measure (bench-op,
+# the tuner's race). The 2 x 2 form loads one tile per instruction instead of 1.5 (two-column)
+# or 2, its A tiles from L2 where a GEMM's rows outgrow L1. Measured on a 2-vCPU AMX Xeon VM
+# (2026-12-08, uint8 x int8 dense 512 x 2048 -> 8192, min of 7 x 5 calls): default configs
+# x4 5.61-5.92 ms, x4.n2 5.38, x4.m2n2 5.01; tuned (24 trials) x4 4.90, x4.m2n2 4.28 ms.
+# Chaining 8 instead of 4 gained nothing there (5.57 ms).
 TDPBUSD_X4, TDPBUSD_X2, TDPBUSD = _form(INT8, 4), _form(INT8, 2), _form(INT8, 1)
 TDPBUSD_X4_N2, TDPBUSD_X2_N2 = _form(INT8, 4, 2), _form(INT8, 2, 2)
+TDPBUSD_X4_M2N2 = _form(INT8, 4, 2, 2)
 TDPBF16PS_X4, TDPBF16PS_X2, TDPBF16PS = _form(BF16, 4), _form(BF16, 2), _form(BF16, 1)
 TDPBF16PS_X4_N2, TDPBF16PS_X2_N2 = _form(BF16, 4, 2), _form(BF16, 2, 2)
-INTRINSICS = [TDPBUSD_X4, TDPBUSD_X2, TDPBUSD, TDPBUSD_X4_N2, TDPBUSD_X2_N2,
+INTRINSICS = [TDPBUSD_X4, TDPBUSD_X2, TDPBUSD, TDPBUSD_X4_N2, TDPBUSD_X2_N2, TDPBUSD_X4_M2N2,
               TDPBF16PS_X4, TDPBF16PS_X2, TDPBF16PS, TDPBF16PS_X4_N2, TDPBF16PS_X2_N2]

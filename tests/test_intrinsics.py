@@ -99,14 +99,15 @@ def test_adding_an_instruction_needs_only_semantics_and_emit():
     assert "vpdpbusd" in tvm.tirx.build(func, target=target).inspect_source("asm")
 
 
-@pytest.mark.parametrize("name,steps,cols", [("x86.tdpbusd", 1, 1), ("x86.tdpbusd.x2", 2, 1),
-                                             ("x86.tdpbusd.x4", 4, 1), ("x86.tdpbusd.x2.n2", 2, 2),
-                                             ("x86.tdpbusd.x4.n2", 4, 2)])
-def test_amx_tdpbusd_bit_exact(name, steps, cols, rng):
+@pytest.mark.parametrize("name,steps,cols,rows", [
+    ("x86.tdpbusd", 1, 1, 1), ("x86.tdpbusd.x2", 2, 1, 1), ("x86.tdpbusd.x4", 4, 1, 1),
+    ("x86.tdpbusd.x2.n2", 2, 2, 1), ("x86.tdpbusd.x4.n2", 4, 2, 1),
+    ("x86.tdpbusd.x4.m2n2", 4, 2, 2)])
+def test_amx_tdpbusd_bit_exact(name, steps, cols, rows, rng):
     require_host(name)
     intrin = intrinsics.get(name)
     assert intrin.family == "x86.amx-int8" and intrin.reduction_width == 64 * steps
-    assert intrin.lanes == 256 * cols
+    assert intrin.lanes == 256 * cols * rows
     func, (a_t, b_t), out = microkernel.instruction_kernel(intrin, 8)
     lib = tvm.tirx.build(func, target=host())
     asm = lib.inspect_source("asm")
@@ -115,7 +116,7 @@ def test_amx_tdpbusd_bit_exact(name, steps, cols, rng):
     assert n_mma >= steps and n_mma == steps * n_store
     a = measure.random_array(a_t.shape, "uint8", rng)
     b = measure.random_array(b_t.shape, "int8", rng)
-    args = measure.to_device([a, b, np.zeros((8, 16, 16 * cols), "int32")], tvm.cpu())
+    args = measure.to_device([a, b, np.zeros((8, 16 * rows, 16 * cols), "int32")], tvm.cpu())
     lib(*args)
     bk = b.astype(np.int64).transpose(0, 1, 3, 2).reshape(8, 64 * steps, 16 * cols)  # [x, k, n]
     np.testing.assert_array_equal(args[-1].numpy(),

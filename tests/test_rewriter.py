@@ -167,10 +167,11 @@ def test_target_without_instruction_says_which_feature():
 
 
 @pytest.mark.parametrize("intrin,x,y", [("x86.tdpbusd.x2", 128, 16), ("x86.tdpbusd.x4", 256, 16),
-                                        ("x86.tdpbusd.x4.n2", 256, 32)])
+                                        ("x86.tdpbusd.x4.n2", 256, 32),
+                                        ("x86.tdpbusd.x4.m2n2", 256, 32)])
 def test_amx_chained_forms_build_exact_convs(intrin, x, y, rng):
-    """The chained and two-column AMX forms through the whole Rewriter: packed operands, odd
-    output width (padded M), channels a multiple of the chain, bit-exact against numpy."""
+    """The chained, two-column and 2 x 2 AMX forms through the whole Rewriter: packed operands,
+    odd output width (padded M), channels a multiple of the chain, bit-exact against numpy."""
     require_host(intrin)
     c, h, k, r = 2 * x, 9, 2 * y, 3
     op = ops.conv2d_nchwc(1, c, h, h, k, r, r, 1, x=x, y=y)
