@@ -37,8 +37,11 @@ def extra_buffers_run(path, threads: int) -> bool:
     crashing: always where it has no AMX kernels, else by a child process's exit status."""
     if not has_amx_build():
         return True
-    done = subprocess.run([sys.executable, "-c", _PROBE, str(path), str(threads)],
-                          capture_output=True, timeout=PROBE_SECONDS, check=False)
+    try:
+        done = subprocess.run([sys.executable, "-c", _PROBE, str(path), str(threads)],
+                              capture_output=True, timeout=PROBE_SECONDS, check=False)
+    except subprocess.TimeoutExpired:  # a hang is no better than a crash
+        return False
     return done.returncode == 0
 
 
